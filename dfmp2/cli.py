@@ -1,0 +1,119 @@
+"""The `dfmp2` command line (click). Results go to stdout, progress and errors to stderr."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+import kernels
+from dfmp2 import job, report
+from dfmp2.errors import Dfmp2Error
+from dfmp2.memory import parse_size
+from dfmp2.record import read_record
+from dfmp2.scf import SCF_METHODS
+
+XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+class MemorySize(click.ParamType):
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except Dfmp2Error as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dfmp2")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
+def cli(verbose: int) -> None:
+    """Density-fitted MP2 (RI-MP2) on PySCF orbitals, with NKI and torch kernels."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="dfmp2: %(levelname)s: %(message)s",
+                        stream=sys.stderr)
+
+
+@cli.command()
+@click.argument("molecule", type=XYZ_FILE)
+@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis (PySCF name).")
+@click.option("--auxbasis", default=None,
+              help="Auxiliary (RI) basis for MP2; default: the MP2-fit partner of --basis.")
+@click.option("--charge", type=int, default=None,
+              help="Total charge (default: 'charge=N' in the XYZ comment, else 0).")
+@click.option("--spin", type=int, default=None,
+              help="2S = N_alpha - N_beta (default: from 'multiplicity=M' in the comment, else 0).")
+@click.option("--frozen-core", is_flag=True, help="Freeze PySCF's standard core orbitals.")
+@click.option("--frozen", type=click.IntRange(min=0), default=None,
+              help="Freeze this many lowest occupied orbitals.")
+@click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto",
+              show_default=True, help="Kernel backend: nki on Trainium, torch elsewhere.")
+@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None,
+              help="Contraction precision (default fp64 on torch; NKI is fp32).")
+@click.option("--fused-energy", is_flag=True,
+              help="Form (ia|jb) tiles and reduce them in one kernel, never storing the block.")
+@click.option("--memory", type=MemorySize(), default=None,
+              help="Memory budget, e.g. 4GB (default: 60% of available RAM).")
+@click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
+              show_default=True, help="Density-fitted (JK-fit) or conventional RHF.")
+@click.option("--allow-unconverged", is_flag=True, help="Accept an unconverged SCF.")
+@click.option("--check", is_flag=True,
+              help="Also run PySCF's DFMP2 on the same orbitals; exit 1 if they disagree.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Run record path (default: runs/<molecule>-<basis>.h5).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="Threads for torch and PySCF (default: all available cores).")
+@click.option("--occ-block", type=click.IntRange(min=1), default=None,
+              help="Occupied orbitals per energy block (default: from --memory).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+def run(molecule: Path, basis: str, auxbasis: str | None, charge: int | None, spin: int | None,
+        frozen_core: bool, frozen: int | None, backend: str, precision: str | None,
+        fused_energy: bool, memory: int | None, scf_method: str, allow_unconverged: bool,
+        check: bool, output: Path | None, threads: int | None, occ_block: int | None,
+        as_json: bool) -> int:
+    """Compute the DF-MP2 energy of MOLECULE (an XYZ file) and write a run record."""
+    settings = job.RunSettings(
+        molecule=molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
+        frozen_core=frozen_core, frozen=frozen, backend=backend, precision=precision,
+        fused_energy=fused_energy, memory=memory, scf_method=scf_method,
+        allow_unconverged=allow_unconverged, check=check, output=output, threads=threads,
+        occ_block=occ_block)
+    outcome = job.run(settings)
+    if as_json:
+        click.echo(json.dumps(job.json_summary(outcome)))
+    else:
+        click.echo(report.summary(outcome.record))
+        click.echo(f"\nrecord written to {outcome.path}")
+    return outcome.exit_code
+
+
+@cli.command()
+@click.argument("record", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--all", "show_all", is_flag=True, help="Every attribute and dataset.")
+def show(record: Path, show_all: bool) -> int:
+    """Print a run record readably."""
+    root = read_record(record)
+    click.echo(report.dump(root) if show_all else report.summary(root))
+    return 0
+
+
+def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
+    """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures."""
+    try:
+        code = cli.main(args=argv, prog_name=prog_name or "dfmp2", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Error: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"Error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except Dfmp2Error as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)

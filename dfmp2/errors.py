@@ -1,0 +1,19 @@
+"""Errors a user can act on: each carries its exit status and a one-line message."""
+
+
+class Dfmp2Error(Exception):
+    """A failure reported to the user as one ``Error:`` line, without a traceback."""
+
+    exit_code = 1
+
+
+class InputError(Dfmp2Error):
+    """Bad input: a file, option or combination the user must fix (exit status 2)."""
+
+    exit_code = 2
+
+
+class RunFailure(Dfmp2Error):
+    """The calculation ran but could not produce a trustworthy result (exit status 1)."""
+
+    exit_code = 1

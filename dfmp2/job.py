@@ -1,0 +1,222 @@
+"""One `dfmp2 run`: molecule -> SCF -> DF-MP2 -> optional PySCF check -> run record."""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyscf
+import torch
+
+import dfmp2
+import kernels
+from dfmp2 import mp2
+from dfmp2.errors import Dfmp2Error, InputError, RunFailure
+from dfmp2.memory import default_budget
+from dfmp2.molecule import build_molecule, read_xyz, resolve_charge_spin
+from dfmp2.record import SCHEMA, Node, is_record_file, write_record
+from dfmp2.reference import TOLERANCE, pyscf_dfmp2_energy
+from dfmp2.scf import run_scf
+
+log = logging.getLogger(__name__)
+DEFAULT_OUTPUT_DIR = Path("runs")
+
+
+@dataclass
+class RunSettings:
+    molecule: Path
+    basis: str = "cc-pvdz"
+    auxbasis: str | None = None
+    charge: int | None = None
+    spin: int | None = None
+    frozen_core: bool = False
+    frozen: int | None = None
+    backend: str = "auto"
+    precision: str | None = None
+    fused_energy: bool = False
+    memory: int | None = None
+    scf_method: str = "df"
+    allow_unconverged: bool = False
+    check: bool = False
+    output: Path | None = None
+    threads: int | None = None
+    occ_block: int | None = None
+    show_progress: bool | None = None
+    command: str = field(default_factory=lambda: shlex.join(["dfmp2", *sys.argv[1:]]))
+
+    def output_path(self) -> Path:
+        if self.output is not None:
+            return Path(self.output)
+        return DEFAULT_OUTPUT_DIR / f"{Path(self.molecule).stem}-{self.basis.lower()}.h5"
+
+
+@dataclass
+class RunOutcome:
+    record: Node
+    path: Path
+    exit_code: int
+
+
+def check_output_path(path: Path) -> None:
+    """Refuse, before any work, an output we could not write or would clobber."""
+    if path.is_dir():
+        raise InputError(f"output {path} is a directory; give a file name such as {path}/run.h5")
+    if path.exists() and not is_record_file(path):
+        raise InputError(f"output {path} exists and is not a dfmp2 run record; "
+                         "choose another -o path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent == DEFAULT_OUTPUT_DIR and not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+    if not parent.is_dir():
+        raise InputError(f"output folder {parent} does not exist; create it or choose another -o")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"output folder {parent} is not writable; choose another -o")
+
+
+def apply_threads(threads: int | None) -> int:
+    """Use ``threads`` (default: every core available to us) in torch and PySCF alike."""
+    count = threads if threads else len(os.sched_getaffinity(0))
+    if count < 1:
+        raise InputError("--threads must be at least 1")
+    torch.set_num_threads(count)
+    pyscf.lib.num_threads(count)
+    return count
+
+
+def versions() -> dict[str, str]:
+    return {"dfmp2": dfmp2.__version__, "pyscf": pyscf.__version__, "torch": str(torch.__version__),
+            "numpy": np.__version__, "h5py": h5py.__version__,
+            "python": platform.python_version()}
+
+
+def run(settings: RunSettings) -> RunOutcome:
+    t_start = time.perf_counter()
+    path = settings.output_path()
+    check_output_path(path)
+    geometry = read_xyz(settings.molecule)
+    charge, spin = resolve_charge_spin(geometry, settings.charge, settings.spin)
+    mol = build_molecule(geometry, settings.basis, charge, spin)
+    auxbasis = settings.auxbasis or mp2.default_auxbasis(mol)
+    mp2.make_auxmol(mol, auxbasis)
+    if settings.frozen_core and settings.frozen is not None:
+        raise InputError("give either --frozen-core or --frozen N, not both")
+    nfrozen = mp2.frozen_core_count(mol) if settings.frozen_core else (settings.frozen or 0)
+    try:
+        kern = kernels.load(settings.backend, settings.precision or "fp64")
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if settings.precision == "fp64" and kern.precision != "fp64":
+        raise InputError(f"the {kern.backend} backend computes in {kern.precision} only; "
+                         "drop --precision fp64 or use --backend torch")
+    threads = apply_threads(settings.threads)
+    budget = settings.memory if settings.memory is not None else default_budget()
+
+    root = Node(attrs={"schema": SCHEMA, "status": "running",
+                       "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "command": settings.command})
+    inputs = root.group("input")
+    inputs.attrs.update({"xyz": geometry.text, "source": str(settings.molecule),
+                         "basis": settings.basis, "auxbasis": mp2.auxbasis_name(auxbasis),
+                         "charge": charge, "spin": spin, "scf": settings.scf_method,
+                         "frozen": nfrozen, "memory_bytes": budget, "threads": threads})
+    root.group("versions").attrs.update(versions())
+    backend = root.group("backend")
+    backend.attrs.update({"backend": kern.backend, "precision": kern.precision,
+                          "device": str(kern.device), "fused_energy": settings.fused_energy})
+    timings = root.group("timings")
+
+    t0 = time.perf_counter()
+    scf_result = run_scf(mol, settings.scf_method)
+    timings.attrs["scf"] = time.perf_counter() - t0
+    scf_group = root.group("scf")
+    scf_group.attrs.update({"e_tot": scf_result.e_tot, "converged": scf_result.converged,
+                            "cycles": scf_result.cycles, "method": scf_result.method,
+                            "jk_auxbasis": scf_result.jk_auxbasis or "none"})
+    scf_group.datasets.update({"mo_energy": scf_result.mo_energy, "mo_occ": scf_result.mo_occ})
+    if not scf_result.converged and not settings.allow_unconverged:
+        _finish(root, path, "failed", t_start, kern,
+                error=f"SCF did not converge in {scf_result.cycles} cycles")
+        raise RunFailure(f"the SCF did not converge in {scf_result.cycles} cycles "
+                         f"(record {path}); rerun with --allow-unconverged to accept it")
+
+    t0 = time.perf_counter()
+    try:
+        result = mp2.kernel(mol, scf_result.mo_energy, scf_result.mo_coeff, scf_result.mo_occ,
+                            nfrozen, auxbasis, kern, budget, settings.fused_energy,
+                            settings.occ_block, settings.show_progress)
+    except RunFailure as exc:
+        _finish(root, path, "failed", t_start, kern, error=str(exc))
+        raise
+    timings.attrs["mp2"] = time.perf_counter() - t0
+    timings.attrs.update(result.timings)
+    energies = result.energies
+    root.group("sizes").attrs.update({"nao": result.nao, "naux": result.naux,
+                                      "naux_fit": result.naux_fit, "nocc": result.nocc,
+                                      "nvir": result.nvir, "nfrozen": result.nfrozen,
+                                      "natoms": geometry.natoms})
+    root.group("plan").attrs.update(result.plan.as_attrs())
+    root.group("plan").attrs["metric"] = result.metric_kind
+    root.group("mp2").attrs.update({
+        "e_corr": energies.e_corr, "e_os": energies.e_os, "e_ss": energies.e_ss,
+        "e_scs": energies.e_scs(), "e_tot": scf_result.e_tot + energies.e_corr})
+
+    exit_code = 0
+    if settings.check:
+        reference = pyscf_dfmp2_energy(scf_result.mf, nfrozen, auxbasis)
+        tolerance = TOLERANCE[kern.precision]
+        delta = energies.e_corr - reference.e_corr
+        passed = abs(delta) <= tolerance
+        root.group("reference").attrs.update({
+            "program": f"pyscf {pyscf.__version__} pyscf.mp.dfmp2.DFMP2(with_t2=False)",
+            "e_corr": reference.e_corr, "e_os": reference.e_os, "e_ss": reference.e_ss,
+            "e_tot": scf_result.e_tot + reference.e_corr, "delta_e_corr": delta,
+            "tolerance": tolerance, "passed": passed, "seconds": reference.seconds})
+        exit_code = 0 if passed else 1
+    _finish(root, path, "complete", t_start, kern)
+    return RunOutcome(root, path, exit_code)
+
+
+def _finish(root: Node, path: Path, status: str, t_start: float, kern,
+            error: str | None = None) -> None:
+    root.attrs["status"] = status
+    if error:
+        root.attrs["error"] = error
+    backend = root.group("backend")
+    backend.attrs["fallbacks"] = kern.accounting.fallbacks
+    backend.attrs["fallback_reasons"] = kern.accounting.fallback_reasons
+    backend.attrs["executors"] = kern.accounting.executors()
+    backend.attrs.update(kern.accounting.as_attrs())
+    backend.attrs.update(kern.report())
+    root.group("timings").attrs["total"] = time.perf_counter() - t_start
+    try:
+        write_record(path, root)
+    except OSError as exc:
+        raise RunFailure(f"cannot write the run record {path}: {exc.strerror or exc}") from None
+
+
+def json_summary(outcome: RunOutcome) -> dict:
+    root = outcome.record
+    mp2_attrs, scf_attrs = root.groups["mp2"].attrs, root.groups["scf"].attrs
+    summary = {"e_scf": scf_attrs["e_tot"], "e_corr": mp2_attrs["e_corr"],
+               "e_os": mp2_attrs["e_os"], "e_ss": mp2_attrs["e_ss"],
+               "e_scs": mp2_attrs["e_scs"], "e_tot": mp2_attrs["e_tot"],
+               "record": str(outcome.path), "status": root.attrs["status"],
+               "backend": root.groups["backend"].attrs["backend"],
+               "precision": root.groups["backend"].attrs["precision"],
+               "fallbacks": root.groups["backend"].attrs["fallbacks"]}
+    if "reference" in root.groups:
+        ref = root.groups["reference"].attrs
+        summary.update({"reference_e_corr": ref["e_corr"], "delta_e_corr": ref["delta_e_corr"],
+                        "check_passed": ref["passed"]})
+    return summary
+
+
+__all__ = ["RunSettings", "RunOutcome", "run", "json_summary", "Dfmp2Error"]

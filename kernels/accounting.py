@@ -1,0 +1,49 @@
+"""Who ran each kernel call: the honesty ledger behind the run record's /backend group."""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+KERNEL_NAMES = ("gemm", "syrk", "trsm", "mp2_energy")
+
+
+@dataclass
+class KernelAccounting:
+    """Counts kernel calls per (kernel, executor) and fallbacks to torch.
+
+    Executors are strings such as ``torch-cpu``, ``torch-cuda``, ``nki-interpreter``,
+    ``nki-simulator`` or ``nki-hardware``. A fallback is a call that was asked of NKI but ran on
+    torch; it is counted here and warned about, never hidden.
+    """
+
+    calls: Counter = field(default_factory=Counter)
+    fallbacks: int = 0
+    fallback_reasons: list[str] = field(default_factory=list)
+
+    def record(self, kernel: str, executor: str, count: int = 1) -> None:
+        self.calls[(kernel, executor)] += count
+
+    def record_fallback(self, kernel: str, reason: str) -> None:
+        self.fallbacks += 1
+        message = f"{kernel}: {reason}"
+        if message not in self.fallback_reasons:
+            self.fallback_reasons.append(message)
+            log.warning("NKI kernel %s fell back to torch: %s", kernel, reason)
+
+    def executors(self) -> list[str]:
+        return sorted({executor for _, executor in self.calls})
+
+    def as_attrs(self) -> dict[str, int]:
+        """``calls.<kernel>.<executor>`` -> count, as the record's /backend attributes."""
+        return {f"calls.{kernel}.{executor}": int(n)
+                for (kernel, executor), n in sorted(self.calls.items())}
+
+    def merge(self, other: "KernelAccounting") -> None:
+        self.calls.update(other.calls)
+        self.fallbacks += other.fallbacks
+        for reason in other.fallback_reasons:
+            if reason not in self.fallback_reasons:
+                self.fallback_reasons.append(reason)
