@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 
@@ -72,7 +73,8 @@ def cli(verbose: int) -> None:
 @click.option("--occ-block", type=click.IntRange(min=1), default=None,
               help="Occupied orbitals per energy block (default: from --memory).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-def run(molecule: Path, basis: str, auxbasis: str | None, charge: int | None, spin: int | None,
+@click.pass_obj
+def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int | None, spin: int | None,
         frozen_core: bool, frozen: int | None, backend: str, precision: str | None,
         fused_energy: bool, memory: int | None, scf_method: str, allow_unconverged: bool,
         check: bool, output: Path | None, threads: int | None, occ_block: int | None,
@@ -83,7 +85,7 @@ def run(molecule: Path, basis: str, auxbasis: str | None, charge: int | None, sp
         frozen_core=frozen_core, frozen=frozen, backend=backend, precision=precision,
         fused_energy=fused_energy, memory=memory, scf_method=scf_method,
         allow_unconverged=allow_unconverged, check=check, output=output, threads=threads,
-        occ_block=occ_block)
+        occ_block=occ_block, command=obj["command"])
     outcome = job.run(settings)
     if as_json:
         click.echo(json.dumps(job.json_summary(outcome)))
@@ -105,8 +107,10 @@ def show(record: Path, show_all: bool) -> int:
 
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures."""
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        code = cli.main(args=argv, prog_name=prog_name or "dfmp2", standalone_mode=False)
+        code = cli.main(args=args, prog_name=prog_name or "dfmp2", standalone_mode=False,
+                        obj={"command": shlex.join(["dfmp2", *args])})
     except click.exceptions.Abort:
         click.echo("Error: interrupted", err=True)
         sys.exit(130)

@@ -5,10 +5,8 @@ import datetime as dt
 import logging
 import os
 import platform
-import shlex
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -50,7 +48,7 @@ class RunSettings:
     threads: int | None = None
     occ_block: int | None = None
     show_progress: bool | None = None
-    command: str = field(default_factory=lambda: shlex.join(["dfmp2", *sys.argv[1:]]))
+    command: str = "dfmp2 (python API)"
 
     def output_path(self) -> Path:
         if self.output is not None:

@@ -153,11 +153,10 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None,
     if nelectron < 1:
         raise InputError(f"charge {charge:+d} leaves {nelectron} electrons "
                          f"(nuclear charge {nuclear}); lower the charge")
-    if spin is None:
-        if nelectron % 2:
-            raise InputError(f"{nelectron} electrons (charge {charge:+d}) cannot be closed-shell; "
-                             "open-shell references need --spin and are not yet supported")
-        spin = 0
+    if nelectron % 2 and not spin:
+        raise InputError(f"{nelectron} electrons (charge {charge:+d}) cannot be closed-shell; "
+                         "open-shell references need --spin and are not yet supported")
+    spin = spin or 0
     if spin < 0:
         raise InputError(f"--spin must be non-negative (it is 2S = N_alpha - N_beta), got {spin}")
     if (nelectron - spin) % 2:

@@ -1,0 +1,97 @@
+"""The command line end to end: run, --json, the record, show, --check, python -m dfmp2."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import h5py
+import pytest
+
+from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe
+
+CONTRACT_JSON_KEYS = {"e_scf", "e_corr", "e_os", "e_ss", "e_scs", "e_tot", "record"}
+
+
+@pytest.fixture(scope="module")
+def water_reference():
+    return pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz")), 0)
+
+
+def test_run_json_and_record(run_cli, tmp_path, water_reference):
+    record = tmp_path / "water.h5"
+    result = run_cli("run", molecule_path("water"), "--backend", "torch", "--json",
+                     "-o", record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert CONTRACT_JSON_KEYS <= summary.keys()
+    assert abs(summary["e_corr"] - water_reference.e_corr) <= 1e-8
+    assert summary["record"] == str(record)
+
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["schema"] == "dfmp2.run/1"
+        assert h5.attrs["status"] == "complete"
+        for key in ("e_corr", "e_os", "e_ss", "e_scs", "e_tot"):
+            assert h5["mp2"].attrs[key] == pytest.approx(summary[key], abs=1e-12)
+        assert h5["mp2"].attrs["e_scs"] == pytest.approx(
+            1.2 * summary["e_os"] + summary["e_ss"] / 3, abs=1e-12)
+        assert h5["scf"].attrs["converged"]
+        assert h5["scf"].attrs["e_tot"] == pytest.approx(water_reference._scf.e_tot, abs=1e-8)
+        for key in ("scf", "mp2", "total", "integrals", "fit", "energy"):
+            assert h5["timings"].attrs[key] >= 0
+        backend = h5["backend"].attrs
+        assert backend["backend"] == "torch" and backend["precision"] == "fp64"
+        assert backend["fallbacks"] == 0 and not backend["fused_energy"]
+        assert backend["calls.syrk.torch-cpu"] == 1
+        assert backend["calls.trsm.torch-cpu"] >= 1
+        sizes = h5["sizes"].attrs
+        assert (sizes["nao"], sizes["nocc"], sizes["nvir"], sizes["nfrozen"]) == (24, 5, 19, 0)
+        assert sizes["naux"] == 84
+        assert h5["input"].attrs["basis"] == "cc-pvdz"
+        assert h5["input"].attrs["auxbasis"] == "cc-pvdz-ri"
+        assert h5["input"].attrs["xyz"] == molecule_path("water").read_text()
+        assert h5["scf/mo_energy"].shape == (24,)
+        for key in ("dfmp2", "pyscf", "torch", "numpy"):
+            assert h5["versions"].attrs[key]
+        assert "dfmp2 run" in h5.attrs["command"] and h5.attrs["created"]
+    assert not list(tmp_path.glob(".*.tmp")), "the atomic write left a temporary file"
+
+
+def test_run_text_and_show(run_cli, tmp_path):
+    record = tmp_path / "w.h5"
+    result = run_cli("run", molecule_path("water"), "--backend", "torch", "--fused-energy",
+                     "--frozen-core", "-o", record)
+    assert result.code == 0, result.err
+    assert "E_corr" in result.out and "record written to" in result.out
+    shown = run_cli("show", record)
+    assert shown.code == 0
+    e_corr_line = next(line for line in shown.out.splitlines() if "E_corr" in line)
+    assert e_corr_line in result.out
+    dumped = run_cli("show", record, "--all")
+    assert "calls.mp2_energy.torch-cpu = 1" in dumped.out
+    assert "fused_energy = True" in dumped.out
+
+
+def test_check_passes_and_is_stored(run_cli, tmp_path):
+    record = tmp_path / "hf.h5"
+    result = run_cli("run", molecule_path("hydrogen_fluoride"), "--backend", "torch", "--check",
+                     "--json", "-o", record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["check_passed"] is True
+    assert abs(summary["delta_e_corr"]) <= 1e-8
+    with h5py.File(record, "r") as h5:
+        assert h5["reference"].attrs["passed"]
+        assert h5["reference"].attrs["e_corr"] == pytest.approx(summary["e_corr"], abs=1e-8)
+
+
+def test_python_dash_m_is_the_same_program(tmp_path):
+    record = tmp_path / "w.h5"
+    proc = subprocess.run([python_exe(), "-m", "dfmp2", "run", str(molecule_path("water")),
+                           "--basis", "sto-3g", "--backend", "torch", "--json", "-o",
+                           str(record)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["record"] == str(record)
+    proc = subprocess.run([python_exe(), "-m", "dfmp2", "run", "missing.xyz"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("Error:") and len(proc.stderr.strip().splitlines()) == 1

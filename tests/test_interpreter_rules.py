@@ -1,0 +1,514 @@
+"""Every rule of the NKI interpreter, triggered by a small deliberately wrong kernel."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels.nki.interpreter import NKIRuleError, install, simulate
+
+if not install():
+    pytest.skip("the real nki is installed: these tests target the interpreter",
+                allow_module_level=True)
+
+import nki  # noqa: E402
+import nki.isa as nisa  # noqa: E402
+import nki.language as nl  # noqa: E402
+
+F32 = np.float32
+
+
+def arr(*shape: int, dtype=F32) -> np.ndarray:
+    return np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape) % 7
+
+
+def out_like(shape, dtype=nl.float32):
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.shared_hbm)
+
+
+def sbuf(shape, dtype=nl.float32):
+    return nl.zeros(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+def psum(shape):
+    return nl.ndarray(shape, dtype=nl.float32, buffer=nl.psum)
+
+
+# ---- allocation, shapes, indexing -------------------------------------------------------------
+
+@nki.jit
+def k_partition_limit():
+    nl.ndarray((256, 4), dtype=nl.float32, buffer=nl.sbuf)
+
+
+@nki.jit
+def k_load_1d(a):
+    nl.load(a)
+
+
+@nki.jit
+def k_partition_step(a):
+    t = nl.load(a)
+    return t[0:128:2, :]
+
+
+@nki.jit
+def k_partition_reshape(a):
+    nl.load(a).reshape((64, 8))
+
+
+@nki.jit
+def k_reshape(a):
+    a.reshape((5, 5))
+
+
+@nki.jit
+def k_index_bounds(a):
+    return a[0:129, :]
+
+
+@nki.jit
+def k_index_pattern(a):
+    i = nl.arange(3)
+    return a[i * i, 0:4]
+
+
+@nki.jit
+def k_index_type(a):
+    return a["rows"]
+
+
+@nki.jit
+def k_index_rank(a):
+    return a[0, 0, 0]
+
+
+@nki.jit
+def k_shape():
+    nl.ndarray((0, 4), dtype=nl.float32, buffer=nl.sbuf)
+
+
+@nki.jit
+def k_buffer_name():
+    nl.ndarray((4, 4), dtype=nl.float32, buffer="sbuf")
+
+
+@nki.jit
+def k_identity(a):
+    return a
+
+
+@nki.jit
+def k_no_assign(a):
+    t = nl.load(a)
+    t[0:4, 0:4] = nl.load(a)
+
+
+@nki.jit
+def k_bad_dtype():
+    nl.ndarray((4, 4), dtype="float32", buffer=nl.sbuf)
+
+
+# ---- DMA ------------------------------------------------------------------------------------
+
+@nki.jit
+def k_store_psum(a):
+    out = out_like((4, 4))
+    ps = psum((4, 4))
+    nisa.memset(dst=ps, value=0.0)
+    nl.store(out, ps)
+    return out
+
+
+@nki.jit
+def k_dma_copy_psum(a):
+    out = out_like((4, 4))
+    ps = psum((4, 4))
+    nisa.memset(dst=ps, value=0.0)
+    nisa.dma_copy(dst=out, src=ps)
+    return out
+
+
+@nki.jit
+def k_dma_to_psum(a):
+    ps = psum((4, 4))
+    nisa.dma_copy(dst=ps, src=a)
+
+
+@nki.jit
+def k_dma_count(a):
+    out = out_like((4, 4))
+    nl.store(out, nl.load(a))
+    return out
+
+
+@nki.jit
+def k_load_source(a):
+    nl.load(nl.load(a))
+
+
+@nki.jit
+def k_store_destination(a):
+    t = nl.load(a)
+    nl.store(sbuf((4, 4)), t)
+
+
+@nki.jit
+def k_store_source(a):
+    out = out_like((4, 4))
+    nl.store(out, a)
+    return out
+
+
+@nki.jit
+def k_raw_enum(a):
+    out = out_like((4, 4))
+    nisa.dma_copy(dst=out, src=a, dge_mode=0)
+    return out
+
+
+# ---- Tensor Engine --------------------------------------------------------------------------
+
+@nki.jit
+def k_matmul_m(a, b):
+    ps = psum((128, 64))
+    nisa.nc_matmul(ps, nl.load(a), nl.load(b))
+
+
+@nki.jit
+def k_matmul_n(a, b):
+    ps = psum((64, 512))
+    nisa.nc_matmul(ps, nl.load(a), nl.load(b))
+
+
+@nki.jit
+def k_matmul_buffer(a, b):
+    ps = psum((64, 64))
+    st = psum((64, 64))
+    nisa.memset(dst=st, value=1.0)
+    nisa.nc_matmul(dst=ps, stationary=st, moving=nl.load(b))
+
+
+@nki.jit
+def k_matmul_dst_sbuf(a, b):
+    nisa.nc_matmul(dst=sbuf((64, 64)), stationary=nl.load(a), moving=nl.load(b))
+
+
+@nki.jit
+def k_matmul_dtype(a, b):
+    ps = psum((64, 64))
+    nisa.nc_matmul(ps, nl.load(a), nl.load(b, dtype=nl.bfloat16))
+
+
+@nki.jit
+def k_matmul_shape(a, b):
+    ps = psum((64, 64))
+    nisa.nc_matmul(ps, nl.load(a), nl.load(b))
+
+
+@nki.jit
+def k_nl_matmul(a, b):
+    nl.matmul(nl.load(a), nl.load(b))
+
+
+@nki.jit
+def k_transpose_limit(a):
+    nl.transpose(nl.load(a))
+
+
+@nki.jit
+def k_transpose_buffer(a):
+    nisa.nc_transpose(dst=sbuf((32, 64)), data=nl.load(a))
+
+
+@nki.jit
+def k_transpose_shape(a):
+    nisa.nc_transpose(dst=psum((64, 64)), data=nl.load(a))
+
+
+@nki.jit
+def k_transpose_dtype(a):
+    nisa.nc_transpose(dst=psum((32, 64)), data=nl.load(a, dtype=nl.bfloat16))
+
+
+@nki.jit
+def k_unsupported(a, b):
+    ps = psum((64, 64))
+    nisa.nc_matmul(ps, nl.load(a), nl.load(b), is_transpose=True)
+
+
+# ---- PSUM / SBUF capacity and initialisation ------------------------------------------------
+
+@nki.jit
+def k_psum_uninitialized():
+    t = sbuf((128, 512))
+    nisa.tensor_copy(dst=t, src=psum((128, 512)))
+
+
+@nki.jit
+def k_psum_accumulate_unwritten(a, b):
+    ps = psum((64, 64))
+    nisa.nc_matmul(ps, nl.load(a), nl.load(b), accumulate=True)
+
+
+@nki.jit
+def k_psum_bank():
+    psum((128, 1024))
+
+
+@nki.jit
+def k_psum_banks_live():
+    tiles = []
+    for _ in nl.static_range(9):
+        tiles.append(psum((128, 512)))
+
+
+@nki.jit
+def k_sbuf_capacity():
+    a = nl.ndarray((128, 32768), dtype=nl.float32, buffer=nl.sbuf)
+    b = nl.ndarray((128, 32768), dtype=nl.float32, buffer=nl.sbuf)
+    return a, b
+
+
+# ---- Vector / Scalar engine -----------------------------------------------------------------
+
+@nki.jit
+def k_tensor_divide(a):
+    t = nl.load(a)
+    nisa.tensor_tensor(dst=sbuf((128, 8)), data1=t, data2=t, op=nl.divide)
+
+
+@nki.jit
+def k_nl_divide(a):
+    t = nl.load(a)
+    nl.divide(t, t)
+
+
+@nki.jit
+def k_partition_mismatch(a, b):
+    nisa.tensor_tensor(dst=sbuf((64, 8)), data1=nl.load(a), data2=nl.load(b), op=nl.add)
+
+
+@nki.jit
+def k_free_size_mismatch(a, b):
+    nisa.tensor_tensor(dst=sbuf((128, 8)), data1=nl.load(a), data2=nl.load(b), op=nl.add)
+
+
+@nki.jit
+def k_psum_both():
+    p1 = psum((128, 8))
+    p2 = psum((128, 8))
+    nisa.memset(dst=p1, value=0.0)
+    nisa.memset(dst=p2, value=0.0)
+    nisa.tensor_tensor(dst=sbuf((128, 8)), data1=p1, data2=p2, op=nl.add)
+
+
+@nki.jit
+def k_unbroadcast(a, b):
+    nl.subtract(nl.load(a), nl.load(b))
+
+
+@nki.jit
+def k_unsupported_op(a):
+    t = nl.load(a)
+    nisa.tensor_tensor(dst=sbuf((128, 8)), data1=t, data2=t, op=nl.exp)
+
+
+@nki.jit
+def k_operand_shape(a):
+    t = nl.load(a)
+    nisa.tensor_scalar(dst=sbuf((128, 8)), data=t, op0=nl.multiply, operand0=sbuf((128, 2)))
+
+
+@nki.jit
+def k_operand_dtype(a):
+    t = nl.load(a)
+    nisa.tensor_scalar(dst=sbuf((128, 8)), data=t, op0=nl.multiply,
+                       operand0=sbuf((128, 1), dtype=nl.bfloat16))
+
+
+@nki.jit
+def k_operand_type(a):
+    nisa.tensor_copy(dst=np.zeros((128, 8), F32), src=nl.load(a))
+
+
+@nki.jit
+def k_activation_bias(a):
+    t = nl.load(a)
+    nisa.activation(dst=sbuf((128, 8)), op=nl.exp, data=t, bias=1.0)
+
+
+@nki.jit
+def k_partition_reduce(a):
+    nisa.tensor_reduce(dst=sbuf((1, 8)), op=nl.add, data=nl.load(a), axis=0)
+
+
+@nki.jit
+def k_nl_sum_partition(a):
+    nl.sum(nl.load(a), axis=(0, 1))
+
+
+@nki.jit
+def k_reduce_axis(a):
+    nisa.tensor_reduce(dst=sbuf((128, 8)), op=nl.add, data=nl.load(a), axis=1)
+
+
+@nki.jit
+def k_reduce_shape(a):
+    nisa.tensor_reduce(dst=sbuf((128, 2)), op=nl.add, data=nl.load(a), axis=1)
+
+
+@nki.jit
+def k_memset_type():
+    nisa.memset(dst=nl.ndarray((128, 8), dtype=nl.int32, buffer=nl.sbuf), value=1.5)
+
+
+@nki.jit
+def k_copy_from_psum():
+    ps = psum((128, 8))
+    nisa.memset(dst=ps, value=0.0)
+    nl.copy(ps)
+
+
+@nki.jit
+def k_hbm_operand(a):
+    t = nl.load(a)
+    nisa.tensor_tensor(dst=sbuf((128, 8)), data1=t, data2=a, op=nl.add)
+
+
+@nki.jit
+def k_broadcast_shape(a):
+    nl.broadcast_to(nl.load(a), shape=(4, 4))
+
+
+# ---- kernel interface -----------------------------------------------------------------------
+
+@nki.jit
+def k_return_sbuf(a):
+    return nl.load(a)
+
+
+@nki.jit
+def k_return_private_hbm(a):
+    out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.hbm)
+    nisa.dma_copy(dst=out, src=a)
+    return out
+
+
+@nki.jit
+def k_return_int(a):
+    return 3
+
+
+@nki.jit
+def k_keyword_only(a, *, n=2):
+    return a
+
+
+CASES = [
+    # (kernel, args, rule id, text that must appear: the offending shape or value)
+    (k_partition_limit, (), "partition-limit", "(256, 4)"),
+    (k_load_1d, (arr(200),), "partition-limit", "(200,)"),
+    (k_partition_step, (arr(128, 4),), "partition-step", "(128, 4)"),
+    (k_partition_reshape, (arr(128, 4),), "partition-reshape", "(64, 8)"),
+    (k_reshape, (arr(4, 6),), "reshape", "(4, 6)"),
+    (k_index_bounds, (arr(128, 4),), "index-bounds", "(128, 4)"),
+    (k_index_pattern, (arr(8, 8),), "index-pattern", "(8, 8)"),
+    (k_index_type, (arr(8, 8),), "index-type", "'rows'"),
+    (k_index_rank, (arr(8, 8),), "index-rank", "(8, 8)"),
+    (k_shape, (), "shape", "(0, 4)"),
+    (k_buffer_name, (), "buffer-name", "(4, 4)"),
+    (k_identity, (np.zeros((3, 4)),), "no-fp64", "(3, 4)"),
+    (k_identity, (np.zeros((3, 4), dtype=np.int64),), "unsupported-dtype", "(3, 4)"),
+    (k_bad_dtype, (), "unsupported-dtype", "'float32'"),
+    (k_no_assign, (arr(4, 4),), "no-assign", "(4, 4)"),
+    (k_store_psum, (arr(4, 4),), "dma-from-psum", "(4, 4)"),
+    (k_dma_copy_psum, (arr(4, 4),), "dma-from-psum", "(4, 4)"),
+    (k_dma_to_psum, (arr(4, 4),), "dma-to-psum", "(4, 4)"),
+    (k_dma_count, (arr(4, 8),), "dma-count", "(4, 8)"),
+    (k_load_source, (arr(4, 4),), "load-source", "(4, 4)"),
+    (k_store_destination, (arr(4, 4),), "store-destination", "(4, 4)"),
+    (k_store_source, (arr(4, 4),), "store-source", "(4, 4)"),
+    (k_raw_enum, (arr(4, 4),), "raw-enum", "dge_mode"),
+    (k_matmul_m, (arr(64, 256), arr(64, 64)), "matmul-limit", "M=256"),
+    (k_matmul_n, (arr(64, 64), arr(64, 1024)), "matmul-limit", "N=1024"),
+    (k_matmul_buffer, (arr(64, 64), arr(64, 64)), "matmul-buffer", "(64, 64)"),
+    (k_matmul_dst_sbuf, (arr(64, 64), arr(64, 64)), "matmul-buffer", "(64, 64)"),
+    (k_matmul_dtype, (arr(64, 64), arr(64, 64)), "matmul-dtype", "(64, 64)"),
+    (k_matmul_shape, (arr(64, 64), arr(32, 64)), "matmul-shape", "(32, 64)"),
+    (k_nl_matmul, (arr(64, 64), arr(64, 64)), "matmul-transpose-x", "(64, 64)"),
+    (k_transpose_limit, (arr(128, 256),), "transpose-limit", "(128, 256)"),
+    (k_transpose_buffer, (arr(64, 32),), "transpose-buffer", "(32, 64)"),
+    (k_transpose_shape, (arr(32, 64),), "transpose-shape", "(64, 64)"),
+    (k_transpose_dtype, (arr(64, 32),), "transpose-dtype", "(32, 64)"),
+    (k_unsupported, (arr(64, 64), arr(64, 64)), "unsupported", "is_transpose"),
+    (k_psum_uninitialized, (), "psum-uninitialized", "(128, 512)"),
+    (k_psum_accumulate_unwritten, (arr(64, 64), arr(64, 64)), "psum-uninitialized", "(64, 64)"),
+    (k_psum_bank, (), "psum-bank", "(128, 1024)"),
+    (k_psum_banks_live, (), "psum-banks-live", "(128, 512)"),
+    (k_sbuf_capacity, (), "sbuf-capacity", "(128, 32768)"),
+    (k_tensor_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
+    (k_nl_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
+    (k_partition_mismatch, (arr(128, 8), arr(64, 8)), "partition-mismatch", "(128, 8)"),
+    (k_free_size_mismatch, (arr(128, 8), arr(128, 16)), "free-size-mismatch", "(128, 16)"),
+    (k_psum_both, (), "psum-both", "(128, 8)"),
+    (k_unbroadcast, (arr(1, 1), arr(128, 1)), "unbroadcast", "(128, 1)"),
+    (k_unsupported_op, (arr(128, 8),), "unsupported-op", "nl.exp"),
+    (k_operand_shape, (arr(128, 8),), "operand-shape", "(128, 2)"),
+    (k_operand_dtype, (arr(128, 8),), "operand-dtype", "(128, 1)"),
+    (k_operand_type, (arr(128, 8),), "operand-type", "ndarray"),
+    (k_activation_bias, (arr(128, 8),), "activation-bias", "(128, 1)"),
+    (k_partition_reduce, (arr(128, 8),), "partition-reduce", "(128, 8)"),
+    (k_nl_sum_partition, (arr(128, 8),), "partition-reduce", "(128, 8)"),
+    (k_reduce_axis, (arr(128, 4, 8),), "reduce-axis", "(128, 4, 8)"),
+    (k_reduce_shape, (arr(128, 8),), "reduce-shape", "(128, 2)"),
+    (k_memset_type, (), "memset-type", "(128, 8)"),
+    (k_copy_from_psum, (), "copy-from-psum", "(128, 8)"),
+    (k_hbm_operand, (arr(128, 8),), "hbm-operand", "(128, 8)"),
+    (k_broadcast_shape, (arr(2, 3),), "broadcast-shape", "(2, 3)"),
+    (k_return_sbuf, (arr(4, 4),), "output-buffer", "(4, 4)"),
+    (k_return_private_hbm, (arr(4, 4),), "output-buffer", "(4, 4)"),
+    (k_return_int, (arr(4, 4),), "output-type", "int"),
+    (k_identity, ([1.0, 2.0],), "list-argument", "'a'"),
+    (k_identity, (object(),), "argument-type", "'a'"),
+    (k_keyword_only, (arr(4, 4),), "kernel-signature", "'n'"),
+]
+
+
+@pytest.mark.parametrize(
+    "kernel, args, rule, text", CASES,
+    ids=[f"{c[2]}-{c[0].__name__}" for c in CASES])
+def test_rule_violation_is_reported(kernel, args, rule, text):
+    with pytest.raises(NKIRuleError) as info:
+        simulate(kernel)(*args)
+    message = str(info.value)
+    assert message.startswith(f"[{rule}]"), message
+    assert info.value.rule == rule
+    assert text in message, message
+
+
+def test_jit_rejects_removed_options():
+    with pytest.raises(NKIRuleError, match=r"\[jit-option\]"):
+        nki.jit(mode="simulation")
+
+
+def test_instructions_outside_a_kernel_are_rejected():
+    with pytest.raises(NKIRuleError, match=r"\[outside-kernel\]"):
+        nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
+
+
+def test_rebinding_tiles_in_a_loop_frees_them():
+    @nki.jit
+    def many_psum_tiles(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for _ in nl.affine_range(32):  # each iteration rebinds: at most 2 banks live
+            ps = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            nisa.memset(dst=ps, value=0.0)
+            big = nl.ndarray((128, 40000), dtype=nl.float32, buffer=nl.sbuf)
+        t = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=t, src=ps)
+        nl.store(out, t)
+        return out, big.shape[1]
+
+    out, _ = simulate(many_psum_tiles)(arr(4, 4))
+    assert np.all(out == 0)
