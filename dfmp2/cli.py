@@ -68,6 +68,8 @@ def cli(verbose: int) -> None:
               help="Also run PySCF's DFMP2 on the same orbitals; exit 1 if they disagree.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Run record path (default: runs/<molecule>-<basis>.h5).")
+@click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the out-of-core B file (default: beside the record).")
 @click.option("--threads", type=click.IntRange(min=1), default=None,
               help="Threads for torch and PySCF (default: all available cores).")
 @click.option("--occ-block", type=click.IntRange(min=1), default=None,
@@ -77,14 +79,15 @@ def cli(verbose: int) -> None:
 def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int | None, spin: int | None,
         frozen_core: bool, frozen: int | None, backend: str, precision: str | None,
         fused_energy: bool, memory: int | None, scf_method: str, allow_unconverged: bool,
-        check: bool, output: Path | None, threads: int | None, occ_block: int | None,
+        check: bool, output: Path | None, scratch: Path | None, threads: int | None, occ_block: int | None,
         as_json: bool) -> int:
     """Compute the DF-MP2 energy of MOLECULE (an XYZ file) and write a run record."""
     settings = job.RunSettings(
         molecule=molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
         frozen_core=frozen_core, frozen=frozen, backend=backend, precision=precision,
         fused_energy=fused_energy, memory=memory, scf_method=scf_method,
-        allow_unconverged=allow_unconverged, check=check, output=output, threads=threads,
+        allow_unconverged=allow_unconverged, check=check, output=output, scratch=scratch,
+        threads=threads,
         occ_block=occ_block, command=obj["command"])
     outcome = job.run(settings)
     if as_json:

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import torch
-from pyscf import gto
+from pyscf import gto, lib
 from pyscf.df import incore
 
 from dfmp2.metric import FitMetric
@@ -32,55 +32,79 @@ def aux_shell_blocks(auxmol: gto.Mole, max_functions: int) -> list[tuple[int, in
     return blocks
 
 
-def three_index_block(mol: gto.Mole, auxmol: gto.Mole, shell0: int, shell1: int) -> torch.Tensor:
-    """(P|mu nu) for auxiliary shells [shell0, shell1) as a contiguous (nP, nao, nao) tensor."""
-    ints = incore.aux_e2(mol, auxmol, "int3c2e", aosym="s1",
-                         shls_slice=(0, mol.nbas, 0, mol.nbas, shell0, shell1))
-    # libcint fills (mu, nu, P) in Fortran order: its transpose is C-contiguous (P, nu, mu),
-    # which equals (P, mu, nu) because the integrals are symmetric in mu and nu.
-    return torch.from_numpy(ints.T)
+def build_bytes_per_aux_function(nao: int, nocc: int, nvir: int) -> int:
+    """Buffers the build holds per auxiliary function of a block."""
+    npair = nao * (nao + 1) // 2
+    return FP64_BYTES * (npair + nao * nao + nao * nocc + nocc * nvir)
+
+
+class ThreeIndexBlocks:
+    """(P|mu nu) for blocks of auxiliary shells, as contiguous (nP, nao, nao) tensors.
+
+    libcint computes only mu >= nu (s2 symmetry, half the integrals); PySCF's C unpack fills the
+    square. Both write into buffers reused from block to block, so no block pays page faults.
+    """
+
+    def __init__(self, mol: gto.Mole, auxmol: gto.Mole, max_functions: int) -> None:
+        self.mol, self.auxmol = mol, auxmol
+        self.blocks = aux_shell_blocks(auxmol, max_functions)
+        nmax = max(p1 - p0 for _, _, p0, p1 in self.blocks)
+        nao = mol.nao_nr()
+        self._packed = np.empty(nao * (nao + 1) // 2 * nmax)
+        self._square = np.empty(nmax * nao * nao)
+
+    def block(self, shell0: int, shell1: int, npart: int) -> torch.Tensor:
+        nao = self.mol.nao_nr()
+        packed = incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij",
+                               shls_slice=(0, self.mol.nbas, 0, self.mol.nbas, shell0, shell1),
+                               out=self._packed)
+        square = self._square[:npart * nao * nao].reshape(npart, nao, nao)
+        lib.unpack_tril(packed.T, filltriu=lib.SYMMETRIC, out=square)
+        return torch.from_numpy(square)
 
 
 def build_fitted_tensor(mol: gto.Mole, auxmol: gto.Mole, c_occ: np.ndarray, c_vir: np.ndarray,
-                        metric: FitMetric, kern, max_block_bytes: int,
-                        timings: dict[str, float] | None = None) -> torch.Tensor:
-    """B = L^-1 (Q|ia) in fp64, (naux_fit, nocc*nvir)."""
+                        metric: FitMetric, kern, max_block_bytes: int, store_factory,
+                        timings: dict[str, float] | None = None):
+    """B = L^-1 (Q|ia) in fp64 (naux_fit, nocc*nvir), in the store ``store_factory`` opens."""
     clock = time.perf_counter
     timings = timings if timings is not None else {}
     nao, nocc, nvir = mol.nao_nr(), c_occ.shape[1], c_vir.shape[1]
     nov = nocc * nvir
     occ = torch.from_numpy(np.ascontiguousarray(c_occ))
     vir = torch.from_numpy(np.ascontiguousarray(c_vir))
-    raw = torch.empty((metric.naux, nov), dtype=torch.float64)
+    raw = store_factory(metric.naux, nov)
 
-    per_function = FP64_BYTES * (nao * nao + nao * nocc + nov)
-    blocks = aux_shell_blocks(auxmol, max(1, max_block_bytes // per_function))
-    log.info("three-index integrals in %d auxiliary blocks", len(blocks))
+    per_function = build_bytes_per_aux_function(nao, nocc, nvir)
+    integrals = ThreeIndexBlocks(mol, auxmol, max(1, max_block_bytes // per_function))
+    log.info("three-index integrals in %d auxiliary blocks", len(integrals.blocks))
     t_ints = t_transform = 0.0
-    for shell0, shell1, p0, p1 in blocks:
+    for shell0, shell1, p0, p1 in integrals.blocks:
         t0 = clock()
-        lpq = three_index_block(mol, auxmol, shell0, shell1)
+        lpq = integrals.block(shell0, shell1, p1 - p0)
         t1 = clock()
         npart = p1 - p0
         half = kern.gemm(lpq.reshape(npart * nao, nao), occ).reshape(npart, nao, nocc)
-        raw[p0:p1] = kern.gemm(half.transpose(1, 2), vir).reshape(npart, nov)
+        raw.write_rows(p0, p1, kern.gemm(half.transpose(1, 2), vir).reshape(npart, nov))
         t_ints += t1 - t0
         t_transform += clock() - t1
+    del integrals
     timings["integrals"] = t_ints
     timings["transform"] = t_transform
 
     t0 = clock()
-    columns = max(1, max_block_bytes // (FP64_BYTES * metric.naux))
+    columns = max(1, max_block_bytes // (2 * FP64_BYTES * metric.naux))
     if metric.kind == "cholesky":
+        fitted = raw
         for c0 in range(0, nov, columns):
             c1 = min(nov, c0 + columns)
-            raw[:, c0:c1] = kern.trsm(metric.factor, raw[:, c0:c1])
-        fitted = raw
+            fitted.write_columns(c0, c1, kern.trsm(metric.factor, raw.read_columns(c0, c1)))
     else:
-        fitted = torch.empty((metric.naux_fit, nov), dtype=torch.float64)
+        fitted = store_factory(metric.naux_fit, nov)
         factor_t = metric.factor.T
         for c0 in range(0, nov, columns):
             c1 = min(nov, c0 + columns)
-            fitted[:, c0:c1] = kern.gemm(factor_t, raw[:, c0:c1])
+            fitted.write_columns(c0, c1, kern.gemm(factor_t, raw.read_columns(c0, c1)))
+        raw.close()
     timings["fit"] = clock() - t0
     return fitted

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +15,8 @@ log = logging.getLogger(__name__)
 
 SCS_OS_DEFAULT = 1.2
 SCS_SS_DEFAULT = 1.0 / 3.0
+
+Block = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -39,25 +42,39 @@ class Mp2Energies:
         return os_scale * self.e_os + ss_scale * self.e_ss
 
 
-def occupied_blocks(nocc: int, occ_block: int) -> list[tuple[int, int]]:
+def occupied_blocks(nocc: int, occ_block: int) -> list[Block]:
     return [(i0, min(nocc, i0 + occ_block)) for i0 in range(0, nocc, occ_block)]
 
 
-def block_pairs(nocc: int, occ_block: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+def block_pairs(nocc: int, occ_block: int) -> list[tuple[Block, Block]]:
     blocks = occupied_blocks(nocc, occ_block)
     return [(bi, bj) for n, bi in enumerate(blocks) for bj in blocks[n:]]
 
 
-def pair_sums(b: torch.Tensor, denom: torch.Tensor, kern, block_i: tuple[int, int],
-              block_j: tuple[int, int], fused: bool) -> tuple[float, float]:
+class BlockReader:
+    """Occupied column blocks of B in the kernel precision and device. An in-memory B is
+    converted once; a scratch B is read block by block."""
+
+    def __init__(self, store, nvir: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.nvir, self.dtype, self.device = nvir, dtype, device
+        self.store = store
+        self.whole = (store.data.to(device=device, dtype=dtype)
+                      if store.location == "memory" else None)
+
+    def block(self, block: Block) -> torch.Tensor:
+        c0, c1 = block[0] * self.nvir, block[1] * self.nvir
+        if self.whole is not None:
+            return self.whole[:, c0:c1]
+        return self.store.read_columns(c0, c1).to(device=self.device, dtype=self.dtype)
+
+
+def pair_sums(b_i: torch.Tensor, b_j: torch.Tensor, denom: torch.Tensor, kern, block_i: Block,
+              block_j: Block, fused: bool) -> tuple[float, float]:
     """Weighted (direct, exchange) of one block pair; off-diagonal pairs count twice."""
     nvir = denom.shape[1]
-    (i0, i1), (j0, j1) = block_i, block_j
     diagonal = block_i == block_j
-    b_i = b[:, i0 * nvir:i1 * nvir]
-    b_j = b[:, j0 * nvir:j1 * nvir]
-    d_i = denom[i0:i1].reshape(-1)
-    d_j = denom[j0:j1].reshape(-1)
+    d_i = denom[block_i[0]:block_i[1]].reshape(-1)
+    d_j = denom[block_j[0]:block_j[1]].reshape(-1)
     if fused:
         direct, exchange = kern.mp2_energy_fused(b_i, b_j, d_i, d_j, nvir, diagonal)
     else:
@@ -65,25 +82,41 @@ def pair_sums(b: torch.Tensor, denom: torch.Tensor, kern, block_i: tuple[int, in
         direct, exchange = kern.mp2_energy(block, d_i, d_j, nvir, diagonal)
     if not (math.isfinite(direct) and math.isfinite(exchange)):
         raise RunFailure(f"the energy kernel returned a non-finite value for occupied blocks "
-                         f"[{i0}:{i1}] x [{j0}:{j1}]")
+                         f"[{block_i[0]}:{block_i[1]}] x [{block_j[0]}:{block_j[1]}]")
     weight = 1.0 if diagonal else 2.0
     return weight * direct, weight * exchange
 
 
-def energy_sums(b: torch.Tensor, e_occ: torch.Tensor, e_vir: torch.Tensor, kern,
-                occ_block: int, fused: bool, show_progress: bool | None = None) -> Mp2Energies:
-    """Sum every block pair I <= J of the fitted tensor ``b`` (naux, nocc*nvir)."""
-    denom = (e_occ[:, None] - e_vir[None, :]).to(b.dtype)
+def orbital_denominators(e_occ: torch.Tensor, e_vir: torch.Tensor,
+                         dtype: torch.dtype) -> torch.Tensor:
+    """e_i - e_a (nocc, nvir); a non-aufbau reference (any value >= 0) is refused."""
+    denom = e_occ[:, None] - e_vir[None, :]
     if bool((denom >= 0).any()):
         raise RunFailure("an occupied orbital lies at or above a virtual one (non-aufbau "
                          "occupation): MP2 denominators would be non-negative")
+    return denom.to(dtype)
+
+
+def energy_sums(reader: BlockReader, e_occ: torch.Tensor, e_vir: torch.Tensor, kern,
+                occ_block: int, fused: bool, show_progress: bool | None = None) -> Mp2Energies:
+    """Sum every block pair I <= J; the next column block is read while this one computes."""
+    denom = orbital_denominators(e_occ, e_vir, reader.dtype)
     pairs = block_pairs(e_occ.shape[0], occ_block)
     progress = Progress(len(pairs), "energy blocks", show_progress)
     direct = exchange = 0.0
-    for block_i, block_j in pairs:
-        d, x = pair_sums(b, denom, kern, block_i, block_j, fused)
-        direct += d
-        exchange += x
-        progress.advance()
+    row_block, row_data = None, None
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        upcoming = pool.submit(reader.block, pairs[0][1])
+        for n, (block_i, block_j) in enumerate(pairs):
+            b_j = upcoming.result()
+            if n + 1 < len(pairs):
+                upcoming = pool.submit(reader.block, pairs[n + 1][1])
+            if block_i != row_block:
+                row_block = block_i
+                row_data = b_j if block_i == block_j else reader.block(block_i)
+            d, x = pair_sums(row_data, b_j, denom, kern, block_i, block_j, fused)
+            direct += d
+            exchange += x
+            progress.advance()
     log.info("energy step: %d block pairs of up to %d occupied orbitals", len(pairs), occ_block)
     return Mp2Energies(direct, exchange)

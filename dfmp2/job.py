@@ -47,6 +47,7 @@ class RunSettings:
     output: Path | None = None
     threads: int | None = None
     occ_block: int | None = None
+    scratch: Path | None = None
     show_progress: bool | None = None
     command: str = "dfmp2 (python API)"
 
@@ -114,6 +115,10 @@ def run(settings: RunSettings) -> RunOutcome:
     if settings.precision == "fp64" and kern.precision != "fp64":
         raise InputError(f"the {kern.backend} backend computes in {kern.precision} only; "
                          "drop --precision fp64 or use --backend torch")
+    scratch_dir = Path(settings.scratch) if settings.scratch else path.parent
+    if not scratch_dir.is_dir() or not os.access(scratch_dir, os.W_OK | os.X_OK):
+        raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
+                         "choose another with --scratch")
     threads = apply_threads(settings.threads)
     budget = settings.memory if settings.memory is not None else default_budget()
 
@@ -124,7 +129,8 @@ def run(settings: RunSettings) -> RunOutcome:
     inputs.attrs.update({"xyz": geometry.text, "source": str(settings.molecule),
                          "basis": settings.basis, "auxbasis": mp2.auxbasis_name(auxbasis),
                          "charge": charge, "spin": spin, "scf": settings.scf_method,
-                         "frozen": nfrozen, "memory_bytes": budget, "threads": threads})
+                         "frozen": nfrozen, "memory_bytes": budget, "threads": threads,
+                         "scratch": str(scratch_dir)})
     root.group("versions").attrs.update(versions())
     backend = root.group("backend")
     backend.attrs.update({"backend": kern.backend, "precision": kern.precision,
@@ -149,7 +155,7 @@ def run(settings: RunSettings) -> RunOutcome:
     try:
         result = mp2.kernel(mol, scf_result.mo_energy, scf_result.mo_coeff, scf_result.mo_occ,
                             nfrozen, auxbasis, kern, budget, settings.fused_energy,
-                            settings.occ_block, settings.show_progress)
+                            settings.occ_block, settings.show_progress, scratch_dir)
     except RunFailure as exc:
         _finish(root, path, "failed", t_start, kern, error=str(exc))
         raise

@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,8 +13,9 @@ from pyscf import df, gto
 from pyscf.data import elements
 
 import kernels
+from dfmp2.b_store import open_store
 from dfmp2.df_tensors import build_fitted_tensor
-from dfmp2.energy import Mp2Energies, energy_sums
+from dfmp2.energy import BlockReader, Mp2Energies, energy_sums
 from dfmp2.errors import InputError
 from dfmp2.memory import default_budget
 from dfmp2.metric import build_metric
@@ -64,8 +67,12 @@ class Mp2Result:
 
 def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: np.ndarray,
            nfrozen: int, auxbasis: str | dict, kern, budget: int, fused: bool,
-           occ_block: int | None = None, show_progress: bool | None = None) -> Mp2Result:
-    """DF-MP2 correlation energy of a closed-shell reference through the kernel set ``kern``."""
+           occ_block: int | None = None, show_progress: bool | None = None,
+           scratch_dir: Path | None = None, force_out_of_core: bool = False) -> Mp2Result:
+    """DF-MP2 correlation energy of a closed-shell reference through the kernel set ``kern``.
+
+    B stays in memory when the budget allows, else in an HDF5 scratch file in ``scratch_dir``.
+    """
     timings: dict[str, float] = {}
     occupied = np.flatnonzero(mo_occ > 0)
     virtual = np.flatnonzero(mo_occ == 0)
@@ -82,19 +89,24 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
     timings["metric"] = time.perf_counter() - t0
 
     itemsize = torch.tensor([], dtype=kern.dtype).element_size()
-    plan = plan_blocks(nocc, nvir, metric.naux_fit, nao, itemsize, budget, fused, occ_block)
-    log.info("sizes: nao=%d naux=%d nocc=%d nvir=%d nfrozen=%d; occupied block %d",
-             nao, metric.naux, nocc, nvir, nfrozen, plan.occ_block)
+    plan = plan_blocks(nocc, nvir, metric.naux_fit, nao, itemsize, budget, fused, occ_block,
+                       force_out_of_core)
+    log.info("sizes: nao=%d naux=%d nocc=%d nvir=%d nfrozen=%d; occupied block %d; B %s",
+             nao, metric.naux, nocc, nvir, nfrozen, plan.occ_block,
+             "out of core" if plan.out_of_core else "in memory")
 
-    fitted = build_fitted_tensor(mol, auxmol, mo_coeff[:, active], mo_coeff[:, virtual], metric,
-                                 kern, plan.build_block_bytes, timings)
-    fitted = fitted.to(device=kern.device, dtype=kern.dtype)
-
-    t0 = time.perf_counter()
-    e_occ = torch.as_tensor(mo_energy[active], dtype=torch.float64, device=kern.device)
-    e_vir = torch.as_tensor(mo_energy[virtual], dtype=torch.float64, device=kern.device)
-    energies = energy_sums(fitted, e_occ, e_vir, kern, plan.occ_block, fused, show_progress)
-    timings["energy"] = time.perf_counter() - t0
+    store_factory = partial(open_store, out_of_core=plan.out_of_core, scratch_dir=scratch_dir)
+    store = build_fitted_tensor(mol, auxmol, mo_coeff[:, active], mo_coeff[:, virtual], metric,
+                                kern, plan.build_block_bytes, store_factory, timings)
+    try:
+        t0 = time.perf_counter()
+        reader = BlockReader(store, nvir, kern.dtype, kern.device)
+        e_occ = torch.as_tensor(mo_energy[active], dtype=torch.float64, device=kern.device)
+        e_vir = torch.as_tensor(mo_energy[virtual], dtype=torch.float64, device=kern.device)
+        energies = energy_sums(reader, e_occ, e_vir, kern, plan.occ_block, fused, show_progress)
+        timings["energy"] = time.perf_counter() - t0
+    finally:
+        store.close()
     return Mp2Result(energies, nao, metric.naux, metric.naux_fit, nocc, nvir, nfrozen,
                      metric.kind, plan, timings)
 

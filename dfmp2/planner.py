@@ -1,4 +1,4 @@
-"""Block sizes from a memory budget: how many occupied orbitals go in one energy block."""
+"""Memory plan: where B lives and how many occupied orbitals go in one energy block."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,60 +6,74 @@ from dataclasses import dataclass
 from dfmp2.errors import InputError
 from dfmp2.memory import format_size
 
+FP64_BYTES = 8
 # Temporaries of the energy reduction, in units of one orbital row (nvir x nj x nvir numbers).
 REDUCTION_TEMPORARIES = 4
 # A larger (ia|jb) block no longer speeds up the GEMM; it only costs memory.
-MAX_PAIR_BLOCK_BYTES = 512 * 2**20
-# The share of the budget the integral blocks of the build may use.
-BUILD_FRACTION = 0.25
+MAX_PAIR_BLOCK_BYTES = 256 * 2**20
+# Blocks of B held at once out of core: the row block, the column block and the one prefetched.
+OUT_OF_CORE_BLOCKS = 3
+# B stays in memory only if it leaves at least this share of the budget to everything else.
+IN_CORE_MAX_SHARE = 0.6
 
 
 @dataclass(frozen=True)
 class BlockPlan:
     occ_block: int
     nblocks: int
-    resident_bytes: int
+    out_of_core: bool
+    b_bytes: int
     energy_bytes: int
     build_block_bytes: int
     budget: int
 
-    def as_attrs(self) -> dict[str, int]:
+    def as_attrs(self) -> dict[str, int | bool]:
         return {"occ_block": self.occ_block, "occ_blocks": self.nblocks,
-                "resident_bytes": self.resident_bytes, "energy_bytes": self.energy_bytes,
-                "build_block_bytes": self.build_block_bytes, "budget_bytes": self.budget}
+                "out_of_core": self.out_of_core, "b_bytes": self.b_bytes,
+                "energy_bytes": self.energy_bytes, "build_block_bytes": self.build_block_bytes,
+                "budget_bytes": self.budget}
 
 
-def energy_block_bytes(occ_block: int, nocc: int, nvir: int, itemsize: int, fused: bool) -> int:
+def energy_block_bytes(occ_block: int, nvir: int, naux: int, itemsize: int, fused: bool,
+                       out_of_core: bool) -> int:
     """Peak bytes the energy step allocates for blocks of ``occ_block`` occupied orbitals."""
     reduction = REDUCTION_TEMPORARIES * nvir * occ_block * nvir * itemsize
     if fused:
-        stripe_rows = max(nvir, 512)
-        return stripe_rows * occ_block * nvir * itemsize + reduction
-    return (occ_block * nvir) ** 2 * itemsize + reduction
+        pair_work = max(nvir, 512) * occ_block * nvir * itemsize
+    else:
+        pair_work = (occ_block * nvir) ** 2 * itemsize
+    streamed = (OUT_OF_CORE_BLOCKS * naux * occ_block * nvir * (itemsize + FP64_BYTES)
+                if out_of_core else 0)
+    return pair_work + reduction + streamed
 
 
 def plan_blocks(nocc: int, nvir: int, naux: int, nao: int, itemsize: int, budget: int,
-                fused: bool, requested: int | None = None) -> BlockPlan:
-    """The largest occupied block that fits beside the in-memory B (fp64, plus a copy in the
-    kernel precision when that is narrower)."""
-    resident = naux * nocc * nvir * (8 + (itemsize if itemsize != 8 else 0))
-    build_block = max(8 * (nao * nao + nao * nocc + nocc * nvir), int(budget * BUILD_FRACTION))
-    minimum = resident + energy_block_bytes(1, nocc, nvir, itemsize, fused)
+                fused: bool, requested: int | None = None,
+                force_out_of_core: bool = False) -> BlockPlan:
+    """Keep B in memory when it fits comfortably, else stream it from scratch; then take the
+    largest occupied block that fits what is left."""
+    b_bytes = naux * nocc * nvir * (FP64_BYTES + (itemsize if itemsize != FP64_BYTES else 0))
+    out_of_core = force_out_of_core or b_bytes > IN_CORE_MAX_SHARE * budget
+    resident = 0 if out_of_core else b_bytes
+    build_minimum = FP64_BYTES * (nao * (nao + 1) // 2 + nao * nao + nao * nocc + nocc * nvir
+                                  + 2 * naux)
+    minimum = resident + max(build_minimum,
+                             energy_block_bytes(1, nvir, naux, itemsize, fused, out_of_core))
     if budget < minimum:
         raise InputError(f"memory budget {format_size(budget)} is too small for this molecule: "
                          f"at least {format_size(minimum)} is needed; raise --memory")
+
+    def fits(occ_block: int) -> bool:
+        cost = energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core)
+        pair_block = (occ_block * nvir) ** 2 * itemsize
+        return resident + cost <= budget and (fused or pair_block <= MAX_PAIR_BLOCK_BYTES)
+
     if requested is not None:
         occ_block = max(1, min(nocc, requested))
     else:
         occ_block = 1
-        while occ_block < nocc:
-            candidate = occ_block + 1
-            cost = energy_block_bytes(candidate, nocc, nvir, itemsize, fused)
-            pair_block = (candidate * nvir) ** 2 * itemsize
-            if resident + cost > budget or (not fused and pair_block > MAX_PAIR_BLOCK_BYTES):
-                break
-            occ_block = candidate
-    nblocks = -(-nocc // occ_block)
-    return BlockPlan(occ_block, nblocks, resident,
-                     energy_block_bytes(occ_block, nocc, nvir, itemsize, fused),
-                     min(build_block, max(budget - resident, 8 * nao * nao)), budget)
+        while occ_block < nocc and fits(occ_block + 1):
+            occ_block += 1
+    return BlockPlan(occ_block, -(-nocc // occ_block), out_of_core, b_bytes,
+                     energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core),
+                     max(build_minimum, budget - resident), budget)

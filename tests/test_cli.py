@@ -95,3 +95,17 @@ def test_python_dash_m_is_the_same_program(tmp_path):
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_small_memory_budget_runs_out_of_core(run_cli, tmp_path, water_reference):
+    record = tmp_path / "w.h5"
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = run_cli("run", molecule_path("water"), "--backend", "torch", "--memory", "100kB",
+                     "--scratch", scratch, "--json", "-o", record)
+    assert result.code == 0, result.err
+    assert abs(json.loads(result.out)["e_corr"] - water_reference.e_corr) <= 1e-10
+    with h5py.File(record, "r") as h5:
+        assert h5["plan"].attrs["out_of_core"]
+        assert h5["plan"].attrs["occ_blocks"] > 1
+    assert not list(scratch.iterdir())

@@ -281,6 +281,17 @@ def k_tensor_divide(a):
 
 
 @nki.jit
+def k_np_divide(a):
+    t = nl.load(a)
+    nisa.tensor_tensor(dst=sbuf((128, 8)), data1=t, data2=t, op=np.divide)
+
+
+@nki.jit
+def k_raw_engine(a):
+    nisa.tensor_copy(dst=sbuf((128, 8)), src=nl.load(a), engine=1)
+
+
+@nki.jit
 def k_nl_divide(a):
     t = nl.load(a)
     nl.divide(t, t)
@@ -451,6 +462,8 @@ CASES = [
     (k_sbuf_capacity, (), "sbuf-capacity", "(128, 32768)"),
     (k_tensor_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
     (k_nl_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
+    (k_np_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
+    (k_raw_engine, (arr(128, 8),), "raw-enum", "engine"),
     (k_partition_mismatch, (arr(128, 8), arr(64, 8)), "partition-mismatch", "(128, 8)"),
     (k_free_size_mismatch, (arr(128, 8), arr(128, 16)), "free-size-mismatch", "(128, 16)"),
     (k_psum_both, (), "psum-both", "(128, 8)"),

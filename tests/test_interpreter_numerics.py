@@ -1,0 +1,255 @@
+"""Interpreter numerics: memory fill, RNE rounding of narrow types, PSUM accumulation, ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kernels.nki.interpreter import install, simulate
+
+if not install():
+    pytest.skip("the real nki is installed: these tests target the interpreter",
+                allow_module_level=True)
+
+import nki  # noqa: E402
+import nki.isa as nisa  # noqa: E402
+import nki.language as nl  # noqa: E402
+
+F32 = np.float32
+
+
+@nki.jit
+def fresh_memory(a):
+    out_f = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    out_i = nl.ndarray((4, 8), dtype=nl.int32, buffer=nl.shared_hbm)
+    nl.store(out_f, nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf))
+    nl.store(out_i, nl.ndarray((4, 8), dtype=nl.int32, buffer=nl.sbuf))
+    return out_f, out_i
+
+
+def test_ndarray_is_filled_with_nan_or_4():
+    out_f, out_i = simulate(fresh_memory)(np.zeros((1, 1), F32))
+    assert np.isnan(out_f).all()
+    assert out_i.dtype == np.int32 and (out_i == 4).all()
+
+
+@nki.jit
+def cast_roundtrip(a, dtype_name):
+    """Load fp32 values as ``dtype_name`` (rounding on write), store them back to fp32."""
+    out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    narrow = nl.load(a, dtype=getattr(nl, dtype_name))
+    wide = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=wide, src=narrow)
+    nl.store(out, wide)
+    return out
+
+
+def roundtrip(values, dtype_name):
+    a = np.asarray(values, dtype=F32).reshape(1, -1)
+    return simulate(cast_roundtrip)(a, dtype_name).reshape(-1)
+
+
+# (value, expected) pairs; ulp(1) is 2^-7 for bf16, 2^-10 for fp16/tf32, 2^-3 / 2^-2 for fp8.
+ROUNDING = {
+    "bfloat16": [
+        (1 + 2.0**-8, 1.0),  # exact tie -> even (1.0)
+        (1 + 3 * 2.0**-8, 1 + 2.0**-6),  # exact tie -> even (1 + 2^-6)
+        (1 + 2.0**-8 + 2.0**-20, 1 + 2.0**-7),  # above the tie -> up
+        (-(1 + 3 * 2.0**-8), -(1 + 2.0**-6)),
+        (3.0, 3.0),
+    ],
+    "float16": [(1 + 2.0**-11, 1.0), (1 + 3 * 2.0**-11, 1 + 2.0**-9), (70000.0, np.inf)],
+    "tfloat32": [(1 + 2.0**-11, 1.0), (1 + 3 * 2.0**-11, 1 + 2.0**-9), (70000.0, 70016.0)],
+    "float8_e4m3": [(1 + 2.0**-4, 1.0), (1 + 3 * 2.0**-4, 1.25), (500.0, 448.0), (2.0**-9, 2.0**-9)],
+    "float8_e5m2": [(1 + 2.0**-3, 1.0), (1 + 3 * 2.0**-3, 1.5), (1e6, np.inf)],
+}
+
+
+@pytest.mark.parametrize("dtype_name", sorted(ROUNDING))
+def test_round_to_nearest_even_on_write(dtype_name):
+    values, expected = zip(*ROUNDING[dtype_name])
+    np.testing.assert_array_equal(roundtrip(values, dtype_name), np.asarray(expected, F32))
+
+
+def test_nan_survives_narrowing():
+    assert np.isnan(roundtrip([np.nan], "bfloat16")).all()
+
+
+def test_bf16_rounding_matches_torch():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(1).standard_normal(4096).astype(F32) * 1000
+    expected = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
+    np.testing.assert_array_equal(roundtrip(x, "bfloat16"), expected)
+
+
+@nki.jit
+def to_int(a, dtype_name):
+    out = nl.ndarray(a.shape, dtype=getattr(nl, dtype_name), buffer=nl.shared_hbm)
+    t = nl.ndarray(a.shape, dtype=getattr(nl, dtype_name), buffer=nl.sbuf)
+    nisa.tensor_copy(dst=t, src=nl.load(a))
+    nl.store(out, t)
+    return out
+
+
+def test_float_to_int_rounds_half_even_and_saturates():
+    a = np.array([[2.5, 3.5, -1.5, 300.0, -300.0]], F32)
+    np.testing.assert_array_equal(simulate(to_int)(a, "int32"), [[2, 4, -2, 300, -300]])
+    np.testing.assert_array_equal(simulate(to_int)(a, "int8"), [[2, 4, -2, 127, -128]])
+
+
+@nki.jit
+def psum_modes(a_t, b, mode):
+    """Two matmuls into one PSUM tile with accumulate settings chosen by ``mode``."""
+    out = nl.ndarray((a_t.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    lhs = nl.load(a_t)
+    rhs = nl.load(b)
+    ps = nl.ndarray((a_t.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    if mode == "false":
+        nisa.nc_matmul(ps, lhs, rhs, accumulate=False)
+        nisa.nc_matmul(ps, lhs, rhs, accumulate=False)
+    elif mode == "explicit":
+        nisa.nc_matmul(dst=ps, stationary=lhs, moving=rhs, accumulate=False)
+        nisa.nc_matmul(dst=ps, stationary=lhs, moving=rhs, accumulate=True)
+    elif mode == "none":
+        for _ in nl.affine_range(3):
+            nisa.nc_matmul(ps, lhs, rhs)
+    elif mode == "partial":  # top half pre-written: it accumulates, bottom half is overwritten
+        nisa.memset(dst=ps[0:2, :], value=10.0)
+        nisa.nc_matmul(ps, lhs, rhs)
+    res = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=ps)
+    nl.store(out, res)
+    return out
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("false", lambda p: p),
+    ("explicit", lambda p: 2 * p),
+    ("none", lambda p: 3 * p),
+    ("partial", lambda p: p + np.array([[10.0], [10.0], [0.0], [0.0]], F32)),
+])
+def test_psum_accumulate_semantics(mode, expected):
+    rng = np.random.default_rng(2)
+    a_t = rng.integers(-3, 4, (8, 4)).astype(F32)
+    b = rng.integers(-3, 4, (8, 6)).astype(F32)
+    np.testing.assert_array_equal(simulate(psum_modes)(a_t, b, mode), expected(a_t.T @ b))
+
+
+@nki.jit
+def vector_ops(a, col):
+    """A tour of the vector / scalar instructions and nl helpers; one output per result."""
+    x = nl.load(a)
+    c = nl.load(col)
+    outs = []
+
+    def emit(tile):
+        o = nl.ndarray(tile.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(o, tile)
+        outs.append(o)
+
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=t, data=x, op0=nl.subtract, operand0=c, reverse0=True,
+                       op1=nl.multiply, operand1=2.0)
+    emit(t)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=t, op=nl.exp, data=x, bias=c, scale=0.5)
+    emit(t)
+    r = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=r, op=nl.max, data=x, axis=1, keepdims=True, negate=True)
+    emit(r)
+    t = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=t, data=x)
+    emit(t)
+    emit(nl.multiply(x, nl.reciprocal(x)))
+    emit(nl.sum(nl.square(x), axis=1, keepdims=True))
+    emit(nl.add(nl.broadcast_to(nl.load(a[0:1, 0:1]), shape=(x.shape[0], 1)), c))
+    emit(nl.maximum(x, 1.5))
+    emit(nl.subtract(1.0, x))
+    return tuple(outs)
+
+
+def test_vector_and_scalar_engine_ops():
+    a = np.array([[1.0, 2.0, 4.0], [0.5, 8.0, 3.0]], F32)
+    col = np.array([[1.0], [-1.0]], F32)
+    res = simulate(vector_ops)(a, col)
+    np.testing.assert_allclose(res[0], (col - a) * 2)
+    np.testing.assert_allclose(res[1], np.exp(a * 0.5 + col), rtol=1e-6)
+    np.testing.assert_allclose(res[2], -a.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(res[3], 1 / a)
+    np.testing.assert_allclose(res[4], np.ones_like(a))
+    np.testing.assert_allclose(res[5], (a * a).sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(res[6], a[0, 0] + col)
+    np.testing.assert_allclose(res[7], np.maximum(a, 1.5))
+    np.testing.assert_allclose(res[8], 1 - a)
+
+
+@nki.jit
+def transposes(a):
+    out1 = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+    out2 = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+    out3 = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+    x = nl.load(a)
+    ps = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=ps, data=x)
+    t = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=t, src=ps)
+    nl.store(out1, t)
+    nl.store(out2, nl.load_transpose2d(a))
+    t2 = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=t2, src=nl.transpose(x))
+    nl.store(out3, t2)
+    return out1, out2, out3
+
+
+def test_transposes():
+    a = np.arange(24, dtype=F32).reshape(4, 6)
+    for res in simulate(transposes)(a):
+        np.testing.assert_array_equal(res, a.T)
+
+
+@nki.jit
+def index_styles(a):
+    """ds(), integer indexing of a rank-3 HBM tensor, and the nl.arange index style."""
+    out = nl.ndarray((2, 4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    i_p = nl.arange(4)[:, None]
+    i_f = nl.arange(8)[None, :]
+    for b in nl.affine_range(2):
+        t = nl.load(a[b, nl.ds(0, 4), 0:8])
+        u = nl.load(a[b][i_p, 8 + i_f])
+        nl.store(out[b], nl.add(t, u))
+    return out
+
+
+def test_index_styles():
+    a = np.arange(2 * 4 * 16, dtype=F32).reshape(2, 4, 16)
+    np.testing.assert_array_equal(simulate(index_styles)(a), a[:, :, :8] + a[:, :, 8:])
+
+
+@nki.jit
+def misc_ops(a, b):
+    """numpy operator aliases, dma_copy with add, HBM->HBM, initialised tensors, nl.matmul."""
+    sums = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    x, y = nl.load(a), nl.load(b)
+    t = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=t, data1=x, data2=y, op=np.add)
+    nisa.dma_copy(dst=sums, src=t)
+    nisa.dma_copy(dst=sums, src=nl.ones(a.shape, dtype=nl.float32), dst_rmw_op=nl.add)
+    copied = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=copied, src=a)
+    filled = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+    nl.store(filled, nl.full(a.shape, 2.5, dtype=nl.int32))
+    product = nl.ndarray((a.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    res = nl.zeros_like(nl.ndarray((a.shape[1], b.shape[1]), dtype=nl.float32), buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=nl.matmul(x, y, transpose_x=True))
+    nl.store(product, res)
+    return sums, copied, filled, product
+
+
+def test_misc_ops():
+    a = np.arange(12, dtype=F32).reshape(3, 4)
+    b = np.ones((3, 4), F32)
+    sums, copied, filled, product = simulate(misc_ops)(a, b)
+    np.testing.assert_array_equal(sums, a + b + 1)
+    np.testing.assert_array_equal(copied, a)
+    np.testing.assert_array_equal(filled, np.full((3, 4), 2, np.int32))
+    np.testing.assert_allclose(product, a.T @ b)
