@@ -13,7 +13,7 @@ import kernels
 from dfmp2 import job, report
 from dfmp2.errors import Dfmp2Error
 from dfmp2.memory import parse_size
-from dfmp2.record import read_record
+from dfmp2.record import SCHEMA, read_record
 from dfmp2.scf import SCF_METHODS
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -74,13 +74,15 @@ def cli(verbose: int) -> None:
               help="Threads for torch and PySCF (default: all available cores).")
 @click.option("--occ-block", type=click.IntRange(min=1), default=None,
               help="Occupied orbitals per energy block (default: from --memory).")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in -o (also done whenever -o holds one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_obj
 def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int | None, spin: int | None,
         frozen_core: bool, frozen: int | None, backend: str, precision: str | None,
         fused_energy: bool, memory: int | None, scf_method: str, allow_unconverged: bool,
         check: bool, output: Path | None, scratch: Path | None, threads: int | None, occ_block: int | None,
-        as_json: bool) -> int:
+        resume: bool, as_json: bool) -> int:
     """Compute the DF-MP2 energy of MOLECULE (an XYZ file) and write a run record."""
     settings = job.RunSettings(
         molecule=molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
@@ -88,7 +90,7 @@ def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int
         fused_energy=fused_energy, memory=memory, scf_method=scf_method,
         allow_unconverged=allow_unconverged, check=check, output=output, scratch=scratch,
         threads=threads,
-        occ_block=occ_block, command=obj["command"])
+        occ_block=occ_block, resume=resume, command=obj["command"])
     outcome = job.run(settings)
     if as_json:
         click.echo(json.dumps(job.json_summary(outcome)))
@@ -104,7 +106,36 @@ def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int
 def show(record: Path, show_all: bool) -> int:
     """Print a run record readably."""
     root = read_record(record)
-    click.echo(report.dump(root) if show_all else report.summary(root))
+    detailed = show_all or root.attrs.get("schema") != SCHEMA
+    click.echo(report.dump(root) if detailed else report.summary(root))
+    return 0
+
+
+@cli.command()
+@click.argument("molecule", type=XYZ_FILE)
+@click.option("--basis", default="cc-pvdz", show_default=True)
+@click.option("--auxbasis", default=None, help="Default: the MP2-fit partner of --basis.")
+@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default="fp64",
+              show_default=True)
+@click.option("--frozen-core", is_flag=True)
+@click.option("--fused-energy", is_flag=True)
+@click.option("--memory", type=MemorySize(), default=None)
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Timed repeats; medians are reported (the machine may be shared).")
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--skip-pyscf", is_flag=True, help="Time dfmp2 only.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Benchmark record (default: runs/bench-<molecule>-<basis>-<precision>.h5).")
+@click.option("--json", "as_json", is_flag=True)
+def bench(molecule: Path, basis: str, auxbasis: str | None, precision: str, frozen_core: bool,
+          fused_energy: bool, memory: int | None, repeat: int, threads: int | None,
+          skip_pyscf: bool, output: Path | None, as_json: bool) -> int:
+    """Time PySCF's DFMP2 and dfmp2's MP2 stage on the same SCF orbitals."""
+    from dfmp2 import bench_run
+    summary, text = bench_run.run_bench(molecule, basis, auxbasis, precision, frozen_core,
+                                        fused_energy, memory, repeat, threads, skip_pyscf,
+                                        output)
+    click.echo(json.dumps(summary) if as_json else text)
     return 0
 
 

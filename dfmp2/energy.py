@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -97,16 +98,28 @@ def orbital_denominators(e_occ: torch.Tensor, e_vir: torch.Tensor,
     return denom.to(dtype)
 
 
+PairKey = tuple[int, int, int, int]
+PairCallback = Callable[[PairKey, float, float], None]
+
+
 def energy_sums(reader: BlockReader, e_occ: torch.Tensor, e_vir: torch.Tensor, kern,
-                occ_block: int, fused: bool, show_progress: bool | None = None) -> Mp2Energies:
-    """Sum every block pair I <= J; the next column block is read while this one computes."""
+                occ_block: int, fused: bool, show_progress: bool | None = None,
+                finished: dict[PairKey, tuple[float, float]] | None = None,
+                on_pair: PairCallback | None = None) -> Mp2Energies:
+    """Sum every block pair I <= J; the next column block is read while this one computes.
+
+    ``finished`` holds weighted sums of pairs done before (a resumed run): they are not
+    recomputed. ``on_pair`` is called with each newly finished pair, e.g. to checkpoint it.
+    """
     denom = orbital_denominators(e_occ, e_vir, reader.dtype)
-    pairs = block_pairs(e_occ.shape[0], occ_block)
+    finished = dict(finished or {})
+    pairs = [(bi, bj) for bi, bj in block_pairs(e_occ.shape[0], occ_block)
+             if (*bi, *bj) not in finished]
     progress = Progress(len(pairs), "energy blocks", show_progress)
-    direct = exchange = 0.0
+    sums = dict(finished)
     row_block, row_data = None, None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        upcoming = pool.submit(reader.block, pairs[0][1])
+        upcoming = pool.submit(reader.block, pairs[0][1]) if pairs else None
         for n, (block_i, block_j) in enumerate(pairs):
             b_j = upcoming.result()
             if n + 1 < len(pairs):
@@ -115,8 +128,11 @@ def energy_sums(reader: BlockReader, e_occ: torch.Tensor, e_vir: torch.Tensor, k
                 row_block = block_i
                 row_data = b_j if block_i == block_j else reader.block(block_i)
             d, x = pair_sums(row_data, b_j, denom, kern, block_i, block_j, fused)
-            direct += d
-            exchange += x
+            sums[(*block_i, *block_j)] = (d, x)
+            if on_pair is not None:
+                on_pair((*block_i, *block_j), d, x)
             progress.advance()
-    log.info("energy step: %d block pairs of up to %d occupied orbitals", len(pairs), occ_block)
-    return Mp2Energies(direct, exchange)
+    log.info("energy step: %d block pairs of up to %d occupied orbitals (%d resumed)",
+             len(sums), occ_block, len(finished))
+    ordered = [sums[key] for key in sorted(sums)]
+    return Mp2Energies(math.fsum(d for d, _ in ordered), math.fsum(x for _, x in ordered))

@@ -17,6 +17,7 @@ import torch
 import dfmp2
 import kernels
 from dfmp2 import mp2
+from dfmp2.checkpoint import Checkpoint, fingerprint, load_resumable, restored_scf
 from dfmp2.errors import Dfmp2Error, InputError, RunFailure
 from dfmp2.memory import default_budget
 from dfmp2.molecule import build_molecule, read_xyz, resolve_charge_spin
@@ -48,6 +49,7 @@ class RunSettings:
     threads: int | None = None
     occ_block: int | None = None
     scratch: Path | None = None
+    resume: bool = False
     show_progress: bool | None = None
     command: str = "dfmp2 (python API)"
 
@@ -97,6 +99,8 @@ def versions() -> dict[str, str]:
 
 
 def run(settings: RunSettings) -> RunOutcome:
+    """The whole job; the record is checkpointed after the SCF and after every block pair, and
+    a run restarted on the same record skips both."""
     t_start = time.perf_counter()
     path = settings.output_path()
     check_output_path(path)
@@ -122,40 +126,49 @@ def run(settings: RunSettings) -> RunOutcome:
     threads = apply_threads(settings.threads)
     budget = settings.memory if settings.memory is not None else default_budget()
 
+    inputs = {"xyz": geometry.text, "source": str(settings.molecule), "basis": settings.basis,
+              "auxbasis": mp2.auxbasis_name(auxbasis), "charge": charge, "spin": spin,
+              "scf": settings.scf_method, "frozen": nfrozen, "memory_bytes": budget,
+              "threads": threads, "scratch": str(scratch_dir), "backend": kern.backend,
+              "precision": kern.precision, "fused_energy": settings.fused_energy}
+    previous = load_resumable(path, fingerprint(inputs), settings.resume)
     root = Node(attrs={"schema": SCHEMA, "status": "running",
                        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                        "command": settings.command})
-    inputs = root.group("input")
-    inputs.attrs.update({"xyz": geometry.text, "source": str(settings.molecule),
-                         "basis": settings.basis, "auxbasis": mp2.auxbasis_name(auxbasis),
-                         "charge": charge, "spin": spin, "scf": settings.scf_method,
-                         "frozen": nfrozen, "memory_bytes": budget, "threads": threads,
-                         "scratch": str(scratch_dir)})
+    root.group("input").attrs.update(inputs)
     root.group("versions").attrs.update(versions())
-    backend = root.group("backend")
-    backend.attrs.update({"backend": kern.backend, "precision": kern.precision,
-                          "device": str(kern.device), "fused_energy": settings.fused_energy})
+    root.group("backend").attrs.update({"backend": kern.backend, "precision": kern.precision,
+                                        "device": str(kern.device),
+                                        "fused_energy": settings.fused_energy})
     timings = root.group("timings")
+    checkpoint = Checkpoint(path, root, previous)
 
     t0 = time.perf_counter()
-    scf_result = run_scf(mol, settings.scf_method)
+    scf_result = restored_scf(previous, mol, settings.scf_method) if previous else None
+    root.attrs["resumed"] = scf_result is not None
+    if scf_result is None:
+        scf_result = run_scf(mol, settings.scf_method)
     timings.attrs["scf"] = time.perf_counter() - t0
     scf_group = root.group("scf")
     scf_group.attrs.update({"e_tot": scf_result.e_tot, "converged": scf_result.converged,
                             "cycles": scf_result.cycles, "method": scf_result.method,
                             "jk_auxbasis": scf_result.jk_auxbasis or "none"})
-    scf_group.datasets.update({"mo_energy": scf_result.mo_energy, "mo_occ": scf_result.mo_occ})
+    scf_group.datasets.update({"mo_energy": scf_result.mo_energy, "mo_occ": scf_result.mo_occ,
+                               "mo_coeff": scf_result.mo_coeff})
     if not scf_result.converged and not settings.allow_unconverged:
         _finish(root, path, "failed", t_start, kern,
                 error=f"SCF did not converge in {scf_result.cycles} cycles")
         raise RunFailure(f"the SCF did not converge in {scf_result.cycles} cycles "
                          f"(record {path}); rerun with --allow-unconverged to accept it")
+    checkpoint.save()
 
     t0 = time.perf_counter()
     try:
         result = mp2.kernel(mol, scf_result.mo_energy, scf_result.mo_coeff, scf_result.mo_occ,
                             nfrozen, auxbasis, kern, budget, settings.fused_energy,
-                            settings.occ_block, settings.show_progress, scratch_dir)
+                            settings.occ_block or checkpoint.occ_block, settings.show_progress,
+                            scratch_dir, finished=checkpoint.pairs, on_pair=checkpoint.add_pair,
+                            on_plan=lambda plan: checkpoint.set_plan(plan.occ_block))
     except RunFailure as exc:
         _finish(root, path, "failed", t_start, kern, error=str(exc))
         raise
@@ -183,6 +196,7 @@ def run(settings: RunSettings) -> RunOutcome:
             "e_corr": reference.e_corr, "e_os": reference.e_os, "e_ss": reference.e_ss,
             "e_tot": scf_result.e_tot + reference.e_corr, "delta_e_corr": delta,
             "tolerance": tolerance, "passed": passed, "seconds": reference.seconds})
+        timings.attrs["reference"] = reference.seconds
         exit_code = 0 if passed else 1
     _finish(root, path, "complete", t_start, kern)
     return RunOutcome(root, path, exit_code)

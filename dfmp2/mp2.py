@@ -68,10 +68,13 @@ class Mp2Result:
 def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: np.ndarray,
            nfrozen: int, auxbasis: str | dict, kern, budget: int, fused: bool,
            occ_block: int | None = None, show_progress: bool | None = None,
-           scratch_dir: Path | None = None, force_out_of_core: bool = False) -> Mp2Result:
+           scratch_dir: Path | None = None, force_out_of_core: bool = False,
+           finished: dict | None = None, on_pair=None, on_plan=None) -> Mp2Result:
     """DF-MP2 correlation energy of a closed-shell reference through the kernel set ``kern``.
 
     B stays in memory when the budget allows, else in an HDF5 scratch file in ``scratch_dir``.
+    ``finished``/``on_pair`` resume and checkpoint block pairs (see ``energy.energy_sums``);
+    ``on_plan`` sees the block plan before any integral is computed.
     """
     timings: dict[str, float] = {}
     occupied = np.flatnonzero(mo_occ > 0)
@@ -95,6 +98,8 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
              nao, metric.naux, nocc, nvir, nfrozen, plan.occ_block,
              "out of core" if plan.out_of_core else "in memory")
 
+    if on_plan is not None:
+        on_plan(plan)
     store_factory = partial(open_store, out_of_core=plan.out_of_core, scratch_dir=scratch_dir)
     store = build_fitted_tensor(mol, auxmol, mo_coeff[:, active], mo_coeff[:, virtual], metric,
                                 kern, plan.build_block_bytes, store_factory, timings)
@@ -103,7 +108,8 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
         reader = BlockReader(store, nvir, kern.dtype, kern.device)
         e_occ = torch.as_tensor(mo_energy[active], dtype=torch.float64, device=kern.device)
         e_vir = torch.as_tensor(mo_energy[virtual], dtype=torch.float64, device=kern.device)
-        energies = energy_sums(reader, e_occ, e_vir, kern, plan.occ_block, fused, show_progress)
+        energies = energy_sums(reader, e_occ, e_vir, kern, plan.occ_block, fused, show_progress,
+                               finished, on_pair)
         timings["energy"] = time.perf_counter() - t0
     finally:
         store.close()

@@ -14,6 +14,8 @@ import numpy as np
 from dfmp2.errors import InputError
 
 SCHEMA = "dfmp2.run/1"
+BENCH_SCHEMA = "dfmp2.bench/1"
+KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA)
 
 
 @dataclass
@@ -90,8 +92,8 @@ def read_record(path: str | Path) -> Node:
             root = _read_node(h5)
     except OSError:
         raise InputError(f"{path} is not a readable HDF5 run record") from None
-    if root.attrs.get("schema") != SCHEMA:
-        raise InputError(f"{path} is an HDF5 file but not a dfmp2 run record "
+    if root.attrs.get("schema") not in KNOWN_SCHEMAS:
+        raise InputError(f"{path} is an HDF5 file but not a dfmp2 record "
                          f"(schema {root.attrs.get('schema')!r}, expected {SCHEMA!r})")
     return root
 

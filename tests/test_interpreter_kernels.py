@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+import types
 
 import numpy as np
 import pytest
 
-from kernels.nki.interpreter import Estimate, Profile, install, simulate
+from kernels.nki.interpreter import Estimate, Profile, active, install, simulate
 
 if not install():
     pytest.skip("the real nki is installed: these tests target the interpreter",
@@ -216,3 +217,12 @@ def test_install_is_idempotent_and_registers_modules():
     assert nl.tile_size.pmax == 128 and nl.tile_size.psum_fmax == 512
     assert nl.tile_size.gemm_stationary_fmax == 128 and nl.tile_size.gemm_moving_fmax == 512
     assert nl.hbm is nl.private_hbm
+
+
+def test_install_defers_to_a_real_nki(monkeypatch):
+    real = types.ModuleType("nki")
+    real.jit = lambda f: f
+    monkeypatch.setitem(sys.modules, "nki", real)
+    assert not active()
+    assert install() is False
+    assert sys.modules["nki"] is real

@@ -266,6 +266,11 @@ def k_psum_banks_live():
 
 
 @nki.jit
+def k_sbuf_tile_too_big():
+    nl.ndarray((128, 50000), dtype=nl.float32, buffer=nl.sbuf)
+
+
+@nki.jit
 def k_sbuf_capacity():
     a = nl.zeros((128, 32768), dtype=nl.float32, buffer=nl.sbuf)
     b = nl.zeros((128, 32768), dtype=nl.float32, buffer=nl.sbuf)
@@ -460,6 +465,7 @@ CASES = [
     (k_psum_bank, (), "psum-bank", "(128, 1024)"),
     (k_psum_banks_live, (), "psum-banks-live", "(128, 512)"),
     (k_sbuf_capacity, (), "sbuf-capacity", "(128, 32768)"),
+    (k_sbuf_tile_too_big, (), "sbuf-capacity", "(128, 50000)"),
     (k_tensor_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
     (k_nl_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
     (k_np_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),

@@ -1,0 +1,314 @@
+"""Stand-in for ``nki.isa``: the instructions of the NKI 0.3.0 subset (destination-passing style)."""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from . import buffers as _buffers
+from .dma import dma_copy, dge_mode, oob_mode
+from .dtypes import FP32_CLASS, float32
+from .errors import NKIRuleError, shape_str
+from .ops import Op, canonical
+from .operands import (in_buffer, on_chip, read, read_f32, same_layout, same_partitions,
+                       scalar_f32, vector_operand, write)
+from .state import current
+
+__all__ = [
+    "engine", "reduce_cmd", "dge_mode", "oob_mode", "nc_matmul", "nc_transpose", "tensor_copy",
+    "tensor_tensor", "tensor_scalar", "activation", "reciprocal", "tensor_reduce", "memset",
+    "dma_copy",
+]
+
+# Tensor Engine limits (nki.isa.nc_matmul docs; REFERENCE.md).
+MATMUL_K_MAX = 128
+MATMUL_M_MAX = 128
+MATMUL_N_MAX = 512
+PE_TRANSPOSE_MAX = 128
+VECTOR_TRANSPOSE_MAX = 32
+
+
+class engine(enum.Enum):
+    """Engine selector of instructions that can run on several engines."""
+
+    unknown = "unknown"
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+
+
+class reduce_cmd(enum.Enum):
+    """Scalar Engine reduction register command (only ``idle`` is supported here)."""
+
+    idle = "idle"
+    reset = "reset"
+    reduce = "reduce"
+    reset_reduce = "reset_reduce"
+
+
+_REDUCE_IDLE = reduce_cmd.idle
+
+
+def _engine_name(selected: object, default: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(selected, engine):
+        raise NKIRuleError("raw-enum", f"engine must be an nisa.engine member, got {selected!r}")
+    name = default if selected is engine.unknown else selected.value
+    if name not in allowed:
+        raise NKIRuleError("unsupported", f"this instruction cannot run on the {name} engine")
+    return name
+
+
+def _op(op: object, role: str, what: str = "op") -> Op:
+    op = canonical(op)
+    if not isinstance(op, Op) or getattr(op, role) is None:
+        raise NKIRuleError("unsupported-op", f"{what}={op!r} is not a supported {role} operator")
+    return op
+
+
+def _unsupported(**options: object) -> None:
+    for name, value in options.items():
+        if value:
+            raise NKIRuleError("unsupported", f"{name}={value!r} is not supported by the interpreter")
+
+
+def matmul_dims(stationary, moving) -> tuple[int, int, int]:
+    """(K, M, N) of a Tensor Engine matmul, checking the contraction dim and the limits."""
+    k, m, n = stationary.partitions, stationary.free_size, moving.free_size
+    shapes = f"stationary {shape_str(stationary.shape)}, moving {shape_str(moving.shape)}"
+    if moving.partitions != k:
+        raise NKIRuleError("matmul-shape", f"contraction (partition) dims differ: {shapes}")
+    for label, size, limit in (("K", k, MATMUL_K_MAX), ("M", m, MATMUL_M_MAX), ("N", n, MATMUL_N_MAX)):
+        if size > limit:
+            raise NKIRuleError("matmul-limit", f"{label}={size} exceeds {limit}: {shapes}")
+    return k, m, n
+
+
+def check_transpose_limit(data, where: str) -> None:
+    """Tensor Engine transposes up to 128x128, Vector Engine up to 32x32."""
+    limit = PE_TRANSPOSE_MAX if where == "tensor" else VECTOR_TRANSPOSE_MAX
+    if data.partitions > limit or data.free_size > limit:
+        raise NKIRuleError(
+            "transpose-limit",
+            f"{where} engine transposes at most {limit}x{limit}; data is {shape_str(data.shape)}")
+
+
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
+              is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
+              perf_mode=None, name=None) -> None:
+    """dst[M, N] (PSUM, fp32) (+)= stationary[K, M]^T @ moving[K, N] on the Tensor Engine."""
+    _unsupported(is_transpose=is_transpose, tile_position=tile_position, tile_size=tile_size,
+                 perf_mode=perf_mode)
+    dst = on_chip(dst, "dst")
+    stationary = on_chip(stationary, "stationary")
+    moving = on_chip(moving, "moving")
+    in_buffer(stationary, _buffers.sbuf, "matmul-buffer", "stationary")
+    in_buffer(moving, _buffers.sbuf, "matmul-buffer", "moving")
+    in_buffer(dst, _buffers.psum, "matmul-buffer", "dst")
+    k, m, n = matmul_dims(stationary, moving)
+    shapes = (f"stationary {shape_str(stationary.shape)}, moving {shape_str(moving.shape)}, "
+              f"dst {shape_str(dst.shape)}")
+    if dst.partitions != m or dst.free_size != n:
+        raise NKIRuleError("matmul-shape", f"dst must be ({m}, {n}): {shapes}")
+    in_fp32 = (stationary.dtype in FP32_CLASS, moving.dtype in FP32_CLASS)
+    if not (stationary.dtype.is_float and moving.dtype.is_float) or in_fp32[0] != in_fp32[1]:
+        raise NKIRuleError(
+            "matmul-dtype",
+            f"inputs {stationary.dtype!r} and {moving.dtype!r} ({shapes}): both must be float, "
+            "and fp32/tf32 cannot be mixed with narrower types",
+        )
+    if dst.dtype is not float32:
+        raise NKIRuleError("matmul-dtype", f"dst must be float32, not {dst.dtype!r} ({shapes})")
+    if accumulate not in (None, True, False):
+        raise NKIRuleError("operand-type", f"accumulate must be None, True or False, got {accumulate!r}")
+    product = read_f32(stationary, "stationary").reshape(k, m).T @ read_f32(moving, "moving").reshape(k, n)
+    written = dst.written
+    if accumulate is not None and accumulate and not written.all():
+        raise NKIRuleError(
+            "psum-uninitialized",
+            f"accumulate=True into PSUM tile {shape_str(dst.shape)} with never-written elements",
+        )
+    if (accumulate is not None and not accumulate) or not written.any():
+        write(dst, product)
+    elif written.all():
+        dst.data[...] += product.reshape(dst.shape)
+    else:
+        old = dst.data.reshape(m, n)
+        write(dst, np.where(written.reshape(m, n), old + product, product))
+    current().profile.record_matmul(k, m, n, low_precision=stationary.dtype is not float32)
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
+    """dst[F, P] = data[P, F]^T: Tensor Engine (SBUF -> PSUM, <= 128x128) or Vector (<= 32x32)."""
+    dst = on_chip(dst, "dst")
+    data = on_chip(data, "data")
+    where = _engine_name(engine, "tensor", ("tensor", "vector"))
+    p, f = data.partitions, data.free_size
+    check_transpose_limit(data, where)
+    if where == "tensor":
+        in_buffer(data, _buffers.sbuf, "transpose-buffer", "data")
+        in_buffer(dst, _buffers.psum, "transpose-buffer", "dst")
+    if dst.partitions != f or dst.free_size != p:
+        raise NKIRuleError(
+            "transpose-shape", f"dst {shape_str(dst.shape)} must be ({f}, {p}) for data {shape_str(data.shape)}")
+    if dst.dtype is not data.dtype:
+        raise NKIRuleError(
+            "transpose-dtype",
+            f"dst {shape_str(dst.shape)} {dst.dtype!r} must have the dtype of data {data.dtype!r}")
+    write(dst, read_f32(data, "data").reshape(p, f).T)
+    profile = current().profile
+    if where == "tensor":
+        profile.record_transpose(p, f, low_precision=data.dtype is not float32)
+    else:
+        profile.record_elementwise("vector", p, f)
+
+
+def tensor_copy(dst, src, engine=engine.unknown, name=None) -> None:
+    """dst = src between SBUF/PSUM tiles, casting through fp32 with RNE."""
+    dst = on_chip(dst, "dst")
+    src = on_chip(src, "src")
+    where = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"))
+    same_layout(dst, src, "dst", "src")
+    values = read(src, "src") if src.dtype is dst.dtype else read_f32(src, "src")
+    write(dst, values)
+    current().profile.record_elementwise(where, src.partitions, src.free_size)
+
+
+def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> None:
+    """dst = op(data1, data2) elementwise in fp32 (Vector Engine)."""
+    dst = on_chip(dst, "dst")
+    data1 = on_chip(data1, "data1")
+    data2 = on_chip(data2, "data2")
+    where = _engine_name(engine, "vector", ("vector", "gpsimd"))
+    op = canonical(op)
+    if isinstance(op, Op) and op.name == "divide":
+        raise NKIRuleError(
+            "tensor-divide",
+            f"tensor-tensor divide of {shape_str(data1.shape)} by {shape_str(data2.shape)} is not "
+            "supported in 0.3.0: multiply by nisa.reciprocal / nl.reciprocal instead",
+        )
+    op = _op(op, "binary")
+    if data1.buffer is _buffers.psum and data2.buffer is _buffers.psum:
+        raise NKIRuleError(
+            "psum-both",
+            f"data1 {shape_str(data1.shape)} and data2 {shape_str(data2.shape)} are both in PSUM")
+    same_layout(data1, data2, "data1", "data2")
+    same_layout(dst, data1, "dst", "data1")
+    a = read_f32(data1, "data1")
+    b = read_f32(data2, "data2")
+    if b.shape != a.shape:
+        b = b.reshape(a.shape)
+    write(dst, op.binary(a, b))
+    current().profile.record_elementwise(where, data1.partitions, data1.free_size)
+
+
+def _apply_scalar_op(values: np.ndarray, op: Op, operand, reverse: bool) -> np.ndarray:
+    return op.binary(operand, values) if reverse else op.binary(values, operand)
+
+
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None,
+                  reverse1=False, engine=engine.unknown, name=None) -> None:
+    """dst = (data op0 operand0) op1 operand1; operands are scalars or (P, 1) fp32 tiles."""
+    dst = on_chip(dst, "dst")
+    data = on_chip(data, "data")
+    where = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"))
+    same_layout(dst, data, "dst", "data")
+    values = read_f32(data, "data")
+    values = _apply_scalar_op(values, _op(op0, "binary", "op0"),
+                              vector_operand(operand0, data, "operand0"), reverse0)
+    if op1 is not None:
+        if operand1 is None:
+            raise NKIRuleError("operand-type", "op1 given without operand1")
+        values = _apply_scalar_op(values, _op(op1, "binary", "op1"),
+                                  vector_operand(operand1, data, "operand1"), reverse1)
+    elif operand1 is not None:
+        raise NKIRuleError("operand-type", "operand1 given without op1")
+    write(dst, values)
+    current().profile.record_elementwise(where, data.partitions, data.free_size)
+
+
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=reduce_cmd.idle, name=None) -> None:
+    """dst = op(data * scale + bias) on the Scalar Engine; bias is a (P, 1) fp32 tile."""
+    _unsupported(reduce_op=reduce_op, reduce_res=reduce_res is not None,
+                 reduce_cmd=reduce_cmd is not _REDUCE_IDLE)
+    dst = on_chip(dst, "dst")
+    data = on_chip(data, "data")
+    op = _op(op, "unary")
+    same_layout(dst, data, "dst", "data")
+    values = read_f32(data, "data")
+    scale_value = vector_operand(scale, data, "scale")
+    if not (isinstance(scale_value, np.float32) and scale_value == 1.0):
+        values = values * scale_value
+    if bias is not None:
+        if not hasattr(bias, "shape"):
+            raise NKIRuleError(
+                "activation-bias",
+                f"on trn1 the activation bias must be a ({data.partitions}, 1) tile, not {bias!r}")
+        values = values + vector_operand(bias, data, "bias")
+    write(dst, op.unary(values))
+    current().profile.record_elementwise("scalar", data.partitions, data.free_size)
+
+
+def reciprocal(dst, data, name=None) -> None:
+    """dst = 1 / data on the Vector Engine (full fp32)."""
+    dst = on_chip(dst, "dst")
+    data = on_chip(data, "data")
+    same_layout(dst, data, "dst", "data")
+    write(dst, np.float32(1.0) / read_f32(data, "data"))
+    current().profile.record_elementwise("vector", data.partitions, data.free_size)
+
+
+def reduce_axes(axis: object, data_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Validated, sorted reduction axes: free axes only, the last contiguous ones."""
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    rank = len(data_shape)
+    for a in axes:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < rank:
+            raise NKIRuleError("reduce-axis", f"axis {axis!r} invalid for data {shape_str(data_shape)}")
+    axes = tuple(sorted(int(a) for a in axes))
+    if 0 in axes:
+        raise NKIRuleError(
+            "partition-reduce",
+            f"axis {axis!r} of data {shape_str(data_shape)} includes the partition axis 0; "
+            "reduce partitions with a matmul against ones, or transpose first",
+        )
+    if axes != tuple(range(rank - len(axes), rank)):
+        raise NKIRuleError(
+            "reduce-axis",
+            f"axis {axis!r} of data {shape_str(data_shape)} must be the last contiguous free axes")
+    return axes
+
+
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None) -> None:
+    """dst = reduce(op, data, free axes) on the Vector Engine; the partition axis is forbidden."""
+    dst = on_chip(dst, "dst")
+    data = on_chip(data, "data")
+    axes = reduce_axes(axis, data.shape)
+    op = _op(op, "reduce")
+    result = op.reduce(read_f32(data, "data"), axis=axes, keepdims=bool(keepdims))
+    if negate:
+        result = -result
+    same_partitions(dst, data, "dst", "data")
+    if dst.free_size != int(np.prod(result.shape[1:])):
+        raise NKIRuleError(
+            "reduce-shape",
+            f"dst {shape_str(dst.shape)} cannot hold the reduction of {shape_str(data.shape)} "
+            f"over axis {axis!r} (result {shape_str(result.shape)})",
+        )
+    write(dst, np.asarray(result, dtype=np.float32))
+    current().profile.record_elementwise("vector", data.partitions, data.free_size)
+
+
+def memset(dst, value, engine=engine.unknown, name=None) -> None:
+    """Fill dst with a constant; the value's type must match the dtype (int for int tiles)."""
+    dst = on_chip(dst, "dst")
+    where = _engine_name(engine, "gpsimd", ("gpsimd", "vector", "scalar"))
+    if not dst.dtype.is_float and not isinstance(value, (int, np.integer)):
+        raise NKIRuleError(
+            "memset-type", f"memset of {dst.dtype!r} tile {shape_str(dst.shape)} needs an int value, got {value!r}")
+    if dst.dtype.is_float:
+        value = scalar_f32(value, "value")
+    write(dst, np.full(dst.shape, value))
+    current().profile.record_elementwise(where, dst.partitions, dst.free_size)

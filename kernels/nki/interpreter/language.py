@@ -1,0 +1,122 @@
+"""Stand-in for ``nki.language``: dtypes, buffers, allocation, DMA, loops and nl.* helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import convenience as _conv
+from . import ops as _ops
+from .buffers import check_buffer as _check_buffer
+from .buffers import hbm, private_hbm, psum, sbuf, shared_hbm
+from .dma import load, load_transpose2d, store
+from .dtypes import (bfloat16, float8_e4m3, float8_e5m2, float16, float32, int8, int16, int32,
+                     resolve as _resolve, tfloat32, uint8, uint16, uint32)
+from .ops import Op
+from .state import current as _current
+from .tensor import DynSlice, Tensor, allocate as _allocate
+
+__all__ = [
+    "sbuf", "psum", "shared_hbm", "hbm", "private_hbm",
+    "float32", "tfloat32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2",
+    "int8", "int16", "int32", "uint8", "uint16", "uint32",
+    "ndarray", "zeros", "ones", "full", "zeros_like", "load", "load_transpose2d", "store",
+    "ds", "arange", "static_range", "affine_range", "sequential_range", "dynamic_range",
+    "tile_size", "add", "subtract", "multiply", "divide", "maximum", "minimum", "max", "min",
+    "sum", "copy", "exp", "log", "square", "sqrt", "rsqrt", "reciprocal", "abs", "tanh",
+    "relu", "sigmoid", "broadcast_to", "transpose", "matmul",
+]
+
+
+class tile_size:
+    """Hardware tile limits as plain Python ints."""
+
+    pmax = 128  # partitions of SBUF / PSUM
+    psum_fmax = 512  # fp32 elements per partition in one PSUM bank
+    gemm_stationary_fmax = 128  # M limit of nc_matmul
+    gemm_moving_fmax = 512  # N limit of nc_matmul
+
+
+def ndarray(shape, dtype, buffer=sbuf, name="") -> Tensor:
+    """Allocate an uninitialised tensor (NaN for floats, 4 for ints, like the simulator)."""
+    return _allocate(shape, _resolve(dtype), _check_buffer(buffer, shape), name)
+
+
+def _initialised(shape, dtype, buffer, name, value) -> Tensor:
+    t = _allocate(shape, _resolve(dtype), _check_buffer(buffer, shape), name, fill=value)
+    profile = _current().profile
+    if t.buffer.on_chip:
+        profile.record_elementwise("gpsimd", t.partitions, t.free_size)
+    else:
+        profile.record_dma(t.data.size, t.data.size * t.dtype.itemsize)
+    return t
+
+
+def zeros(shape, dtype, buffer=sbuf, name="") -> Tensor:
+    """Allocate a tensor filled with 0."""
+    return _initialised(shape, dtype, buffer, name, 0)
+
+
+def ones(shape, dtype, buffer=sbuf, name="") -> Tensor:
+    """Allocate a tensor filled with 1."""
+    return _initialised(shape, dtype, buffer, name, 1)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name="") -> Tensor:
+    """Allocate a tensor filled with ``fill_value``."""
+    return _initialised(shape, dtype, buffer, name, fill_value)
+
+
+def zeros_like(a, dtype=None, buffer=None, name="") -> Tensor:
+    """Zeros with the shape (and by default dtype and buffer) of ``a``."""
+    return zeros(a.shape, a.dtype if dtype is None else dtype,
+                 a.buffer if buffer is None else buffer, name)
+
+
+def ds(start, size) -> DynSlice:
+    """Index range ``start .. start + size`` (usable in every dimension)."""
+    return DynSlice(start, size)
+
+
+def arange(*args) -> np.ndarray:
+    """Integer index vector for the ``t[i_p, i_f]`` indexing style (affine ranges only)."""
+    return np.arange(*args)
+
+
+def static_range(*args) -> range:
+    """Loop unrolled at trace time."""
+    return range(*args)
+
+
+affine_range = static_range
+sequential_range = static_range
+dynamic_range = static_range
+
+
+def sum(x, axis, dtype=None, keepdims=False) -> Tensor:  # noqa: A001 - the nl.sum name
+    """Sum over free axes (the partition axis 0 is forbidden) into a new tile."""
+    return _conv.reduce(add, x, axis, dtype, keepdims)
+
+
+add = Op("add", _conv.binary, binary=np.add, reduce=np.sum, numpy_alias=np.add)
+subtract = Op("subtract", _conv.binary, binary=np.subtract, numpy_alias=np.subtract)
+multiply = Op("multiply", _conv.binary, binary=np.multiply, reduce=np.prod, numpy_alias=np.multiply)
+divide = Op("divide", _conv.binary, binary=np.divide, numpy_alias=np.divide)
+maximum = Op("maximum", _conv.binary, binary=np.maximum, reduce=np.max, numpy_alias=np.maximum)
+minimum = Op("minimum", _conv.binary, binary=np.minimum, reduce=np.min, numpy_alias=np.minimum)
+max = Op("max", _conv.reduce, reduce=np.max, numpy_alias=np.max)
+min = Op("min", _conv.reduce, reduce=np.min, numpy_alias=np.min)
+copy = Op("copy", _conv.copy, unary=_ops.identity)
+reciprocal = Op("reciprocal", _conv.reciprocal, unary=_ops.reciprocal, numpy_alias=np.reciprocal)
+exp = Op("exp", _conv.activation, unary=np.exp, numpy_alias=np.exp)
+log = Op("log", _conv.activation, unary=np.log, numpy_alias=np.log)
+square = Op("square", _conv.activation, unary=np.square, numpy_alias=np.square)
+sqrt = Op("sqrt", _conv.activation, unary=np.sqrt, numpy_alias=np.sqrt)
+rsqrt = Op("rsqrt", _conv.activation, unary=_ops.rsqrt)
+abs = Op("abs", _conv.activation, unary=np.abs, numpy_alias=np.abs)
+tanh = Op("tanh", _conv.activation, unary=np.tanh, numpy_alias=np.tanh)
+relu = Op("relu", _conv.activation, unary=_ops.relu)
+sigmoid = Op("sigmoid", _conv.activation, unary=_ops.sigmoid)
+
+broadcast_to = _conv.broadcast_to
+transpose = _conv.transpose
+matmul = _conv.matmul

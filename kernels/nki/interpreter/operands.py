@@ -1,0 +1,115 @@
+"""Operand checks and the read / write paths every instruction goes through."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import buffers as _buffers
+from .errors import NKIRuleError, shape_str
+from .state import current
+from .tensor import Tensor
+
+_F32 = np.float32
+
+
+def tensor_arg(value: object, what: str) -> Tensor:
+    """``value`` if it is a tensor, else a rule error naming the argument.
+
+    Every instruction operand passes here, which also settles the deferred capacity check of
+    the latest allocation."""
+    memory = current().memory
+    if memory.pending is not None:
+        memory.verify()
+    if isinstance(value, Tensor):
+        return value
+    raise NKIRuleError("operand-type", f"{what} must be a tensor/tile, got {type(value).__name__}")
+
+
+def on_chip(value: object, what: str) -> Tensor:
+    """A tensor that must live in SBUF or PSUM (compute engines cannot address HBM)."""
+    t = tensor_arg(value, what)
+    if not t.buffer.on_chip:
+        raise NKIRuleError(
+            "hbm-operand",
+            f"{what} {shape_str(t.shape)} is in {t.buffer!r}; compute instructions read and "
+            "write SBUF/PSUM tiles only (load it first)",
+        )
+    return t
+
+
+def in_buffer(t: Tensor, buffer: _buffers.Buffer, rule: str, what: str) -> None:
+    """Require ``t`` to live in ``buffer``."""
+    if t.buffer is not buffer:
+        raise NKIRuleError(rule, f"{what} {shape_str(t.shape)} must be in {buffer!r}, not {t.buffer!r}")
+
+
+def read(t: Tensor, what: str) -> np.ndarray:
+    """The stored values of ``t`` (a view); never-written PSUM is an error."""
+    if t.written is not None and not t.written.all():
+        raise NKIRuleError(
+            "psum-uninitialized",
+            f"{what} reads PSUM tile {shape_str(t.shape)} where some elements were never written",
+        )
+    return t.data
+
+
+def read_f32(t: Tensor, what: str) -> np.ndarray:
+    """The values of ``t`` as float32 (engines compute in fp32)."""
+    data = read(t, what)
+    return data if data.dtype == _F32 else data.astype(_F32)
+
+
+def write(t: Tensor, values: np.ndarray) -> None:
+    """Store ``values`` (same element count per partition) into ``t``, rounding to its dtype."""
+    if values.shape != t.shape:
+        values = values.reshape(t.shape)
+    t.dtype.assign(t.data, values)
+    if t.written is not None:
+        t.written[...] = True
+    if t.storage.is_input:
+        current().profile.note(f"kernel writes into its input {t.storage.name or 'tensor'}")
+
+
+def same_partitions(a: Tensor, b: Tensor, what_a: str, what_b: str) -> None:
+    """Both tiles span the same number of partitions."""
+    if a.partitions != b.partitions:
+        raise NKIRuleError(
+            "partition-mismatch",
+            f"{what_a} {shape_str(a.shape)} and {what_b} {shape_str(b.shape)} have different "
+            "partition counts",
+        )
+
+
+def same_layout(a: Tensor, b: Tensor, what_a: str, what_b: str) -> None:
+    """Same partitions and the same number of elements per partition."""
+    same_partitions(a, b, what_a, what_b)
+    if a.free_size != b.free_size:
+        raise NKIRuleError(
+            "free-size-mismatch",
+            f"{what_a} {shape_str(a.shape)} and {what_b} {shape_str(b.shape)} have different "
+            "element counts per partition",
+        )
+
+
+def scalar_f32(value: object, what: str) -> np.float32:
+    """A compile-time Python scalar as fp32 (Python floats become fp32 constants)."""
+    if isinstance(value, (bool, int, float, np.integer, np.floating)):
+        return _F32(value)
+    raise NKIRuleError("operand-type", f"{what} must be a Python scalar or a tile, got {value!r}")
+
+
+def vector_operand(value: object, data: Tensor, what: str) -> np.ndarray | np.float32:
+    """A tensor_scalar / activation operand: a scalar, or a (P, 1) fp32 tile matching ``data``."""
+    if not isinstance(value, Tensor):
+        return scalar_f32(value, what)
+    t = on_chip(value, what)
+    if t.shape != (data.partitions, 1):
+        raise NKIRuleError(
+            "operand-shape",
+            f"{what} {shape_str(t.shape)} must be a scalar or a ({data.partitions}, 1) tile "
+            f"for data {shape_str(data.shape)}",
+        )
+    if t.dtype.name != "float32":
+        raise NKIRuleError("operand-dtype", f"{what} {shape_str(t.shape)} must be float32, not {t.dtype!r}")
+    col = read_f32(t, what)
+    return col.reshape((data.partitions,) + (1,) * (data.ndim - 1))

@@ -1,0 +1,120 @@
+"""Per-launch interpreter state: the profile being filled and on-chip capacity tracking."""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from typing import Iterator
+
+from .errors import NKIRuleError, shape_str
+from .profile import Profile
+
+# trn1 (NeuronCore-v2) capacities, REFERENCE.md "Capacity".
+SBUF_PARTITIONS = 128
+SBUF_BYTES_PER_PARTITION = 192 * 1024
+PSUM_BANK_BYTES = 2 * 1024
+PSUM_BANKS = 8
+
+
+class MemoryTracker:
+    """Live on-chip bytes per partition (SBUF) and live PSUM banks of one launch.
+
+    A tile is live while any view of it is referenced; ``weakref.finalize`` releases it. The
+    capacity check of a new tile is deferred to the next allocation or instruction, so that ``t = nl.ndarray(...)`` inside an unrolled
+    loop is not charged while the previous ``t`` is still bound during the assignment.
+    """
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self.sbuf_bytes = 0
+        self.psum_banks = 0
+        self.pending: tuple[int, ...] | None = None
+
+    def acquire_sbuf(self, owner: object, shape: tuple[int, ...], nbytes: int) -> None:
+        """Account ``nbytes`` per partition of SBUF for ``owner`` until it is collected."""
+        if nbytes > SBUF_BYTES_PER_PARTITION:
+            raise NKIRuleError(
+                "sbuf-capacity",
+                f"SBUF tile {shape_str(shape)} needs {nbytes} B per partition; trn1 has "
+                f"{SBUF_BYTES_PER_PARTITION} B per partition",
+            )
+        self.verify()
+        self.sbuf_bytes += nbytes
+        self.pending = shape
+        weakref.finalize(owner, self._release_sbuf, nbytes)
+
+    def acquire_psum(self, owner: object, shape: tuple[int, ...], nbytes: int) -> None:
+        """Account one PSUM bank for ``owner`` until it is collected."""
+        if nbytes > PSUM_BANK_BYTES:
+            raise NKIRuleError(
+                "psum-bank",
+                f"PSUM tile {shape_str(shape)} needs {nbytes} B per partition; one PSUM bank "
+                f"holds {PSUM_BANK_BYTES} B per partition (512 fp32)",
+            )
+        self.verify()
+        self.psum_banks += 1
+        self.pending = shape
+        weakref.finalize(owner, self._release_psum)
+
+    def verify(self) -> None:
+        """Check the live totals against trn1 capacity, naming the latest allocated tile."""
+        shape, self.pending = self.pending, None
+        if shape is None:
+            return
+        profile = self.profile
+        profile.peak_sbuf_bytes_per_partition = max(profile.peak_sbuf_bytes_per_partition, self.sbuf_bytes)
+        profile.peak_psum_banks = max(profile.peak_psum_banks, self.psum_banks)
+        if self.sbuf_bytes > SBUF_BYTES_PER_PARTITION:
+            raise NKIRuleError(
+                "sbuf-capacity",
+                f"after allocating tile {shape_str(shape)}, {self.sbuf_bytes} B per partition of "
+                f"SBUF are live; trn1 has {SBUF_BYTES_PER_PARTITION} B per partition",
+            )
+        if self.psum_banks > PSUM_BANKS:
+            raise NKIRuleError(
+                "psum-banks-live",
+                f"after allocating PSUM tile {shape_str(shape)}, {self.psum_banks} PSUM banks are "
+                f"live; trn1 has {PSUM_BANKS}",
+            )
+
+    def _release_sbuf(self, nbytes: int) -> None:
+        self.sbuf_bytes -= nbytes
+
+    def _release_psum(self) -> None:
+        self.psum_banks -= 1
+
+
+class RunState:
+    """Everything one kernel launch accumulates."""
+
+    __slots__ = ("profile", "memory")
+
+    def __init__(self) -> None:
+        self.profile = Profile()
+        self.profile.launches = 1
+        self.memory = MemoryTracker(self.profile)
+
+
+_STACK: list[RunState] = []
+
+
+def current() -> RunState:
+    """The state of the launch being interpreted; instructions outside a kernel are errors."""
+    if not _STACK:
+        raise NKIRuleError(
+            "outside-kernel",
+            "NKI instructions and tensor allocations run only inside a kernel launched through "
+            "simulate() or a called @nki.jit kernel",
+        )
+    return _STACK[-1]
+
+
+@contextmanager
+def launch() -> Iterator[RunState]:
+    """Open a kernel launch: instructions executed inside count towards its state."""
+    state = RunState()
+    _STACK.append(state)
+    try:
+        yield state
+    finally:
+        _STACK.pop()

@@ -1,0 +1,230 @@
+"""Tensors and tiles: numpy-backed storage plus views produced by slicing.
+
+A :class:`Tensor` is a numpy basic-slicing view (never a copy) of one allocation's arrays.
+PSUM storage also carries a boolean "written" mask so reads of never-written accumulators can
+be rejected, and ``accumulate=None`` matmuls can tell a first write from a later one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import buffers as _buffers
+from .buffers import Buffer
+from .dtypes import DType
+from .errors import NKIRuleError, shape_str
+from .state import SBUF_PARTITIONS, current
+
+
+class DynSlice:
+    """``nl.ds(start, size)``: the index range ``start .. start + size``."""
+
+    __slots__ = ("start", "size")
+
+    def __init__(self, start: int, size: int) -> None:
+        self.start = int(start)
+        self.size = int(size)
+
+    def __repr__(self) -> str:
+        return f"nl.ds({self.start}, {self.size})"
+
+
+class Storage:
+    """Identity of one allocation: dtype, buffer, name. Views of it share this object, so its
+    lifetime (watched by the capacity tracker) is that of the last view."""
+
+    __slots__ = ("dtype", "buffer", "name", "is_input", "__weakref__")
+
+    def __init__(self, dtype: DType, buffer: Buffer, name: str, is_input: bool = False) -> None:
+        self.dtype = dtype
+        self.buffer = buffer
+        self.name = name
+        self.is_input = is_input
+
+
+class Tensor:
+    """A tensor (HBM) or tile (SBUF / PSUM), or a slice of one. Dim 0 of a tile is partitions."""
+
+    __slots__ = ("storage", "data", "written", "shape", "dtype", "buffer")
+
+    def __init__(self, storage: Storage, data: np.ndarray, written: np.ndarray | None) -> None:
+        self.storage = storage
+        self.data = data
+        self.written = written
+        self.shape: tuple[int, ...] = data.shape
+        self.dtype: DType = storage.dtype
+        self.buffer: Buffer = storage.buffer
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def partitions(self) -> int:
+        """Size of dim 0 (1 for a scalar view)."""
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def free_size(self) -> int:
+        """Elements per partition: the product of dims 1.."""
+        return math.prod(self.shape[1:])
+
+    def __repr__(self) -> str:
+        name = f" {self.storage.name!r}" if self.storage.name else ""
+        return f"<{self.buffer!r} tensor{name} {shape_str(self.shape)} {self.dtype!r}>"
+
+    def __getitem__(self, key: object) -> Tensor:
+        np_key = _normalize_key(key, self.shape, self.buffer.on_chip)
+        data = self.data[np_key]
+        if data.ndim == 0:
+            raise NKIRuleError(
+                "index-rank",
+                f"indexing {shape_str(self.shape)} down to a scalar; use a slice of size 1",
+            )
+        written = None if self.written is None else self.written[np_key]
+        return Tensor(self.storage, data, written)
+
+    def __setitem__(self, key: object, value: object) -> None:
+        raise NKIRuleError(
+            "no-assign",
+            f"item assignment into {self!r} is not part of the subset: write with "
+            "nl.store / nisa.dma_copy (HBM) or an nisa instruction's dst= (on-chip)",
+        )
+
+    def reshape(self, *shape: object) -> Tensor:
+        """Reshape an HBM tensor (contiguous), or an on-chip tile keeping its partition dim."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        new_shape = check_shape(shape)
+        if math.prod(new_shape) != math.prod(self.shape):
+            raise NKIRuleError(
+                "reshape", f"cannot reshape {shape_str(self.shape)} to {shape_str(new_shape)}")
+        if self.buffer.on_chip and new_shape[0] != self.shape[0]:
+            raise NKIRuleError(
+                "partition-reshape",
+                f"reshaping tile {shape_str(self.shape)} to {shape_str(new_shape)} moves data "
+                "across partitions (dim 0 must stay the same)",
+            )
+        data = self.data.reshape(new_shape)
+        if not np.may_share_memory(data, self.data):
+            raise NKIRuleError(
+                "reshape",
+                f"reshape of non-contiguous view {shape_str(self.shape)} to "
+                f"{shape_str(new_shape)} is not a view",
+            )
+        written = None if self.written is None else self.written.reshape(new_shape)
+        return Tensor(self.storage, data, written)
+
+
+def check_shape(shape: object) -> tuple[int, ...]:
+    """Validate a shape: a non-empty tuple of positive ints."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or not shape:
+        raise NKIRuleError("shape", f"shape must be a non-empty tuple of ints, got {shape!r}")
+    dims = []
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d <= 0:
+            raise NKIRuleError("shape", f"shape must hold positive ints, got {tuple(shape)!r}")
+        dims.append(int(d))
+    return tuple(dims)
+
+
+def allocate(shape: object, dtype: DType, buffer: Buffer, name: str = "",
+             fill: float | int | None = None) -> Tensor:
+    """Allocate a new tensor; unfilled memory holds NaN (float) or 4 (int) like the simulator."""
+    shape = check_shape(shape)
+    storage = Storage(dtype, buffer, name)
+    if buffer.on_chip:
+        if shape[0] > SBUF_PARTITIONS:
+            raise NKIRuleError(
+                "partition-limit",
+                f"{buffer!r} tile {shape_str(shape)} has {shape[0]} partitions "
+                f"(dim 0); the limit is {SBUF_PARTITIONS}",
+            )
+        nbytes = math.prod(shape[1:]) * dtype.itemsize
+        memory = current().memory
+        if buffer is _buffers.psum:
+            memory.acquire_psum(storage, shape, nbytes)
+        else:
+            memory.acquire_sbuf(storage, shape, nbytes)
+    else:
+        current()  # HBM tensors too exist only inside a kernel launch
+    value = dtype.fill_value() if fill is None else dtype.convert(np.asarray(fill))
+    data = np.full(shape, value, dtype=dtype.storage)
+    written = None
+    if buffer is _buffers.psum:
+        written = np.full(shape, fill is not None, dtype=bool)
+    return Tensor(storage, data, written)
+
+
+def wrap_input(array: np.ndarray, dtype: DType, name: str) -> Tensor:
+    """A kernel input: a copy of ``array`` as an HBM tensor (the caller's array is not mutated)."""
+    data = np.array(array, dtype=dtype.storage, copy=True)
+    if dtype.rounder is not None:
+        data = dtype.convert(data)
+    storage = Storage(dtype, _buffers.shared_hbm, name, is_input=True)
+    return Tensor(storage, data, None)
+
+
+def _progression_slice(index: np.ndarray, axis: int, shape: tuple[int, ...]) -> slice:
+    """Turn an ``nl.arange``-style integer index array into the equivalent slice."""
+    flat = np.asarray(index).reshape(-1)
+    if flat.dtype.kind not in "iu" or flat.size == 0:
+        raise NKIRuleError("index-pattern", f"index array on axis {axis} must be integers")
+    start = int(flat[0])
+    step = int(flat[1] - flat[0]) if flat.size > 1 else 1
+    if step <= 0 or (flat.size > 1 and np.any(np.diff(flat) != step)):
+        raise NKIRuleError(
+            "index-pattern",
+            f"index array on axis {axis} of {shape_str(shape)} is not an increasing affine range",
+        )
+    return slice(start, start + step * (flat.size - 1) + 1, step)
+
+
+def _normalize_key(key: object, shape: tuple[int, ...], on_chip: bool) -> tuple:
+    """Validate an index and turn it into a numpy basic-slicing key (views only)."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if any(k is Ellipsis for k in key):
+        at = key.index(Ellipsis)
+        key = key[:at] + (slice(None),) * (len(shape) - len(key) + 1) + key[at + 1:]
+    if len(key) > len(shape):
+        raise NKIRuleError("index-rank", f"{len(key)} indices for tensor of shape {shape_str(shape)}")
+    out = []
+    for axis, k in enumerate(key):
+        n = shape[axis]
+        if isinstance(k, DynSlice):
+            k = slice(k.start, k.start + k.size)
+        elif isinstance(k, np.ndarray):
+            k = _progression_slice(k, axis, shape)
+        if isinstance(k, slice):
+            start = 0 if k.start is None else int(k.start)
+            stop = n if k.stop is None else int(k.stop)
+            step = 1 if k.step is None else int(k.step)
+            if not 0 <= start < stop <= n or step <= 0:
+                raise NKIRuleError(
+                    "index-bounds",
+                    f"slice {start}:{stop}:{step} on axis {axis} is empty or outside tensor of "
+                    f"shape {shape_str(shape)}",
+                )
+            if step != 1 and axis == 0 and on_chip:
+                raise NKIRuleError(
+                    "partition-step",
+                    f"step {step} along the partition dim of tile {shape_str(shape)} is illegal",
+                )
+            out.append(slice(start, stop, step))
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            i = int(k)
+            if not 0 <= i < n:
+                raise NKIRuleError(
+                    "index-bounds", f"index {i} on axis {axis} outside tensor of shape {shape_str(shape)}")
+            # An integer partition index keeps a partition dim of size 1 on chip.
+            out.append(slice(i, i + 1) if (axis == 0 and on_chip) else i)
+        else:
+            raise NKIRuleError("index-type", f"unsupported index {k!r} on axis {axis}")
+    out.append(Ellipsis)  # keeps an all-integer key a (0-d) view instead of a numpy scalar
+    return tuple(out)

@@ -1,0 +1,379 @@
+"""The NKI kernels through the NKI backend (interpreter here; simulator or hardware where present).
+
+Shapes are awkward on purpose: 1, 127, 128, 129, 131, 300 and 513 each appear in every role of
+gemm and syrk; the energy kernels use a prime nvir above 128, nocc = 1, I != J blocks and both
+``lower_pairs`` settings. References are torch fp64.
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import kernels
+from kernels.accounting import KernelAccounting
+from kernels.nki import launcher as nki_launcher
+from kernels.nki_backend import NkiKernels, ladder
+from kernels.torch_backend import pair_block_sums
+
+CPU = torch.device("cpu")
+HARDWARE = nki_launcher.trainium_present()
+
+
+@pytest.fixture(scope="module")
+def shared_launcher():
+    return nki_launcher.Launcher()
+
+
+@pytest.fixture
+def nk(shared_launcher):
+    """A fresh kernel set (own accounting) on the module's launcher."""
+    return NkiKernels(accounting=KernelAccounting(), device=CPU, launcher=shared_launcher)
+
+
+@pytest.fixture
+def interpreter_only(shared_launcher):
+    if shared_launcher.mode != "interpreter":
+        pytest.skip("instruction counts come from the dfmp2 interpreter's Profile")
+    from kernels.nki import interpreter
+    return interpreter
+
+
+def rng(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
+
+
+# ---------------------------------------------------------------------------------------- gemm
+GEMM_SHAPES = [(1, 127, 513), (127, 513, 1), (513, 1, 127), (128, 129, 131), (129, 131, 300),
+               (131, 300, 128), (300, 128, 129)]
+
+
+@pytest.mark.parametrize("m,k,n", GEMM_SHAPES)
+def test_gemm_matches_fp64(nk, m, k, n):
+    g = rng(m * 7 + k * 3 + n)
+    a = torch.randn(m, k, dtype=torch.float64, generator=g)
+    b = torch.randn(k, n, dtype=torch.float64, generator=g)
+    c = nk.gemm(a, b)
+    assert c.dtype == torch.float32 and c.shape == (m, n)
+    assert rel_err(c, a @ b) < 2e-6
+    assert nk.accounting.calls[("gemm", nk.executor)] == 1
+
+
+def test_gemm_batched_and_transposed_view(nk):
+    g = rng(1)
+    a = torch.randn(3, 131, 129, dtype=torch.float64, generator=g)
+    b = torch.randn(129, 127, dtype=torch.float64, generator=g)
+    assert rel_err(nk.gemm(a, b), a @ b) < 2e-6
+    at = torch.randn(300, 129, dtype=torch.float64, generator=g).T  # (129, 300) view
+    b2 = torch.randn(300, 1, dtype=torch.float64, generator=g)
+    assert rel_err(nk.gemm(at, b2), at @ b2) < 2e-6
+
+
+# ---------------------------------------------------------------------------------------- syrk
+SYRK_SHAPES = [(1, 513, 1), (127, 1, 128), (128, 300, 7), (129, 131, 128), (131, 129, 200),
+               (300, 127, 128), (513, 128, 300)]
+
+
+@pytest.mark.parametrize("n,k,block", SYRK_SHAPES)
+def test_syrk_lower_blocks_match_fp64(nk, n, k, block):
+    a = torch.randn(n, k, dtype=torch.float64, generator=rng(n + k))
+    c = nk.syrk(a, block)
+    ref = a @ a.T
+    rows = torch.arange(n)[:, None] // block
+    cols = torch.arange(n)[None, :] // block
+    guaranteed = cols <= rows
+    err = (c.double() - ref).abs()[guaranteed].max() / ref.abs().max()
+    assert float(err) < 2e-6
+    assert torch.isfinite(c).all()  # every entry is defined (mirrored), not just the lower part
+    assert nk.accounting.calls[("syrk", nk.executor)] == 1
+
+
+def test_syrk_large_uses_syrk_and_gemm_blocks(nk):
+    a = torch.randn(1100, 200, dtype=torch.float64, generator=rng(3))
+    before = dict(nk.launcher.launches)
+    c = nk.syrk(a, 64)
+    assert rel_err(torch.tril(c), torch.tril(a @ a.T)) < 2e-6
+    new = {s: n - before.get(s, 0) for s, n in nk.launcher.launches.items() if n != before.get(s, 0)}
+    assert any(s.startswith("syrk(") for s in new) and any(s.startswith("gemm(") for s in new)
+
+
+# ---------------------------------------------------------------------------------------- trsm
+def well_conditioned_lower(n: int, seed: int) -> torch.Tensor:
+    g = rng(seed)
+    return (torch.tril(torch.randn(n, n, dtype=torch.float64, generator=g)) / math.sqrt(n)
+            + 2.0 * torch.eye(n, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("n,m", [(300, 513), (129, 1), (1, 131), (127, 128)])
+def test_trsm_one_launch_matches_solve_triangular(nk, n, m):
+    l = well_conditioned_lower(n, n)
+    b = torch.randn(n, m, dtype=torch.float64, generator=rng(m))
+    before = sum(c for s, c in nk.launcher.launches.items() if s.startswith("trsm("))
+    x = nk.trsm(l, b)
+    after = sum(c for s, c in nk.launcher.launches.items() if s.startswith("trsm("))
+    assert after - before == 1  # the whole block substitution is one kernel launch
+    ref = torch.linalg.solve_triangular(l, b, upper=False)
+    assert rel_err(x, ref) < 1e-5
+    assert nk.accounting.calls[("trsm", nk.executor)] == 1
+
+
+def test_trsm_caches_metric_preparation(nk):
+    l = well_conditioned_lower(200, 5)
+    b = torch.randn(200, 3, dtype=torch.float64, generator=rng(5))
+    nk.trsm(l, b)
+    prepared = nk._trsm_cache[2]
+    nk.trsm(l, 2 * b)
+    assert nk._trsm_cache[2] is prepared  # same L object: inverses not recomputed
+    l2 = l.clone()
+    nk.trsm(l2, b)
+    assert nk._trsm_cache[2] is not prepared
+
+
+# ------------------------------------------------------------------------------------ energies
+def energy_inputs(ni: int, nj: int, nvir: int, naux: int, lower: bool, seed: int):
+    g = rng(seed)
+    b_row = torch.randn(naux, ni * nvir, dtype=torch.float64, generator=g) / math.sqrt(naux)
+    b_col = b_row if lower else torch.randn(naux, nj * nvir, dtype=torch.float64,
+                                            generator=g) / math.sqrt(naux)
+    e_vir = 0.2 + 2.0 * torch.rand(nvir, dtype=torch.float64, generator=g)
+    e_i = -0.3 - torch.rand(ni, dtype=torch.float64, generator=g)
+    e_j = e_i if lower else -0.3 - torch.rand(nj, dtype=torch.float64, generator=g)
+    denom_row = (e_i[:, None] - e_vir[None, :]).reshape(-1)
+    denom_col = (e_j[:, None] - e_vir[None, :]).reshape(-1)
+    return b_row, b_col, denom_row, denom_col
+
+
+def reference_sums(b_row, b_col, denom_row, denom_col, nvir, lower):
+    t = b_row.T @ b_col
+    ni, nj = b_row.shape[1] // nvir, b_col.shape[1] // nvir
+    d, x = pair_block_sums(t.reshape(ni, nvir, nj, nvir), denom_row.reshape(ni, nvir),
+                           denom_col.reshape(nj, nvir), lower)
+    return t, float(d), float(x)
+
+
+ENERGY_CASES = [  # ni, nj, nvir, naux, lower_pairs
+    (1, 1, 131, 129, True),    # nocc = 1, diagonal block
+    (1, 1, 131, 300, False),
+    (3, 5, 131, 513, False),   # I != J blocks of different sizes
+    (5, 5, 131, 128, True),
+    (2, 3, 127, 131, False),
+    (7, 7, 1, 127, True),      # nvir = 1
+    (2, 2, 513, 129, True),    # two 512-column b tiles, ragged a tile of 1 row
+]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("ni,nj,nvir,naux,lower", ENERGY_CASES)
+def test_energy_matches_pair_block_sums(nk, fused, ni, nj, nvir, naux, lower):
+    b_row, b_col, dr, dc = energy_inputs(ni, nj, nvir, naux, lower, seed=ni * 31 + nvir + naux)
+    t, d_ref, x_ref = reference_sums(b_row, b_col, dr, dc, nvir, lower)
+    if fused:
+        d, x = nk.mp2_energy_fused(b_row, b_col, dr, dc, nvir, lower)
+    else:
+        d, x = nk.mp2_energy(t, dr, dc, nvir, lower)
+    assert isinstance(d, float) and isinstance(x, float)
+    assert d == pytest.approx(d_ref, rel=1e-5)
+    assert x == pytest.approx(x_ref, rel=1e-5)
+    assert nk.accounting.calls[("mp2_energy", nk.executor)] == 1  # fused records as mp2_energy
+    assert nk.accounting.fallbacks == 0
+
+
+def test_energy_blocks_of_a_molecule_need_few_signatures(shared_launcher):
+    """All I <= J blocks of nocc = 12 in blocks of 4 (last block ragged): two signatures."""
+    launcher = nki_launcher.Launcher(shared_launcher.mode)
+    nk = NkiKernels(accounting=KernelAccounting(), device=CPU, launcher=launcher)
+    nocc, nvir, naux, block = 11, 131, 200, 4
+    b, _, dr, _ = energy_inputs(nocc, nocc, nvir, naux, True, seed=11)
+    t_all, d_ref, x_ref = reference_sums(b, b, dr, dr, nvir, True)
+    d = x = 0.0
+    for i0 in range(0, nocc, block):
+        for j0 in range(0, i0 + 1, block):
+            rows = slice(i0 * nvir, min(nocc, i0 + block) * nvir)
+            cols = slice(j0 * nvir, min(nocc, j0 + block) * nvir)
+            dd, xx = nk.mp2_energy_fused(b[:, rows], b[:, cols], dr[rows], dr[cols], nvir,
+                                         i0 == j0)
+            w = 1.0 if i0 == j0 else 2.0
+            d, x = d + w * dd, x + w * xx
+    assert d == pytest.approx(d_ref, rel=1e-5) and x == pytest.approx(x_ref, rel=1e-5)
+    assert launcher.signatures <= 3
+    assert sum(launcher.launches.values()) == 6
+
+
+# --------------------------------------------------------------------------- instruction counts
+def run_profiled(interpreter, launcher, name, *args):
+    profile = interpreter.Profile()
+    out = interpreter.simulate(launcher.kernel(name), profile=profile)(*args)
+    return out, profile
+
+
+def matmuls(profile) -> int:
+    return profile.instructions["tensor"] - profile.transposes
+
+
+def test_gemm_matmul_count_follows_tiling(interpreter_only, shared_launcher):
+    counts = {}
+    for k in (128, 256):
+        a_t = np.ones((k, 256), dtype=np.float32)
+        b = np.ones((k, 1024), dtype=np.float32)
+        c, profile = run_profiled(interpreter_only, shared_launcher, "gemm", a_t, b)
+        assert np.all(c == k)
+        counts[k] = matmuls(profile)
+        # one matmul per (m tile, k tile, 512-column n tile); each tile of a_t and b loaded once
+        assert counts[k] == (256 // 128) * (k // 128) * (1024 // 512)
+        assert profile.instructions["dma"] == (k // 128) * (1 + 256 // 128) + 2 * 2
+    assert counts[256] == 2 * counts[128]
+
+
+def test_syrk_does_fewer_matmuls_than_gemm(interpreter_only, shared_launcher):
+    a_t = np.random.default_rng(0).standard_normal((256, 1024)).astype(np.float32)
+    c_syrk, p_syrk = run_profiled(interpreter_only, shared_launcher, "syrk", a_t)
+    c_gemm, p_gemm = run_profiled(interpreter_only, shared_launcher, "gemm", a_t, a_t)
+    # block row m computes ceil(128 (m + 1) / 512) tiles: 1,1,1,1,2,2,2,2 per k tile
+    assert matmuls(p_syrk) == 12 * 2 and matmuls(p_gemm) == 16 * 2
+    assert p_syrk.matmul_flops < 0.7 * p_gemm.matmul_flops
+    lower = np.kron(np.tril(np.ones((8, 8))), np.ones((128, 128))).astype(bool)
+    assert np.allclose(c_syrk[lower], c_gemm[lower], rtol=1e-5, atol=1e-3)
+    assert np.all(c_syrk[~lower] == 0.0)
+
+
+def test_fused_energy_counts_follow_pairs_and_tiles(interpreter_only, shared_launcher):
+    g, nvir, naux = 4, 131, 256
+    x_tiles, a_tiles, b_tiles = naux // 128, 2, 1
+    data = np.random.default_rng(1)
+    b_row = data.standard_normal((naux, g * nvir)).astype(np.float32)
+    b_col = data.standard_normal((naux, g * nvir)).astype(np.float32)
+    d_row = -1.0 - data.random((g * nvir, 1)).astype(np.float32)
+    d_col = -1.0 - data.random((g, nvir)).astype(np.float32)
+    for flag, pairs in ((0, g * g), (1, g * (g + 1) // 2)):
+        _, p = run_profiled(interpreter_only, shared_launcher, "mp2_energy_fused",
+                            b_row, b_col, d_row, d_col, flag)
+        # T tiles: a_tiles * x_tiles * b_tiles matmuls per pair, plus one K=1 broadcast matmul
+        # of the column denominators per (j, b tile) per launch
+        assert matmuls(p) == pairs * a_tiles * x_tiles * b_tiles + g * b_tiles
+        # exchange partner: one 128x128 (or ragged) PE transpose per (a tile, 128-row b block)
+        assert p.transposes == pairs * a_tiles * 2
+        assert p.peak_psum_banks <= 8
+        # T never goes to HBM: the DMA traffic is the inputs (b_row once per i, b_col once per
+        # pair), the denominators and the partials only
+        slots = g * g * a_tiles * b_tiles * 2
+        expected = 4 * (g * naux * nvir + pairs * naux * nvir + g * nvir + g * nvir
+                        + 128 * slots)
+        assert p.dma_bytes == expected
+
+
+def test_ladder_is_canonical():
+    assert [ladder(s) for s in (1, 128, 129, 300, 513, 1000, 1100)] == [
+        128, 128, 256, 384, 768, 1024, 1536]
+    assert ladder(3000, cap=1024) == 3072
+
+
+# ------------------------------------------------------------------------------ fallback, modes
+def test_forced_failure_warns_and_falls_back(nk, monkeypatch):
+    monkeypatch.delenv("DFMP2_REQUIRE_NKI", raising=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(nk.launcher, "launch", broken)
+    a = torch.randn(5, 7, dtype=torch.float64, generator=rng(9))
+    b = torch.randn(7, 3, dtype=torch.float64, generator=rng(10))
+    with pytest.warns(RuntimeWarning, match="gemm"):
+        c = nk.gemm(a, b)
+    assert rel_err(c, a @ b) < 1e-6
+    assert nk.accounting.fallbacks == 1
+    assert nk.accounting.calls[("gemm", "torch-cpu")] == 1
+    assert nk.accounting.calls[("gemm", nk.executor)] == 0
+    assert any("simulated kernel failure" in r for r in nk.accounting.fallback_reasons)
+    b_row, b_col, dr, dc = energy_inputs(2, 2, 5, 16, True, 3)
+    with pytest.warns(RuntimeWarning, match="mp2_energy"):
+        nk.mp2_energy_fused(b_row, b_col, dr, dc, 5, True)
+    assert nk.accounting.fallbacks == 2
+    assert nk.accounting.calls[("mp2_energy", "torch-cpu")] == 1
+
+
+def test_require_nki_raises_instead_of_falling_back(nk, monkeypatch):
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(nk.launcher, "launch", broken)
+    l = well_conditioned_lower(10, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either: it must raise
+        with pytest.raises(RuntimeError, match="trsm.*simulated kernel failure"):
+            nk.trsm(l, torch.ones(10, 2, dtype=torch.float64))
+    assert nk.accounting.fallbacks == 0
+    assert sum(nk.accounting.calls.values()) == 0
+
+
+def test_mode_selection(monkeypatch):
+    monkeypatch.setenv("DFMP2_NKI_MODE", "bogus")
+    with pytest.raises(nki_launcher.NkiUnavailable):
+        nki_launcher.detect_mode()
+    if not HARDWARE:
+        monkeypatch.setenv("DFMP2_NKI_MODE", "hardware")
+        with pytest.raises(nki_launcher.NkiUnavailable, match="hardware"):
+            nki_launcher.Launcher()
+        with pytest.raises(nki_launcher.NkiUnavailable):
+            kernels.load(backend="nki", device="cpu")
+    monkeypatch.delenv("DFMP2_NKI_MODE")
+    assert nki_launcher.trainium_present() == nki_launcher.hardware_status()[0]
+    expected = "nki" if HARDWARE else "torch"
+    assert kernels.load(backend="auto", device="cpu").backend == expected
+
+
+def test_load_nki_backend_and_report(monkeypatch):
+    monkeypatch.delenv("DFMP2_NKI_MODE", raising=False)
+    ks = kernels.load(backend="nki", device="cpu")
+    assert (ks.backend, ks.precision, ks.dtype) == ("nki", "fp32", torch.float32)
+    assert ks.executor in ("nki-hardware", "nki-simulator", "nki-interpreter")
+    a = torch.randn(130, 140, dtype=torch.float64, generator=rng(2))
+    ks.gemm(a, a.T)
+    ks.gemm(a, a.T)
+    report = ks.report()
+    json.dumps(report)
+    assert report["nki_mode"] == ks.launcher.mode
+    assert report["signatures"] == 1
+    assert list(report["launches"].values()) == [2]
+    if report["nki_mode"] == "interpreter":
+        assert report["estimate"]["label"].startswith("estimated")
+        assert report["estimate"]["overlapped_seconds"] > 0
+        assert report["instructions"]["tensor"] == 2 * 2 * 2  # 2 launches x 2 m x 2 k tiles
+        assert report["matmul_flops"] == 2 * 2 * 256 * 256 * 256
+        assert report["dma_bytes"] > 0
+    assert kernels.load(backend="torch").report() == {}
+
+
+# --------------------------------------------------------------------------- real Trainium only
+@pytest.mark.neuron
+@pytest.mark.skipif(not HARDWARE, reason="needs a Trainium NeuronCore (torch-neuronx + torch_xla)")
+def test_hardware_kernels_run_on_the_neuron_core(monkeypatch):
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    monkeypatch.setenv("DFMP2_NKI_MODE", "hardware")
+    ks = kernels.load(backend="nki", device="cpu")
+    assert ks.executor == "nki-hardware"
+    g = rng(4)
+    a = torch.randn(300, 513, dtype=torch.float64, generator=g)
+    b = torch.randn(513, 129, dtype=torch.float64, generator=g)
+    assert rel_err(ks.gemm(a, b), a @ b) < 2e-6
+    assert rel_err(torch.tril(ks.syrk(a, 128)), torch.tril(a @ a.T)) < 2e-6
+    l = well_conditioned_lower(300, 2)
+    assert rel_err(ks.trsm(l, b[:300]), torch.linalg.solve_triangular(l, b[:300],
+                                                                     upper=False)) < 1e-5
+    for lower in (True, False):
+        b_row, b_col, dr, dc = energy_inputs(3, 3, 131, 300, lower, 8)
+        t, d_ref, x_ref = reference_sums(b_row, b_col, dr, dc, 131, lower)
+        for d, x in (ks.mp2_energy_fused(b_row, b_col, dr, dc, 131, lower),
+                     ks.mp2_energy(t, dr, dc, 131, lower)):
+            assert d == pytest.approx(d_ref, rel=1e-5) and x == pytest.approx(x_ref, rel=1e-5)
+    assert ks.accounting.fallbacks == 0
+    assert all(executor == "nki-hardware" for _, executor in ks.accounting.calls)
