@@ -9,6 +9,8 @@ DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 # Row stripes of at least this many rows keep each GEMM of syrk and of the fused energy
 # large enough to run near the BLAS peak.
 MIN_STRIPE_ROWS = 512
+# Elements per elementwise tile of the energy reduction: a few such tiles fit in L2.
+CACHE_TILE_ELEMENTS = 2**17
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -28,12 +30,18 @@ def orbital_row_sums(t_row: torch.Tensor, denom_a: torch.Tensor,
     """(direct, exchange) fp64 sums for one occupied orbital i against a set of orbitals j.
 
     ``t_row`` is (nvir, nj, nvir) holding (ia|jb) as [a, j, b]; ``denom_a`` is e_i - e_a (nvir,)
-    and ``denom_col`` is e_j - e_b (nj, nvir).
+    and ``denom_col`` is e_j - e_b (nj, nvir). The j range is walked in chunks of about
+    CACHE_TILE_ELEMENTS so that the few elementwise passes stay in cache.
     """
-    scaled = t_row / (denom_a[:, None, None] + denom_col[None, :, :])
-    sum_dtype = torch.float64
-    direct = torch.sum(scaled * t_row, dtype=sum_dtype)
-    exchange = torch.sum(scaled * t_row.permute(2, 1, 0), dtype=sum_dtype)
+    nvir, nj = t_row.shape[0], t_row.shape[1]
+    chunk = max(1, CACHE_TILE_ELEMENTS // (nvir * nvir))
+    direct = torch.zeros((), dtype=torch.float64, device=t_row.device)
+    exchange = torch.zeros((), dtype=torch.float64, device=t_row.device)
+    for j0 in range(0, nj, chunk):
+        tile = t_row[:, j0:j0 + chunk]
+        scaled = tile / (denom_a[:, None, None] + denom_col[None, j0:j0 + chunk, :])
+        direct += torch.sum(scaled * tile, dtype=torch.float64)
+        exchange += torch.sum(scaled * tile.permute(2, 1, 0), dtype=torch.float64)
     return direct, exchange
 
 
