@@ -1,0 +1,107 @@
+"""A run killed with SIGKILL mid-energy resumes from its record to the same energy."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import h5py
+import pytest
+
+from conftest import molecule_path, python_exe
+from dfmp2.errors import InputError
+from dfmp2.record import read_record
+
+POLL_SECONDS = 0.02
+TIMEOUT_SECONDS = 120
+
+
+def _pairs_done(record) -> int:
+    try:
+        root = read_record(record)
+    except InputError:
+        return 0
+    checkpoint = root.groups.get("checkpoint")
+    return 0 if checkpoint is None else len(checkpoint.datasets.get("pairs", []))
+
+
+def _run(args, **kwargs):
+    return subprocess.run([python_exe(), "-m", "dfmp2", "run", *map(str, args)],
+                          capture_output=True, text=True, check=False, **kwargs)
+
+
+def test_sigkill_mid_energy_then_resume(tmp_path):
+    record = tmp_path / "benzene.h5"
+    args = [molecule_path("benzene"), "--basis", "cc-pvdz", "--backend", "torch",
+            "--occ-block", "1", "--json", "-o", record]
+    proc = subprocess.Popen([python_exe(), "-m", "dfmp2", "run", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while _pairs_done(record) < 5 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    assert proc.poll() is None, "the run finished before it could be killed mid-energy"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    killed = read_record(record)
+    assert killed.attrs["status"] == "running"
+    done = len(killed.groups["checkpoint"].datasets["pairs"])
+    assert 5 <= done < 21 * 22 // 2
+    assert "mo_coeff" in killed.groups["scf"].datasets
+
+    resumed = _run(args)
+    assert resumed.returncode == 0, resumed.stderr
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
+        assert len(h5["checkpoint/pairs"]) == 21 * 22 // 2
+
+    fresh = _run([molecule_path("benzene"), "--basis", "cc-pvdz", "--backend", "torch",
+                  "--json", "-o", tmp_path / "fresh.h5"])
+    assert fresh.returncode == 0, fresh.stderr
+    assert abs(json.loads(resumed.stdout)["e_corr"] - json.loads(fresh.stdout)["e_corr"]) <= 1e-10
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.fixture
+def interrupted_water(tmp_path):
+    """A water record as an interrupted run leaves it: SCF and a checkpoint, status running."""
+    from dfmp2.job import RunSettings, run
+    record = tmp_path / "water.h5"
+    run(RunSettings(molecule=molecule_path("water"), backend="torch", output=record,
+                    occ_block=1, show_progress=False))
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "running"
+        del h5["mp2"]
+        pairs, sums = h5["checkpoint/pairs"][:3], h5["checkpoint/sums"][:3]
+        del h5["checkpoint/pairs"], h5["checkpoint/sums"]
+        h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums
+    return record
+
+
+def test_resume_with_other_options_is_refused(interrupted_water, run_cli):
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                     "-o", interrupted_water)
+    assert result.code == 2
+    assert "different basis" in result.err and len(result.err.strip().splitlines()) == 1
+    assert read_record(interrupted_water).attrs["status"] == "running"
+
+
+def test_resume_finishes_the_remaining_pairs(interrupted_water, run_cli, tmp_path):
+    result = run_cli("run", molecule_path("water"), "--backend", "torch", "--resume", "--json",
+                     "-o", interrupted_water)
+    assert result.code == 0, result.err
+    reference = run_cli("run", molecule_path("water"), "--backend", "torch", "--json",
+                        "-o", tmp_path / "fresh.h5")
+    assert abs(json.loads(result.out)["e_corr"] - json.loads(reference.out)["e_corr"]) <= 1e-10
+    assert read_record(interrupted_water).attrs["resumed"]
+
+
+def test_resume_from_a_corrupt_record_is_refused(tmp_path, run_cli):
+    record = tmp_path / "broken.h5"
+    record.write_bytes(b"\x89HDF\r\n\x1a\n" + os.urandom(512))
+    result = run_cli("run", molecule_path("water"), "--backend", "torch", "--resume",
+                     "-o", record)
+    assert result.code == 2 and result.err.startswith("Error:")
+    assert len(result.err.strip().splitlines()) == 1
