@@ -11,7 +11,7 @@ import click
 
 import kernels
 from dfmp2 import job, report
-from dfmp2.errors import Dfmp2Error
+from dfmp2.errors import Dfmp2Error, RunFailure
 from dfmp2.memory import parse_size
 from dfmp2.record import SCHEMA, read_record
 from dfmp2.scf import SCF_METHODS
@@ -108,6 +108,52 @@ def show(record: Path, show_all: bool) -> int:
     root = read_record(record)
     detailed = show_all or root.attrs.get("schema") != SCHEMA
     click.echo(report.dump(root) if detailed else report.summary(root))
+    return 0
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("runs/batch"), show_default=True, help="Folder for the records.")
+@click.option("--shard", default=None,
+              help="Run every N-th molecule from K (K/N); default from SLURM_ARRAY_TASK_ID/COUNT.")
+@click.option("--basis", default="cc-pvdz", show_default=True)
+@click.option("--auxbasis", default=None)
+@click.option("--frozen-core", is_flag=True)
+@click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto", show_default=True)
+@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None)
+@click.option("--fused-energy", is_flag=True)
+@click.option("--memory", type=MemorySize(), default=None)
+@click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
+              show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--check", is_flag=True, help="Compare each molecule with PySCF's DFMP2.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
+@click.pass_obj
+def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, basis: str,
+          auxbasis: str | None, frozen_core: bool, backend: str, precision: str | None,
+          fused_energy: bool, memory: int | None, scf_method: str, threads: int | None,
+          check: bool, as_json: bool) -> int:
+    """Run many molecules (XYZ files, globs or manifests), one record each in --out.
+
+    A manifest has one molecule per line, `path.xyz [dfmp2 run options]`; '#' starts a comment.
+    Complete records are skipped, so a rerun finishes an interrupted batch.
+    """
+    from dfmp2 import batch as batch_job
+    items = batch_job.collect_items(list(inputs), run)
+    shard_k_n = batch_job.parse_shard(shard)
+    base = job.RunSettings(molecule=Path(), basis=basis, auxbasis=auxbasis,
+                           frozen_core=frozen_core, backend=backend, precision=precision,
+                           fused_energy=fused_energy, memory=memory, scf_method=scf_method,
+                           threads=threads, check=check, command=obj["command"])
+    rows = batch_job.run_batch(items, base, out_dir, shard_k_n)
+    csv_path, json_path = batch_job.write_summaries(rows, out_dir, shard_k_n)
+    click.echo(json.dumps(rows, default=str) if as_json else
+               f"{batch_job.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
+    failed = [row for row in rows if row["status"] == "failed"]
+    if failed:
+        names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)
+        raise RunFailure(f"{len(failed)} of {len(rows)} molecules failed: {names}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """PyTorch implementations of the four kernels, in fp64 or fp32, on any torch device."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from kernels.accounting import KernelAccounting
@@ -11,6 +13,19 @@ DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 MIN_STRIPE_ROWS = 512
 # Elements per elementwise tile of the energy reduction: a few such tiles fit in L2.
 CACHE_TILE_ELEMENTS = 2**17
+
+
+@contextmanager
+def single_threaded_ops():
+    """Run small elementwise ops on one intra-op thread. Tiles of ~1e5 elements gain nothing
+    from OpenMP, and when another process holds a core its barrier spin-waits made them 100x
+    slower here (measured under load on 2 cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -108,8 +123,9 @@ class TorchKernels:
         self.accounting.record("mp2_energy", self.executor)
         ni, nj = pair_block.shape[0] // nvir, pair_block.shape[1] // nvir
         t = pair_block.reshape(ni, nvir, nj, nvir)
-        direct, exchange = pair_block_sums(t, denom_row.reshape(ni, nvir),
-                                           denom_col.reshape(nj, nvir), lower_pairs)
+        with single_threaded_ops():
+            direct, exchange = pair_block_sums(t, denom_row.reshape(ni, nvir),
+                                               denom_col.reshape(nj, nvir), lower_pairs)
         return float(direct), float(exchange)
 
     def mp2_energy_fused(self, b_row: torch.Tensor, b_col: torch.Tensor, denom_row: torch.Tensor,
@@ -126,8 +142,9 @@ class TorchKernels:
             i1 = min(ni, i0 + stripe)
             j1 = i1 if lower_pairs else nj
             tile = b_row[:, i0 * nvir:i1 * nvir].T @ b_col[:, :j1 * nvir]
-            d, x = pair_block_sums(tile.view(i1 - i0, nvir, j1, nvir), d_row[i0:i1],
-                                   d_col[:j1], lower_pairs, row_offset=i0)
+            with single_threaded_ops():
+                d, x = pair_block_sums(tile.view(i1 - i0, nvir, j1, nvir), d_row[i0:i1],
+                                       d_col[:j1], lower_pairs, row_offset=i0)
             direct += d
             exchange += x
         return float(direct), float(exchange)

@@ -1,0 +1,209 @@
+"""`dfmp2 batch`: many molecules, one record each, resumable and shardable.
+
+Manifest format: one molecule per line, ``path/to/molecule.xyz [run options]``, with the same
+options as ``dfmp2 run`` (e.g. ``water.xyz --basis cc-pvtz --frozen-core``). Paths are relative
+to the manifest's folder; blank lines and lines starting with ``#`` are ignored. Options on a
+line override the batch's own options for that molecule.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import glob
+import json
+import logging
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from dfmp2 import job
+from dfmp2.errors import Dfmp2Error, InputError
+from dfmp2.progress import Progress
+from dfmp2.record import SCHEMA, Node, read_record, write_record
+
+log = logging.getLogger(__name__)
+GLOB_CHARACTERS = set("*?[")
+SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot", "seconds",
+                  "record", "error")
+
+
+@dataclass
+class BatchItem:
+    index: int
+    molecule: Path
+    overrides: dict
+    origin: str
+
+
+def _manifest_items(manifest: Path, run_command: click.Command, start: int) -> list[BatchItem]:
+    items = []
+    try:
+        lines = manifest.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        raise InputError(f"manifest {manifest} cannot be read as text") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{manifest}, line {number}"
+        try:
+            tokens = shlex.split(line)
+        except ValueError as exc:
+            raise InputError(f"{where}: {exc}") from None
+        path = Path(tokens[0])
+        path = path if path.is_absolute() else manifest.parent / path
+        try:
+            ctx = run_command.make_context("run", [str(path), *tokens[1:]], obj={"command": ""})
+        except click.ClickException as exc:
+            raise InputError(f"{where}: {exc.format_message()}") from None
+        overrides = {name: value for name, value in ctx.params.items()
+                     if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+                     and name != "molecule"}
+        if overrides.pop("as_json", None) or overrides.pop("output", None):
+            raise InputError(f"{where}: --json and -o are chosen by the batch, not per molecule")
+        items.append(BatchItem(start + len(items), path, overrides, where))
+    return items
+
+
+def collect_items(inputs: list[str], run_command: click.Command) -> list[BatchItem]:
+    """XYZ files, globs of them, and manifests, in the order given."""
+    items: list[BatchItem] = []
+    for text in inputs:
+        if GLOB_CHARACTERS & set(text):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                raise InputError(f"the pattern {text!r} matches no file")
+            items += [BatchItem(len(items) + n, Path(m), {}, m) for n, m in enumerate(matches)]
+            continue
+        path = Path(text)
+        if not path.is_file():
+            raise InputError(f"{text}: no such file")
+        if path.suffix.lower() == ".xyz":
+            items.append(BatchItem(len(items), path, {}, text))
+        else:
+            items += _manifest_items(path, run_command, len(items))
+    if not items:
+        raise InputError("no molecules to run")
+    return items
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    """``K/N`` (0 <= K < N); default from a Slurm array job, else 0/1."""
+    if text is None:
+        task, count = os.environ.get("SLURM_ARRAY_TASK_ID"), os.environ.get("SLURM_ARRAY_TASK_COUNT")
+        if task is None or count is None:
+            return 0, 1
+        first = int(os.environ.get("SLURM_ARRAY_TASK_MIN", "0"))
+        return int(task) - first, int(count)
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise InputError(f"--shard {text!r}: write it as K/N, e.g. 0/4") from None
+    if not 0 <= k < n:
+        raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
+    return k, n
+
+
+def record_names(items: list[BatchItem], settings: list[job.RunSettings]) -> list[str]:
+    """``<molecule>-<basis>.h5``, numbered where two molecules would share a name."""
+    names = [f"{s.molecule.stem}-{s.basis.lower()}" for s in settings]
+    return [f"{name}.h5" if names.count(name) == 1 else f"{name}-{item.index}.h5"
+            for name, item in zip(names, items)]
+
+
+def _failed_record(path: Path, settings: job.RunSettings, error: str) -> None:
+    """Say 'failed' in the record, unless the path holds something that is not ours."""
+    if path.exists():
+        try:
+            read_record(path)
+        except InputError:
+            return
+    root = Node(attrs={"schema": SCHEMA, "status": "failed", "error": error,
+                       "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "command": settings.command})
+    root.group("input").attrs.update({"source": str(settings.molecule), "basis": settings.basis})
+    try:
+        write_record(path, root)
+    except OSError as exc:
+        log.error("cannot write the failed record %s: %s", path, exc)
+
+
+def _complete_row(path: Path) -> dict | None:
+    try:
+        root = read_record(path)
+    except InputError:
+        return None
+    if root.attrs.get("status") != "complete" or "mp2" not in root.groups:
+        return None
+    return {"status": "complete (skipped)", "e_scf": root.groups["scf"].attrs["e_tot"],
+            "e_corr": root.groups["mp2"].attrs["e_corr"],
+            "e_tot": root.groups["mp2"].attrs["e_tot"]}
+
+
+def run_item(item: BatchItem, settings: job.RunSettings) -> dict:
+    row = {"index": item.index, "molecule": str(item.molecule), "basis": settings.basis,
+           "record": str(settings.output), "error": ""}
+    done = _complete_row(settings.output)
+    if done is not None:
+        return {**row, **done, "seconds": 0.0}
+    start = time.perf_counter()
+    try:
+        outcome = job.run(settings)
+    except Dfmp2Error as exc:
+        _failed_record(settings.output, settings, str(exc))
+        return {**row, "status": "failed", "error": str(exc),
+                "seconds": time.perf_counter() - start}
+    except Exception as exc:  # a bug must not cost the rest of the batch its results
+        log.exception("internal error on %s", item.molecule)
+        _failed_record(settings.output, settings, f"internal error: {exc!r}")
+        return {**row, "status": "failed", "error": f"internal error: {exc!r}",
+                "seconds": time.perf_counter() - start}
+    summary = job.json_summary(outcome)
+    status = "complete" if outcome.exit_code == 0 else "complete (check failed)"
+    return {**row, "status": status, "e_scf": summary["e_scf"], "e_corr": summary["e_corr"],
+            "e_tot": summary["e_tot"], "seconds": time.perf_counter() - start}
+
+
+def run_batch(items: list[BatchItem], base: job.RunSettings, out_dir: Path,
+              shard: tuple[int, int], show_progress: bool | None = None) -> list[dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    all_settings = [dataclasses.replace(base, molecule=item.molecule, **item.overrides)
+                    for item in items]
+    names = record_names(items, all_settings)
+    k, n = shard
+    chosen = [(item, dataclasses.replace(s, output=out_dir / name, show_progress=False))
+              for item, s, name in zip(items, all_settings, names) if item.index % n == k]
+    progress = Progress(len(chosen), f"batch {k}/{n}", show_progress)
+    rows = []
+    for item, settings in chosen:
+        rows.append(run_item(item, settings))
+        progress.advance()
+    return rows
+
+
+def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]) -> tuple[Path, Path]:
+    stem = "summary" if shard == (0, 1) else f"summary-shard-{shard[0]}-of-{shard[1]}"
+    csv_path, json_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
+    with open(csv_path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=SUMMARY_FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: row.get(key, "") for key in SUMMARY_FIELDS})
+    json_path.write_text(json.dumps(rows, indent=1, default=str) + "\n", encoding="utf-8")
+    return csv_path, json_path
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'#':>3} {'molecule':<32} {'basis':<10} {'status':<24} {'E_corr / Eh':>16} "
+             f"{'E_tot / Eh':>18} {'s':>7}"]
+    for row in rows:
+        e_corr = f"{row['e_corr']:16.10f}" if "e_corr" in row else f"{'-':>16}"
+        e_tot = f"{row['e_tot']:18.10f}" if "e_tot" in row else f"{'-':>18}"
+        lines.append(f"{row['index']:>3} {Path(row['molecule']).name[:32]:<32} "
+                     f"{row['basis'][:10]:<10} {row['status'][:24]:<24} {e_corr} {e_tot} "
+                     f"{row['seconds']:7.1f}")
+    return "\n".join(lines)
