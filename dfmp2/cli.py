@@ -185,6 +185,30 @@ def bench(molecule: Path, basis: str, auxbasis: str | None, precision: str, froz
     return 0
 
 
+@cli.command()
+@click.argument("records", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--reference", type=click.Choice(["first", "pyscf"]), default="first",
+              show_default=True,
+              help="Compare with the first record, or with PySCF recomputed from each record's "
+                   "settings.")
+@click.option("--json", "as_json", is_flag=True)
+def compare(records: tuple[Path, ...], reference: str, as_json: bool) -> int:
+    """Energies of run records side by side, with differences."""
+    from dfmp2 import compare as comparison
+    pairs = comparison.compare(list(records), reference)
+    if as_json:
+        click.echo(json.dumps([{"record": row.label, "e_scf": row.e_scf, "e_corr": row.e_corr,
+                                "e_tot": row.e_tot,
+                                "against": against.label if against else None,
+                                "delta_e_corr": row.e_corr - against.e_corr if against else None,
+                                "delta_e_tot": row.e_tot - against.e_tot if against else None}
+                               for row, against in pairs]))
+    else:
+        click.echo(comparison.format_table(pairs))
+    return 0
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures."""
     args = sys.argv[1:] if argv is None else list(argv)

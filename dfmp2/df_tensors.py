@@ -14,6 +14,7 @@ import torch
 from pyscf import gto, lib
 from pyscf.df import incore
 
+from dfmp2.errors import RunFailure
 from dfmp2.metric import FitMetric
 
 log = logging.getLogger(__name__)
@@ -94,17 +95,19 @@ def build_fitted_tensor(mol: gto.Mole, auxmol: gto.Mole, c_occ: np.ndarray, c_vi
 
     t0 = clock()
     columns = max(1, max_block_bytes // (2 * FP64_BYTES * metric.naux))
-    if metric.kind == "cholesky":
-        fitted = raw
-        for c0 in range(0, nov, columns):
-            c1 = min(nov, c0 + columns)
-            fitted.write_columns(c0, c1, kern.trsm(metric.factor, raw.read_columns(c0, c1)))
-    else:
-        fitted = store_factory(metric.naux_fit, nov)
-        factor_t = metric.factor.T
-        for c0 in range(0, nov, columns):
-            c1 = min(nov, c0 + columns)
-            fitted.write_columns(c0, c1, kern.gemm(factor_t, raw.read_columns(c0, c1)))
+    fitted = raw if metric.kind == "cholesky" else store_factory(metric.naux_fit, nov)
+    for c0 in range(0, nov, columns):
+        c1 = min(nov, c0 + columns)
+        block = raw.read_columns(c0, c1)
+        if metric.kind == "cholesky":
+            block = kern.trsm(metric.factor, block)
+        else:
+            block = kern.gemm(metric.factor.T, block)
+        if not bool(torch.isfinite(block).all()):
+            raise RunFailure(f"non-finite values in the fitted tensor B for occupied orbitals "
+                             f"{c0 // nvir}..{(c1 - 1) // nvir} (columns {c0}:{c1})")
+        fitted.write_columns(c0, c1, block)
+    if fitted is not raw:
         raw.close()
     timings["fit"] = clock() - t0
     return fitted

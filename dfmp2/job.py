@@ -5,6 +5,7 @@ import datetime as dt
 import logging
 import os
 import platform
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,11 +67,13 @@ class RunOutcome:
     exit_code: int
 
 
-def check_output_path(path: Path) -> None:
+def check_output_path(path: Path, resume: bool = False) -> None:
     """Refuse, before any work, an output we could not write or would clobber."""
     if path.is_dir():
         raise InputError(f"output {path} is a directory; give a file name such as {path}/run.h5")
     if path.exists() and not is_record_file(path):
+        if resume:
+            raise InputError(f"cannot resume from {path}: it is not a readable dfmp2 run record")
         raise InputError(f"output {path} exists and is not a dfmp2 run record; "
                          "choose another -o path")
     parent = path.parent if str(path.parent) else Path(".")
@@ -78,8 +81,12 @@ def check_output_path(path: Path) -> None:
         parent.mkdir(parents=True, exist_ok=True)
     if not parent.is_dir():
         raise InputError(f"output folder {parent} does not exist; create it or choose another -o")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"output folder {parent} is not writable; choose another -o")
+    try:
+        probe_fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError:
+        raise InputError(f"output folder {parent} is not writable; choose another -o") from None
+    os.close(probe_fd)
+    os.unlink(probe)
 
 
 def apply_threads(threads: int | None) -> int:
@@ -103,7 +110,7 @@ def run(settings: RunSettings) -> RunOutcome:
     a run restarted on the same record skips both."""
     t_start = time.perf_counter()
     path = settings.output_path()
-    check_output_path(path)
+    check_output_path(path, settings.resume)
     geometry = read_xyz(settings.molecule)
     charge, spin = resolve_charge_spin(geometry, settings.charge, settings.spin)
     mol = build_molecule(geometry, settings.basis, charge, spin)

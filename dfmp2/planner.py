@@ -13,6 +13,8 @@ REDUCTION_TEMPORARIES = 4
 MAX_PAIR_BLOCK_BYTES = 256 * 2**20
 # Blocks of B held at once out of core: the row block, the column block and the one prefetched.
 OUT_OF_CORE_BLOCKS = 3
+# Integral blocks beyond this size make no build step faster, only the peak memory higher.
+MAX_BUILD_BLOCK_BYTES = 512 * 2**20
 # B stays in memory only if it leaves at least this share of the budget to everything else.
 IN_CORE_MAX_SHARE = 0.6
 
@@ -76,4 +78,4 @@ def plan_blocks(nocc: int, nvir: int, naux: int, nao: int, itemsize: int, budget
             occ_block += 1
     return BlockPlan(occ_block, -(-nocc // occ_block), out_of_core, b_bytes,
                      energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core),
-                     max(build_minimum, budget - resident), budget)
+                     max(build_minimum, min(MAX_BUILD_BLOCK_BYTES, budget - resident)), budget)

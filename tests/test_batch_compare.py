@@ -1,0 +1,83 @@
+"""Batch runs (failures recorded, complete records skipped, shards) and `compare`."""
+from __future__ import annotations
+
+import csv
+import json
+
+import h5py
+import pytest
+
+from conftest import MOLECULES, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
+
+
+@pytest.fixture
+def batch_inputs(tmp_path):
+    broken = tmp_path / "broken.xyz"
+    broken.write_text("2\n\nH 0 0 0\nH 0 0 nan\n")
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"# bundled molecules and one broken file\n"
+                        f"{MOLECULES / 'water.xyz'} --basis sto-3g\n"
+                        f"{MOLECULES / 'hydrogen_fluoride.xyz'} --frozen-core\n"
+                        f"broken.xyz\n")
+    return manifest, tmp_path / "out"
+
+
+def test_batch_finishes_good_ones_and_fails_the_broken_one(batch_inputs, run_cli):
+    manifest, out = batch_inputs
+    result = run_cli("batch", manifest, str(MOLECULES / "methane.xyz"), "--basis", "cc-pvdz",
+                     "--backend", "torch", "--out", out)
+    assert result.code == 1
+    assert result.err.startswith("Error: 1 of 4 molecules failed: broken.xyz")
+    assert len(result.err.strip().splitlines()) == 1
+
+    with open(out / "summary.csv", newline="") as handle:
+        rows = {row["molecule"].rsplit("/", 1)[-1]: row for row in csv.DictReader(handle)}
+    assert rows["broken.xyz"]["status"] == "failed" and "not finite" in rows["broken.xyz"]["error"]
+    assert rows["water.xyz"]["basis"] == "sto-3g"
+    with h5py.File(out / "broken-cc-pvdz.h5", "r") as h5:
+        assert h5.attrs["status"] == "failed" and "not finite" in h5.attrs["error"]
+
+    mf = pyscf_df_rhf(pyscf_molecule("hydrogen_fluoride", "cc-pvdz"))
+    reference = pyscf_dfmp2_reference(mf, 1)
+    assert abs(float(rows["hydrogen_fluoride.xyz"]["e_corr"]) - reference.e_corr) <= 1e-8
+    assert json.loads((out / "summary.json").read_text())[0]["status"] == "complete"
+
+    again = run_cli("batch", manifest, str(MOLECULES / "methane.xyz"), "--backend", "torch",
+                    "--out", out, "--json")
+    statuses = {row["molecule"].rsplit("/", 1)[-1]: row["status"] for row in json.loads(again.out)}
+    assert statuses["water.xyz"] == "complete (skipped)"
+    assert statuses["methane.xyz"] == "complete (skipped)"
+    assert statuses["broken.xyz"] == "failed"
+
+
+def test_shards_split_the_list(tmp_path, run_cli, monkeypatch):
+    inputs = [str(MOLECULES / f"{name}.xyz") for name in ("water", "ammonia", "methane")]
+    out = tmp_path / "out"
+    first = run_cli("batch", *inputs, "--basis", "sto-3g", "--backend", "torch", "--out", out,
+                    "--shard", "0/2", "--json")
+    assert first.code == 0, first.err
+    assert [r["index"] for r in json.loads(first.out)] == [0, 2]
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
+    second = run_cli("batch", *inputs, "--basis", "sto-3g", "--backend", "torch", "--out", out,
+                     "--json")
+    assert [r["index"] for r in json.loads(second.out)] == [1]
+    assert (out / "summary-shard-1-of-2.csv").exists()
+    assert sorted(p.name for p in out.glob("*.h5")) == [
+        "ammonia-sto-3g.h5", "methane-sto-3g.h5", "water-sto-3g.h5"]
+
+
+def test_compare_records_and_pyscf(tmp_path, run_cli):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    assert run_cli("run", MOLECULES / "water.xyz", "--backend", "torch", "-o", a).code == 0
+    assert run_cli("run", MOLECULES / "water.xyz", "--backend", "torch", "--fused-energy",
+                   "--precision", "fp32", "-o", b).code == 0
+    result = run_cli("compare", a, b, "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    assert rows[0]["delta_e_corr"] is None
+    assert 0 < abs(rows[1]["delta_e_corr"]) <= 1e-6
+    against_pyscf = json.loads(run_cli("compare", a, "--reference", "pyscf", "--json").out)
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz")), 0)
+    assert abs(against_pyscf[0]["delta_e_corr"]) <= 1e-8
+    assert abs(against_pyscf[0]["e_corr"] - reference.e_corr) <= 1e-8

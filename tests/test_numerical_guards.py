@@ -1,0 +1,70 @@
+"""Non-finite kernel output and non-aufbau references are reported, not summed."""
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+import kernels
+from conftest import molecule_path, pyscf_df_rhf, pyscf_molecule
+from dfmp2.errors import RunFailure
+from dfmp2.job import RunSettings, run
+from dfmp2.mp2 import default_auxbasis, kernel
+
+
+@pytest.fixture(scope="module")
+def water_scf():
+    return pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz"))
+
+
+def _kernel(mf, kern, mo_energy=None):
+    return kernel(mf.mol, mf.mo_energy if mo_energy is None else mo_energy, mf.mo_coeff,
+                  mf.mo_occ, 0, default_auxbasis(mf.mol), kern, budget=10**9, fused=False,
+                  occ_block=2, show_progress=False)
+
+
+def test_nan_from_the_energy_kernel_names_the_block(water_scf, monkeypatch):
+    kern = kernels.load("torch", "fp64")
+    real = kern.mp2_energy
+
+    def poisoned(block, d_row, d_col, nvir, lower_pairs):
+        direct, exchange = real(block, d_row, d_col, nvir, lower_pairs)
+        return (float("nan"), exchange) if not lower_pairs else (direct, exchange)
+
+    monkeypatch.setattr(kern, "mp2_energy", poisoned)
+    with pytest.raises(RunFailure, match=r"occupied blocks \[0:2\] x \[2:4\]"):
+        _kernel(water_scf, kern)
+
+
+def test_inf_from_trsm_names_the_orbitals(water_scf, monkeypatch):
+    kern = kernels.load("torch", "fp64")
+    real = kern.trsm
+
+    def poisoned(l, b):
+        out = real(l, b)
+        out[0, 0] = float("inf")
+        return out
+
+    monkeypatch.setattr(kern, "trsm", poisoned)
+    with pytest.raises(RunFailure, match="non-finite values in the fitted tensor B"):
+        _kernel(water_scf, kern)
+
+
+def test_non_aufbau_occupation_is_refused(water_scf):
+    mo_energy = np.array(water_scf.mo_energy)
+    homo = int(np.count_nonzero(water_scf.mo_occ)) - 1
+    mo_energy[homo] = mo_energy[homo + 1] + 0.1
+    with pytest.raises(RunFailure, match="non-aufbau"):
+        _kernel(water_scf, kernels.load("torch", "fp64"), mo_energy)
+
+
+def test_failed_run_record_says_failed(tmp_path, monkeypatch):
+    import dfmp2.energy
+    monkeypatch.setattr(dfmp2.energy, "orbital_denominators",
+                        lambda *a: (_ for _ in ()).throw(RunFailure("non-aufbau (test)")))
+    record = tmp_path / "r.h5"
+    with pytest.raises(RunFailure):
+        run(RunSettings(molecule=molecule_path("water"), backend="torch", output=record,
+                        show_progress=False))
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "failed" and "non-aufbau" in h5.attrs["error"]
