@@ -40,23 +40,25 @@ def _stripe(block: int) -> int:
     return block * max(1, -(-MIN_STRIPE_ROWS // block))
 
 
-def orbital_row_sums(t_row: torch.Tensor, denom_a: torch.Tensor,
-                     denom_col: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def orbital_row_sums(t_row: torch.Tensor, denom_a: torch.Tensor, denom_col: torch.Tensor,
+                     with_exchange: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(direct, exchange) fp64 sums for one occupied orbital i against a set of orbitals j.
 
-    ``t_row`` is (nvir, nj, nvir) holding (ia|jb) as [a, j, b]; ``denom_a`` is e_i - e_a (nvir,)
-    and ``denom_col`` is e_j - e_b (nj, nvir). The j range is walked in chunks of about
-    CACHE_TILE_ELEMENTS so that the few elementwise passes stay in cache.
+    ``t_row`` is (nvir_i, nj, nvir_j) holding (ia|jb) as [a, j, b]; ``denom_a`` is e_i - e_a
+    and ``denom_col`` is e_j - e_b (nj, nvir_j). Without exchange (opposite spins, where the
+    virtual spaces differ) only the direct sum is formed. The j range is walked in chunks of
+    about CACHE_TILE_ELEMENTS so that the few elementwise passes stay in cache.
     """
-    nvir, nj = t_row.shape[0], t_row.shape[1]
-    chunk = max(1, CACHE_TILE_ELEMENTS // (nvir * nvir))
+    nvir_i, nj, nvir_j = t_row.shape
+    chunk = max(1, CACHE_TILE_ELEMENTS // (nvir_i * nvir_j))
     direct = torch.zeros((), dtype=torch.float64, device=t_row.device)
     exchange = torch.zeros((), dtype=torch.float64, device=t_row.device)
     for j0 in range(0, nj, chunk):
         tile = t_row[:, j0:j0 + chunk]
         scaled = tile / (denom_a[:, None, None] + denom_col[None, j0:j0 + chunk, :])
         direct += torch.sum(scaled * tile, dtype=torch.float64)
-        exchange += torch.sum(scaled * tile.permute(2, 1, 0), dtype=torch.float64)
+        if with_exchange:
+            exchange += torch.sum(scaled * tile.permute(2, 1, 0), dtype=torch.float64)
     return direct, exchange
 
 
@@ -127,6 +129,34 @@ class TorchKernels:
             direct, exchange = pair_block_sums(t, denom_row.reshape(ni, nvir),
                                                denom_col.reshape(nj, nvir), lower_pairs)
         return float(direct), float(exchange)
+
+    def mp2_energy_os(self, pair_block: torch.Tensor, denom_row: torch.Tensor,
+                      denom_col: torch.Tensor, nvir_row: int, nvir_col: int) -> float:
+        self.accounting.record("mp2_energy", self.executor)
+        ni, nj = pair_block.shape[0] // nvir_row, pair_block.shape[1] // nvir_col
+        t = pair_block.reshape(ni, nvir_row, nj, nvir_col)
+        d_row, d_col = denom_row.reshape(ni, nvir_row), denom_col.reshape(nj, nvir_col)
+        with single_threaded_ops():
+            direct = sum(float(orbital_row_sums(t[i], d_row[i], d_col, False)[0])
+                         for i in range(ni))
+        return direct
+
+    def mp2_energy_os_fused(self, b_row: torch.Tensor, b_col: torch.Tensor,
+                            denom_row: torch.Tensor, denom_col: torch.Tensor, nvir_row: int,
+                            nvir_col: int) -> float:
+        self.accounting.record("mp2_energy", self.executor)
+        ni, nj = b_row.shape[1] // nvir_row, b_col.shape[1] // nvir_col
+        d_row, d_col = denom_row.reshape(ni, nvir_row), denom_col.reshape(nj, nvir_col)
+        stripe = _stripe(nvir_row) // nvir_row
+        direct = 0.0
+        for i0 in range(0, ni, stripe):
+            i1 = min(ni, i0 + stripe)
+            tile = (b_row[:, i0 * nvir_row:i1 * nvir_row].T @ b_col).view(
+                i1 - i0, nvir_row, nj, nvir_col)
+            with single_threaded_ops():
+                direct += sum(float(orbital_row_sums(tile[i], d_row[i0 + i], d_col, False)[0])
+                              for i in range(i1 - i0))
+        return direct
 
     def mp2_energy_fused(self, b_row: torch.Tensor, b_col: torch.Tensor, denom_row: torch.Tensor,
                          denom_col: torch.Tensor, nvir: int,

@@ -1,0 +1,131 @@
+"""NKI kernel: DF-MP2 pair energies from a block T of (ia|jb) already in HBM ("plain").
+
+For every occupied pair (i, j) of the launch, with T_ij[a, b] = t[(i, a), (j, b)]:
+
+    D[a, b]    = denom_row[(i, a)] + denom_col[(j, b)]
+    direct    += sum_ab T_ij[a, b]^2            / D[a, b]
+    exchange  += sum_ab T_ij[a, b] T_ij[b, a]   / D[a, b]
+
+Operands (all fp32, HBM):
+- ``t`` (gr*nvir, gc*nvir): rows (i, a), columns (j, b), orbital-major.
+- ``denom_row`` (gr*nvir, 1): e_i - e_a for the row orbitals, one value per partition row.
+- ``denom_col`` (gc, nvir): e_j - e_b for the column orbitals; gives nvir and gc.
+- ``lower_pairs`` (compile-time int): 1 computes only pairs j <= i (a diagonal tile of the
+  pair space), 0 computes every pair.
+- returns ``partials`` (128, gr*gc*a_tiles*b_tiles*2) in ``nl.shared_hbm``, laid out exactly as
+  in ``mp2_energy_fused``: column ``(((i*gc + j)*a_tiles + at)*b_tiles + bt)*2`` holds the
+  per-partition direct sum of tile (at, bt) of pair (i, j), the next column its exchange sum;
+  unused rows and skipped pairs hold 0. The host sums in fp64 and applies the pair weights.
+
+Shape limits: any nvir (a-tiles of 128 rows and b-tiles of 512 columns, both with a ragged
+last tile; never divisors of nvir); padded orbitals need zero T rows / columns and finite
+denominators with nonzero sums. SBUF per pair: T_ij (a_tiles * nvir * 4 bytes per partition).
+
+Trainium features used:
+- DMA: each pair block T_ij is read from HBM once, row tile by row tile, into SBUF.
+- Tensor Engine: ``nisa.nc_transpose`` of 128x128 blocks of the SBUF copy gives the exchange
+  partner T_ij^T in PSUM (no second HBM read, no strided DMA); a K=1 matmul against a ones row
+  broadcasts the column denominators to every partition once per launch (exact in fp32).
+- Vector Engine: denominator add (``tensor_scalar`` with a per-partition (P, 1) operand),
+  ``reciprocal``, products (``tensor_tensor``, the partner operand read straight from PSUM),
+  free-axis ``tensor_reduce`` into per-partition partials. No partition-axis reductions.
+- Engines side by side: DMA loads the next pair while the Tensor Engine transposes and the
+  Vector Engine reduces the current one.
+"""
+import nki
+import nki.language as nl
+import nki.isa as nisa
+
+TILE_A = 128  # rows a of a T tile (partition dim); also the transpose block
+TILE_B = 512  # columns b of a T tile (one fp32 PSUM bank for the transposed partner)
+
+
+@nki.jit
+def mp2_energy_kernel(t, denom_row, denom_col, lower_pairs):
+    row_size = t.shape[0]
+    n_col_orb, nvir = denom_col.shape
+    n_row_orb = row_size // nvir
+    a_tiles = (nvir + TILE_A - 1) // TILE_A
+    b_tiles = (nvir + TILE_B - 1) // TILE_B
+    n_slots = n_row_orb * n_col_orb * a_tiles * b_tiles * 2
+
+    partials = nl.ndarray((TILE_A, n_slots), dtype=nl.float32, buffer=nl.shared_hbm)
+    part_sb = nl.ndarray((TILE_A, n_slots), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=part_sb, value=0.0)
+
+    # Column denominators broadcast to every partition: dcb[p, j*nvir + b] = denom_col[j, b].
+    ones_row = nl.ndarray((1, TILE_A), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones_row, value=1.0)
+    dcb = nl.ndarray((TILE_A, n_col_orb * nvir), dtype=nl.float32, buffer=nl.sbuf)
+    for j in nl.affine_range(n_col_orb):
+        for bt in nl.affine_range(b_tiles):
+            b0 = bt * TILE_B
+            wb = min(TILE_B, nvir - b0)
+            dc_row = nl.ndarray((1, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=dc_row[0:1, 0:wb], src=denom_col[j:j + 1, b0:b0 + wb])
+            bcast = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=bcast[0:TILE_A, 0:wb], stationary=ones_row,
+                           moving=dc_row[0:1, 0:wb], accumulate=False)
+            nisa.tensor_copy(dst=dcb[0:TILE_A, j * nvir + b0:j * nvir + b0 + wb],
+                             src=bcast[0:TILE_A, 0:wb])
+
+    # Row denominators: column i*a_tiles + at holds denom_row[(i, at*128 + p)] on partition p.
+    drs = nl.ndarray((TILE_A, n_row_orb * a_tiles), dtype=nl.float32, buffer=nl.sbuf)
+    for i in nl.affine_range(n_row_orb):
+        for at in nl.affine_range(a_tiles):
+            a0 = at * TILE_A
+            pa = min(TILE_A, nvir - a0)
+            col = i * a_tiles + at
+            nisa.dma_copy(dst=drs[0:pa, col:col + 1],
+                          src=denom_row[i * nvir + a0:i * nvir + a0 + pa, 0:1])
+
+    for i in nl.affine_range(n_row_orb):
+        for j in nl.affine_range(n_col_orb):
+            if lower_pairs == 0 or j <= i:
+                # T_ij in SBUF: row tile at occupies columns at*nvir .. (at+1)*nvir.
+                t_sb = nl.ndarray((TILE_A, a_tiles * nvir), dtype=nl.float32, buffer=nl.sbuf)
+                for at in nl.affine_range(a_tiles):
+                    a0 = at * TILE_A
+                    pa = min(TILE_A, nvir - a0)
+                    nisa.dma_copy(dst=t_sb[0:pa, at * nvir:(at + 1) * nvir],
+                                  src=t[i * nvir + a0:i * nvir + a0 + pa,
+                                        j * nvir:(j + 1) * nvir])
+
+                for at in nl.affine_range(a_tiles):
+                    a0 = at * TILE_A
+                    pa = min(TILE_A, nvir - a0)
+                    dr_col = drs[0:pa, i * a_tiles + at:i * a_tiles + at + 1]
+                    for bt in nl.affine_range(b_tiles):
+                        b0 = bt * TILE_B
+                        wb = min(TILE_B, nvir - b0)
+                        # exchange partner: tt[a, b] = T_ij[b, a], 128x128 Tensor Engine blocks
+                        tt = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
+                        for sub in nl.affine_range((wb + TILE_A - 1) // TILE_A):
+                            s0 = b0 + sub * TILE_A
+                            ps = min(TILE_A, nvir - s0)
+                            src_tile = s0 // TILE_A
+                            nisa.nc_transpose(
+                                dst=tt[0:pa, sub * TILE_A:sub * TILE_A + ps],
+                                data=t_sb[0:ps, src_tile * nvir + a0:src_tile * nvir + a0 + pa])
+                        t_ab = t_sb[0:pa, at * nvir + b0:at * nvir + b0 + wb]
+                        # scaled = T / D, built in place: D, then 1/D, then T * (1/D)
+                        scaled = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_scalar(dst=scaled[0:pa, 0:wb],
+                                           data=dcb[0:pa, j * nvir + b0:j * nvir + b0 + wb],
+                                           op0=nl.add, operand0=dr_col)
+                        nisa.reciprocal(dst=scaled[0:pa, 0:wb], data=scaled[0:pa, 0:wb])
+                        nisa.tensor_tensor(dst=scaled[0:pa, 0:wb], data1=t_ab,
+                                           data2=scaled[0:pa, 0:wb], op=nl.multiply)
+                        slot = (((i * n_col_orb + j) * a_tiles + at) * b_tiles + bt) * 2
+                        prod = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_tensor(dst=prod[0:pa, 0:wb], data1=scaled[0:pa, 0:wb],
+                                           data2=t_ab, op=nl.multiply)
+                        nisa.tensor_reduce(dst=part_sb[0:pa, slot:slot + 1], op=nl.add,
+                                           data=prod[0:pa, 0:wb], axis=1, keepdims=True)
+                        nisa.tensor_tensor(dst=prod[0:pa, 0:wb], data1=scaled[0:pa, 0:wb],
+                                           data2=tt[0:pa, 0:wb], op=nl.multiply)
+                        nisa.tensor_reduce(dst=part_sb[0:pa, slot + 1:slot + 2], op=nl.add,
+                                           data=prod[0:pa, 0:wb], axis=1, keepdims=True)
+
+    nisa.dma_copy(dst=partials[0:TILE_A, 0:n_slots], src=part_sb[0:TILE_A, 0:n_slots])
+    return partials
