@@ -43,7 +43,8 @@ def summary(root: Node) -> str:
             lines.append(f"  NKI      mode {b.get('nki_mode')}  distinct signatures "
                          f"{b.get('signatures')}")
         if "estimate" in b:
-            estimate = json.loads(b["estimate"]) if isinstance(b["estimate"], str) else {}
+            estimate = (json.loads(b["estimate"]) if isinstance(b["estimate"], str)
+                        else dict(b["estimate"]))
             if estimate:
                 lines.append(f"  {estimate.get('label', 'estimate')}: "
                              f"{estimate.get('overlapped_seconds', float('nan')):.3e} s")

@@ -1,0 +1,48 @@
+"""Whole molecules through the NKI kernels on the interpreter, against torch fp64."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import pytest
+
+from conftest import molecule_path
+
+
+@pytest.fixture(scope="module")
+def torch_energies():
+    from dfmp2.job import RunSettings, run
+
+    def energy(name: str, tmp) -> float:
+        outcome = run(RunSettings(molecule=molecule_path(name), backend="torch", output=tmp,
+                                  show_progress=False))
+        return outcome.record.groups["mp2"].attrs["e_corr"]
+    return energy
+
+
+@pytest.mark.parametrize("name", ["water", "methane"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_molecule_on_nki_interpreter(name, fused, tmp_path, run_cli, torch_energies,
+                                     monkeypatch):
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    record = tmp_path / "nki.h5"
+    args = ["run", molecule_path(name), "--backend", "nki", "--json", "-o", record]
+    result = run_cli(*args, *(["--fused-energy"] if fused else []))
+    assert result.code == 0, result.err
+    e_nki = json.loads(result.out)["e_corr"]
+    assert abs(e_nki - torch_energies(name, tmp_path / "torch.h5")) <= 1e-6
+    with h5py.File(record, "r") as h5:
+        backend = h5["backend"].attrs
+        assert backend["backend"] == "nki" and backend["precision"] == "fp32"
+        assert backend["fallbacks"] == 0
+        assert backend["nki_mode"] == "interpreter"
+        calls = {k: v for k, v in backend.items() if k.startswith("calls.")}
+        assert calls and all(k.endswith(".nki-interpreter") for k in calls)
+        assert calls["calls.mp2_energy.nki-interpreter"] >= 1
+        assert calls["calls.trsm.nki-interpreter"] >= 1
+        assert ("calls.syrk.nki-interpreter" in calls) is not fused
+        assert 1 <= backend["signatures"] <= 6
+        launches = json.loads(backend["launches"])
+        assert sum(launches.values()) >= len(launches) == backend["signatures"]
+        estimate = json.loads(backend["estimate"])
+        assert "estimate" in estimate["label"] and estimate["overlapped_seconds"] > 0
