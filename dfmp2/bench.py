@@ -105,7 +105,7 @@ def bench_once(mf, nfrozen: int, auxbasis, precision: str, budget: int, fused: b
 
 def summarize(runs: list[BenchRun], result: mp2.Mp2Result) -> dict[str, float]:
     """Medians over the repeats; ratios are taken within each run first (the machine is shared)."""
-    flops = energy_flops(result.nocc, result.nvir, result.naux_fit)
+    flops = energy_flops(result.nocc[0], result.nvir[0], result.naux_fit)
 
     def median(values) -> float:
         return float(statistics.median(values))

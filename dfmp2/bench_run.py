@@ -37,8 +37,8 @@ def run_bench(molecule: Path, basis: str, auxbasis: str | None, precision: str,
         progress.advance()
     summary = bench.summarize(runs, result)
     summary.update({"molecule": str(molecule), "basis": basis, "precision": precision,
-                    "threads": nthreads, "nao": result.nao, "nocc": result.nocc,
-                    "nvir": result.nvir, "naux": result.naux_fit,
+                    "threads": nthreads, "nao": result.nao, "nocc": result.nocc[0],
+                    "nvir": result.nvir[0], "naux": result.naux_fit,
                     "out_of_core": result.plan.out_of_core, "record": str(path)})
 
     root = Node(attrs={"schema": BENCH_SCHEMA, "status": "complete",

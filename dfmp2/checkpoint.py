@@ -9,15 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from pyscf import gto, scf
+from pyscf import gto
 
 from dfmp2.errors import InputError
 from dfmp2.record import Node, read_record, write_record
-from dfmp2.scf import ScfResult
+from dfmp2.scf import ScfResult, new_scf
 
 # Inputs a resumed run must share with the interrupted one.
-FINGERPRINT_KEYS = ("xyz", "basis", "auxbasis", "charge", "spin", "scf", "frozen", "backend",
-                    "precision", "fused_energy")
+FINGERPRINT_KEYS = ("xyz", "basis", "auxbasis", "charge", "spin", "scf", "reference", "frozen",
+                    "backend", "precision", "fused_energy")
+PAIR_KEY_LENGTH = 5
 
 
 def fingerprint(inputs: dict) -> dict:
@@ -73,12 +74,12 @@ class Checkpoint:
 
     def __init__(self, path: Path, root: Node, previous: Node | None) -> None:
         self.path, self.root = path, root
-        self.pairs: dict[tuple[int, int, int, int], tuple[float, float]] = {}
+        self.pairs: dict[tuple[int, ...], tuple[float, float]] = {}
         self.occ_block: int | None = None
         if previous is not None and "checkpoint" in previous.groups:
             stored = previous.groups["checkpoint"]
             self.occ_block = stored.attrs.get("occ_block")
-            for key, sums in zip(stored.datasets.get("pairs", np.empty((0, 4))),
+            for key, sums in zip(stored.datasets.get("pairs", np.empty((0, PAIR_KEY_LENGTH))),
                                  stored.datasets.get("sums", np.empty((0, 2)))):
                 self.pairs[tuple(int(v) for v in key)] = (float(sums[0]), float(sums[1]))
 
@@ -88,7 +89,7 @@ class Checkpoint:
         self.occ_block = occ_block
         self.save()
 
-    def add_pair(self, key: tuple[int, int, int, int], direct: float, exchange: float) -> None:
+    def add_pair(self, key: tuple[int, ...], direct: float, exchange: float) -> None:
         self.pairs[key] = (direct, exchange)
         self.save()
 
@@ -97,19 +98,18 @@ class Checkpoint:
         if self.occ_block is not None:
             group.attrs["occ_block"] = self.occ_block
         keys = sorted(self.pairs)
-        group.datasets["pairs"] = np.array(keys, dtype=np.int64).reshape(-1, 4)
+        group.datasets["pairs"] = np.array(keys, dtype=np.int64).reshape(-1, PAIR_KEY_LENGTH)
         group.datasets["sums"] = np.array([self.pairs[k] for k in keys], dtype=float).reshape(-1, 2)
         write_record(self.path, self.root)
 
 
-def restored_scf(previous: Node, mol: gto.Mole, method: str) -> ScfResult | None:
+def restored_scf(previous: Node, mol: gto.Mole, method: str,
+                 reference: str) -> ScfResult | None:
     """The SCF of an interrupted run, as a PySCF object carrying its orbitals."""
     group = previous.groups.get("scf")
     if group is None or "mo_coeff" not in group.datasets:
         return None
-    mf = scf.RHF(mol)
-    if method == "df":
-        mf = mf.density_fit()
+    mf = new_scf(mol, method, reference)
     mf.verbose = 0
     mf.mo_coeff = np.asarray(group.datasets["mo_coeff"])
     mf.mo_energy = np.asarray(group.datasets["mo_energy"])
@@ -117,4 +117,5 @@ def restored_scf(previous: Node, mol: gto.Mole, method: str) -> ScfResult | None
     mf.e_tot = float(group.attrs["e_tot"])
     mf.converged = bool(group.attrs["converged"])
     return ScfResult(mf.e_tot, mf.converged, int(group.attrs.get("cycles", 0)), mf.mo_energy,
-                     mf.mo_coeff, mf.mo_occ, method, group.attrs.get("jk_auxbasis"), mf)
+                     mf.mo_coeff, mf.mo_occ, method, group.attrs.get("jk_auxbasis"), mf,
+                     reference)

@@ -14,7 +14,8 @@ from dfmp2 import job, report
 from dfmp2.errors import Dfmp2Error, RunFailure
 from dfmp2.memory import parse_size
 from dfmp2.record import SCHEMA, read_record
-from dfmp2.scf import SCF_METHODS
+from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.scf import REFERENCES, SCF_METHODS
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -63,6 +64,12 @@ def cli(verbose: int) -> None:
               help="Memory budget, e.g. 4GB (default: 60% of available RAM).")
 @click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
               show_default=True, help="Density-fitted (JK-fit) or conventional RHF.")
+@click.option("--reference", type=click.Choice(REFERENCES), default="auto", show_default=True,
+              help="SCF reference: RHF for closed shells and UHF for spin > 0 unless given.")
+@click.option("--scs-os", type=float, default=SCS_OS_DEFAULT, show_default=True,
+              help="SCS-MP2 opposite-spin scale.")
+@click.option("--scs-ss", type=float, default=SCS_SS_DEFAULT, show_default=True,
+              help="SCS-MP2 same-spin scale.")
 @click.option("--allow-unconverged", is_flag=True, help="Accept an unconverged SCF.")
 @click.option("--check", is_flag=True,
               help="Also run PySCF's DFMP2 on the same orbitals; exit 1 if they disagree.")
@@ -80,15 +87,16 @@ def cli(verbose: int) -> None:
 @click.pass_obj
 def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int | None, spin: int | None,
         frozen_core: bool, frozen: int | None, backend: str, precision: str | None,
-        fused_energy: bool, memory: int | None, scf_method: str, allow_unconverged: bool,
+        fused_energy: bool, memory: int | None, scf_method: str, reference: str, scs_os: float,
+        scs_ss: float, allow_unconverged: bool,
         check: bool, output: Path | None, scratch: Path | None, threads: int | None, occ_block: int | None,
         resume: bool, as_json: bool) -> int:
     """Compute the DF-MP2 energy of MOLECULE (an XYZ file) and write a run record."""
     settings = job.RunSettings(
         molecule=molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
         frozen_core=frozen_core, frozen=frozen, backend=backend, precision=precision,
-        fused_energy=fused_energy, memory=memory, scf_method=scf_method,
-        allow_unconverged=allow_unconverged, check=check, output=output, scratch=scratch,
+        fused_energy=fused_energy, memory=memory, scf_method=scf_method, reference=reference,
+        scs_os=scs_os, scs_ss=scs_ss, allow_unconverged=allow_unconverged, check=check, output=output, scratch=scratch,
         threads=threads,
         occ_block=occ_block, resume=resume, command=obj["command"])
     outcome = job.run(settings)

@@ -64,19 +64,21 @@ class ThreeIndexBlocks:
         return torch.from_numpy(square)
 
 
-def build_fitted_tensor(mol: gto.Mole, auxmol: gto.Mole, c_occ: np.ndarray, c_vir: np.ndarray,
-                        metric: FitMetric, kern, max_block_bytes: int, store_factory,
-                        timings: dict[str, float] | None = None):
-    """B = L^-1 (Q|ia) in fp64 (naux_fit, nocc*nvir), in the store ``store_factory`` opens."""
+def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
+                         orbitals: list[tuple[np.ndarray, np.ndarray]], metric: FitMetric, kern,
+                         max_block_bytes: int, store_factory,
+                         timings: dict[str, float] | None = None) -> list:
+    """B = L^-1 (Q|ia) in fp64 (naux_fit, nocc*nvir) for each (C_occ, C_vir) spin channel, in
+    stores ``store_factory`` opens. Each integral block is computed once for all channels."""
     clock = time.perf_counter
     timings = timings if timings is not None else {}
-    nao, nocc, nvir = mol.nao_nr(), c_occ.shape[1], c_vir.shape[1]
-    nov = nocc * nvir
-    occ = torch.from_numpy(np.ascontiguousarray(c_occ))
-    vir = torch.from_numpy(np.ascontiguousarray(c_vir))
-    raw = store_factory(metric.naux, nov)
+    nao = mol.nao_nr()
+    channels = [(torch.from_numpy(np.ascontiguousarray(c_occ)),
+                 torch.from_numpy(np.ascontiguousarray(c_vir))) for c_occ, c_vir in orbitals]
+    raws = [store_factory(metric.naux, occ.shape[1] * vir.shape[1]) for occ, vir in channels]
 
-    per_function = build_bytes_per_aux_function(nao, nocc, nvir)
+    per_function = max(build_bytes_per_aux_function(nao, occ.shape[1], vir.shape[1])
+                       for occ, vir in channels)
     integrals = ThreeIndexBlocks(mol, auxmol, max(1, max_block_bytes // per_function))
     log.info("three-index integrals in %d auxiliary blocks", len(integrals.blocks))
     t_ints = t_transform = 0.0
@@ -85,8 +87,11 @@ def build_fitted_tensor(mol: gto.Mole, auxmol: gto.Mole, c_occ: np.ndarray, c_vi
         lpq = integrals.block(shell0, shell1, p1 - p0)
         t1 = clock()
         npart = p1 - p0
-        half = kern.gemm(lpq.reshape(npart * nao, nao), occ).reshape(npart, nao, nocc)
-        raw.write_rows(p0, p1, kern.gemm(half.transpose(1, 2), vir).reshape(npart, nov))
+        for (occ, vir), raw in zip(channels, raws):
+            nocc, nvir = occ.shape[1], vir.shape[1]
+            half = kern.gemm(lpq.reshape(npart * nao, nao), occ).reshape(npart, nao, nocc)
+            raw.write_rows(p0, p1, kern.gemm(half.transpose(1, 2), vir).reshape(npart,
+                                                                               nocc * nvir))
         t_ints += t1 - t0
         t_transform += clock() - t1
     del integrals
@@ -94,6 +99,15 @@ def build_fitted_tensor(mol: gto.Mole, auxmol: gto.Mole, c_occ: np.ndarray, c_vi
     timings["transform"] = t_transform
 
     t0 = clock()
+    fitted = [fit(raw, metric, kern, max_block_bytes, store_factory, vir.shape[1])
+              for raw, (_, vir) in zip(raws, channels)]
+    timings["fit"] = clock() - t0
+    return fitted
+
+
+def fit(raw, metric: FitMetric, kern, max_block_bytes: int, store_factory, nvir: int):
+    """Solve L B = Y column chunk by column chunk (or B = factor^T Y for an eigen metric)."""
+    nov = raw.shape[1]
     columns = max(1, max_block_bytes // (2 * FP64_BYTES * metric.naux))
     fitted = raw if metric.kind == "cholesky" else store_factory(metric.naux_fit, nov)
     for c0 in range(0, nov, columns):
@@ -109,5 +123,4 @@ def build_fitted_tensor(mol: gto.Mole, auxmol: gto.Mole, c_occ: np.ndarray, c_vi
         fitted.write_columns(c0, c1, block)
     if fitted is not raw:
         raw.close()
-    timings["fit"] = clock() - t0
     return fitted

@@ -1,11 +1,17 @@
-"""The energy step: occupied block pairs I <= J of B reduced to (direct, exchange) sums."""
+"""The energy step: occupied block pairs of B reduced to (direct, exchange) sums.
+
+Closed shell: one spin channel, pairs I <= J, E_OS = direct, E_SS = direct - exchange.
+Open shell (UHF): same-spin cases alpha-alpha and beta-beta over pairs I <= J, each adding
+(direct - exchange) / 2 to E_SS, and the opposite-spin case alpha-beta over every pair of
+blocks, adding its direct sum to E_OS.
+"""
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,24 +22,20 @@ log = logging.getLogger(__name__)
 
 SCS_OS_DEFAULT = 1.2
 SCS_SS_DEFAULT = 1.0 / 3.0
+SOS_OS_DEFAULT = 1.3
 
 Block = tuple[int, int]
+PairKey = tuple[int, int, int, int, int]
+PairCallback = Callable[[PairKey, float, float], None]
 
 
 @dataclass(frozen=True)
 class Mp2Energies:
-    """Closed-shell MP2 components from direct = sum T^2/D and exchange = sum T T'/D."""
+    """Opposite- and same-spin correlation energies, plus the parts they came from."""
 
-    direct: float
-    exchange: float
-
-    @property
-    def e_os(self) -> float:
-        return self.direct
-
-    @property
-    def e_ss(self) -> float:
-        return self.direct - self.exchange
+    e_os: float
+    e_ss: float
+    components: dict[str, float] = field(default_factory=dict)
 
     @property
     def e_corr(self) -> float:
@@ -41,6 +43,27 @@ class Mp2Energies:
 
     def e_scs(self, os_scale: float = SCS_OS_DEFAULT, ss_scale: float = SCS_SS_DEFAULT) -> float:
         return os_scale * self.e_os + ss_scale * self.e_ss
+
+    def e_sos(self, os_scale: float = SOS_OS_DEFAULT) -> float:
+        return os_scale * self.e_os
+
+
+@dataclass(frozen=True)
+class SpinCase:
+    """Which channels' blocks are paired: ``rows`` and ``cols`` index the spin channels."""
+
+    name: str
+    rows: int
+    cols: int
+
+    @property
+    def same_spin(self) -> bool:
+        return self.rows == self.cols
+
+
+CLOSED_SHELL_CASES = (SpinCase("closed", 0, 0),)
+OPEN_SHELL_CASES = (SpinCase("alpha-alpha", 0, 0), SpinCase("beta-beta", 1, 1),
+                    SpinCase("alpha-beta", 0, 1))
 
 
 def occupied_blocks(nocc: int, occ_block: int) -> list[Block]:
@@ -53,8 +76,8 @@ def block_pairs(nocc: int, occ_block: int) -> list[tuple[Block, Block]]:
 
 
 class BlockReader:
-    """Occupied column blocks of B in the kernel precision and device. An in-memory B is
-    converted once; a scratch B is read block by block."""
+    """Occupied column blocks of one channel's B in the kernel precision and device. An
+    in-memory B is converted once; a scratch B is read block by block."""
 
     def __init__(self, store, nvir: int, dtype: torch.dtype, device: torch.device) -> None:
         self.nvir, self.dtype, self.device = nvir, dtype, device
@@ -69,23 +92,39 @@ class BlockReader:
         return self.store.read_columns(c0, c1).to(device=self.device, dtype=self.dtype)
 
 
-def pair_sums(b_i: torch.Tensor, b_j: torch.Tensor, denom: torch.Tensor, kern, block_i: Block,
-              block_j: Block, fused: bool) -> tuple[float, float]:
-    """Weighted (direct, exchange) of one block pair; off-diagonal pairs count twice."""
-    nvir = denom.shape[1]
+def _check_finite(values: tuple[float, float], case: SpinCase, block_i: Block,
+                  block_j: Block) -> None:
+    if not all(math.isfinite(v) for v in values):
+        raise RunFailure(f"the energy kernel returned a non-finite value for {case.name} "
+                         f"occupied blocks [{block_i[0]}:{block_i[1]}] x "
+                         f"[{block_j[0]}:{block_j[1]}]")
+
+
+def pair_sums(b_i: torch.Tensor, b_j: torch.Tensor, denom_i: torch.Tensor,
+              denom_j: torch.Tensor, kern, case: SpinCase, block_i: Block, block_j: Block,
+              fused: bool) -> tuple[float, float]:
+    """Weighted (direct, exchange) of one block pair; same-spin off-diagonal pairs count twice
+    (they stand for J < I too)."""
+    d_i = denom_i[block_i[0]:block_i[1]].reshape(-1)
+    d_j = denom_j[block_j[0]:block_j[1]].reshape(-1)
+    if not case.same_spin:
+        nvir_i, nvir_j = denom_i.shape[1], denom_j.shape[1]
+        if fused:
+            direct = kern.mp2_energy_os_fused(b_i, b_j, d_i, d_j, nvir_i, nvir_j)
+        else:
+            direct = kern.mp2_energy_os(kern.gemm(b_i.T, b_j), d_i, d_j, nvir_i, nvir_j)
+        _check_finite((direct, 0.0), case, block_i, block_j)
+        return direct, 0.0
+    nvir = denom_i.shape[1]
     diagonal = block_i == block_j
-    d_i = denom[block_i[0]:block_i[1]].reshape(-1)
-    d_j = denom[block_j[0]:block_j[1]].reshape(-1)
     if fused:
-        direct, exchange = kern.mp2_energy_fused(b_i, b_j, d_i, d_j, nvir, diagonal)
+        sums = kern.mp2_energy_fused(b_i, b_j, d_i, d_j, nvir, diagonal)
     else:
         block = kern.syrk(b_i.T, nvir) if diagonal else kern.gemm(b_i.T, b_j)
-        direct, exchange = kern.mp2_energy(block, d_i, d_j, nvir, diagonal)
-    if not (math.isfinite(direct) and math.isfinite(exchange)):
-        raise RunFailure(f"the energy kernel returned a non-finite value for occupied blocks "
-                         f"[{block_i[0]}:{block_i[1]}] x [{block_j[0]}:{block_j[1]}]")
+        sums = kern.mp2_energy(block, d_i, d_j, nvir, diagonal)
+    _check_finite(sums, case, block_i, block_j)
     weight = 1.0 if diagonal else 2.0
-    return weight * direct, weight * exchange
+    return weight * sums[0], weight * sums[1]
 
 
 def orbital_denominators(e_occ: torch.Tensor, e_vir: torch.Tensor,
@@ -98,41 +137,65 @@ def orbital_denominators(e_occ: torch.Tensor, e_vir: torch.Tensor,
     return denom.to(dtype)
 
 
-PairKey = tuple[int, int, int, int]
-PairCallback = Callable[[PairKey, float, float], None]
+def case_pairs(case: SpinCase, nocc: list[int], occ_block: int) -> list[tuple[Block, Block]]:
+    if case.same_spin:
+        return block_pairs(nocc[case.rows], occ_block)
+    return [(bi, bj) for bi in occupied_blocks(nocc[case.rows], occ_block)
+            for bj in occupied_blocks(nocc[case.cols], occ_block)]
 
 
-def energy_sums(reader: BlockReader, e_occ: torch.Tensor, e_vir: torch.Tensor, kern,
-                occ_block: int, fused: bool, show_progress: bool | None = None,
+def combine(cases: tuple[SpinCase, ...], sums: dict[PairKey, tuple[float, float]]) -> Mp2Energies:
+    """E_OS and E_SS from the pair sums, added in a fixed order with compensated sums."""
+    totals = {}
+    for index, case in enumerate(cases):
+        parts = [sums[key] for key in sorted(sums) if key[0] == index]
+        totals[case.name] = (math.fsum(d for d, _ in parts), math.fsum(x for _, x in parts))
+    if len(cases) == 1:
+        direct, exchange = totals["closed"]
+        return Mp2Energies(direct, direct - exchange, {"direct": direct, "exchange": exchange})
+    e_ss_alpha = 0.5 * (totals["alpha-alpha"][0] - totals["alpha-alpha"][1])
+    e_ss_beta = 0.5 * (totals["beta-beta"][0] - totals["beta-beta"][1])
+    return Mp2Energies(totals["alpha-beta"][0], e_ss_alpha + e_ss_beta,
+                       {"e_ss_alpha": e_ss_alpha, "e_ss_beta": e_ss_beta})
+
+
+def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
+                e_vir: list[torch.Tensor], kern, occ_block: int, fused: bool,
+                show_progress: bool | None = None,
                 finished: dict[PairKey, tuple[float, float]] | None = None,
                 on_pair: PairCallback | None = None) -> Mp2Energies:
-    """Sum every block pair I <= J; the next column block is read while this one computes.
-
-    ``finished`` holds weighted sums of pairs done before (a resumed run): they are not
-    recomputed. ``on_pair`` is called with each newly finished pair, e.g. to checkpoint it.
+    """Sum every block pair of every spin case; the next column block is read while this one
+    computes. ``finished`` holds pairs done before (a resumed run), keyed (case, i0, i1, j0, j1):
+    they are not recomputed. ``on_pair`` sees each newly finished pair, e.g. to checkpoint it.
     """
-    denom = orbital_denominators(e_occ, e_vir, reader.dtype)
-    finished = dict(finished or {})
-    pairs = [(bi, bj) for bi, bj in block_pairs(e_occ.shape[0], occ_block)
-             if (*bi, *bj) not in finished]
-    progress = Progress(len(pairs), "energy blocks", show_progress)
-    sums = dict(finished)
-    row_block, row_data = None, None
+    cases = CLOSED_SHELL_CASES if len(readers) == 1 else OPEN_SHELL_CASES
+    denoms = [orbital_denominators(o, v, readers[0].dtype) for o, v in zip(e_occ, e_vir)]
+    nocc = [int(o.shape[0]) for o in e_occ]
+    sums = dict(finished or {})
+    work = [(index, case, bi, bj) for index, case in enumerate(cases)
+            for bi, bj in case_pairs(case, nocc, occ_block) if (index, *bi, *bj) not in sums]
+    progress = Progress(len(work), "energy blocks", show_progress)
+    row_key, row_data = None, None
     with ThreadPoolExecutor(max_workers=1) as pool:
-        upcoming = pool.submit(reader.block, pairs[0][1]) if pairs else None
-        for n, (block_i, block_j) in enumerate(pairs):
+        def read(item):
+            return readers[item[1].cols].block(item[3])
+
+        upcoming = pool.submit(read, work[0]) if work else None
+        for n, item in enumerate(work):
+            index, case, block_i, block_j = item
             b_j = upcoming.result()
-            if n + 1 < len(pairs):
-                upcoming = pool.submit(reader.block, pairs[n + 1][1])
-            if block_i != row_block:
-                row_block = block_i
-                row_data = b_j if block_i == block_j else reader.block(block_i)
-            d, x = pair_sums(row_data, b_j, denom, kern, block_i, block_j, fused)
-            sums[(*block_i, *block_j)] = (d, x)
+            if n + 1 < len(work):
+                upcoming = pool.submit(read, work[n + 1])
+            if (case.rows, block_i) != row_key:
+                row_key = (case.rows, block_i)
+                row_data = (b_j if case.same_spin and block_i == block_j
+                            else readers[case.rows].block(block_i))
+            d, x = pair_sums(row_data, b_j, denoms[case.rows], denoms[case.cols], kern, case,
+                             block_i, block_j, fused)
+            sums[(index, *block_i, *block_j)] = (d, x)
             if on_pair is not None:
-                on_pair((*block_i, *block_j), d, x)
+                on_pair((index, *block_i, *block_j), d, x)
             progress.advance()
     log.info("energy step: %d block pairs of up to %d occupied orbitals (%d resumed)",
-             len(sums), occ_block, len(finished))
-    ordered = [sums[key] for key in sorted(sums)]
-    return Mp2Energies(math.fsum(d for d, _ in ordered), math.fsum(x for _, x in ordered))
+             len(sums), occ_block, len(sums) - len(work))
+    return combine(cases, sums)

@@ -24,7 +24,8 @@ from dfmp2.memory import default_budget
 from dfmp2.molecule import build_molecule, read_xyz, resolve_charge_spin
 from dfmp2.record import SCHEMA, Node, is_record_file, write_record
 from dfmp2.reference import TOLERANCE, pyscf_dfmp2_energy
-from dfmp2.scf import run_scf
+from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT
+from dfmp2.scf import resolve_reference, run_scf
 
 log = logging.getLogger(__name__)
 DEFAULT_OUTPUT_DIR = Path("runs")
@@ -44,6 +45,9 @@ class RunSettings:
     fused_energy: bool = False
     memory: int | None = None
     scf_method: str = "df"
+    reference: str = "auto"
+    scs_os: float = SCS_OS_DEFAULT
+    scs_ss: float = SCS_SS_DEFAULT
     allow_unconverged: bool = False
     check: bool = False
     output: Path | None = None
@@ -114,6 +118,7 @@ def run(settings: RunSettings) -> RunOutcome:
     geometry = read_xyz(settings.molecule)
     charge, spin = resolve_charge_spin(geometry, settings.charge, settings.spin)
     mol = build_molecule(geometry, settings.basis, charge, spin)
+    reference = resolve_reference(settings.reference, spin)
     auxbasis = settings.auxbasis or mp2.default_auxbasis(mol)
     mp2.make_auxmol(mol, auxbasis)
     if settings.frozen_core and settings.frozen is not None:
@@ -135,7 +140,7 @@ def run(settings: RunSettings) -> RunOutcome:
 
     inputs = {"xyz": geometry.text, "source": str(settings.molecule), "basis": settings.basis,
               "auxbasis": mp2.auxbasis_name(auxbasis), "charge": charge, "spin": spin,
-              "scf": settings.scf_method, "frozen": nfrozen, "memory_bytes": budget,
+              "scf": settings.scf_method, "reference": reference, "frozen": nfrozen, "memory_bytes": budget,
               "threads": threads, "scratch": str(scratch_dir), "backend": kern.backend,
               "precision": kern.precision, "fused_energy": settings.fused_energy}
     previous = load_resumable(path, fingerprint(inputs), settings.resume)
@@ -151,14 +156,16 @@ def run(settings: RunSettings) -> RunOutcome:
     checkpoint = Checkpoint(path, root, previous)
 
     t0 = time.perf_counter()
-    scf_result = restored_scf(previous, mol, settings.scf_method) if previous else None
+    scf_result = (restored_scf(previous, mol, settings.scf_method, reference) if previous
+                  else None)
     root.attrs["resumed"] = scf_result is not None
     if scf_result is None:
-        scf_result = run_scf(mol, settings.scf_method)
+        scf_result = run_scf(mol, settings.scf_method, reference)
     timings.attrs["scf"] = time.perf_counter() - t0
     scf_group = root.group("scf")
     scf_group.attrs.update({"e_tot": scf_result.e_tot, "converged": scf_result.converged,
                             "cycles": scf_result.cycles, "method": scf_result.method,
+                            "reference": reference,
                             "jk_auxbasis": scf_result.jk_auxbasis or "none"})
     scf_group.datasets.update({"mo_energy": scf_result.mo_energy, "mo_occ": scf_result.mo_occ,
                                "mo_coeff": scf_result.mo_coeff})
@@ -182,15 +189,15 @@ def run(settings: RunSettings) -> RunOutcome:
     timings.attrs["mp2"] = time.perf_counter() - t0
     timings.attrs.update(result.timings)
     energies = result.energies
-    root.group("sizes").attrs.update({"nao": result.nao, "naux": result.naux,
-                                      "naux_fit": result.naux_fit, "nocc": result.nocc,
-                                      "nvir": result.nvir, "nfrozen": result.nfrozen,
-                                      "natoms": geometry.natoms})
+    sizes = {"nao": result.nao, "naux": result.naux, "naux_fit": result.naux_fit,
+             "nocc": result.nocc[0], "nvir": result.nvir[0], "nfrozen": result.nfrozen,
+             "natoms": geometry.natoms}
+    if result.open_shell:
+        sizes.update({"nocc_beta": result.nocc[1], "nvir_beta": result.nvir[1]})
+    root.group("sizes").attrs.update(sizes)
     root.group("plan").attrs.update(result.plan.as_attrs())
     root.group("plan").attrs["metric"] = result.metric_kind
-    root.group("mp2").attrs.update({
-        "e_corr": energies.e_corr, "e_os": energies.e_os, "e_ss": energies.e_ss,
-        "e_scs": energies.e_scs(), "e_tot": scf_result.e_tot + energies.e_corr})
+    root.group("mp2").attrs.update(mp2_attrs(energies, scf_result.e_tot, settings))
 
     exit_code = 0
     if settings.check:
@@ -207,6 +214,16 @@ def run(settings: RunSettings) -> RunOutcome:
         exit_code = 0 if passed else 1
     _finish(root, path, "complete", t_start, kern)
     return RunOutcome(root, path, exit_code)
+
+
+def mp2_attrs(energies, e_scf: float, settings: RunSettings) -> dict[str, float]:
+    """The /mp2 group: MP2, SCS-MP2 (with its scale factors) and SOS-MP2 (1.3 E_OS)."""
+    e_scs = energies.e_scs(settings.scs_os, settings.scs_ss)
+    return {"e_corr": energies.e_corr, "e_os": energies.e_os, "e_ss": energies.e_ss,
+            "e_scs": e_scs, "e_sos": energies.e_sos(), "e_tot": e_scf + energies.e_corr,
+            "e_tot_scs": e_scf + e_scs, "e_tot_sos": e_scf + energies.e_sos(),
+            "scs_os_scale": settings.scs_os, "scs_ss_scale": settings.scs_ss,
+            "sos_os_scale": SOS_OS_DEFAULT, **energies.components}
 
 
 def _finish(root: Node, path: Path, status: str, t_start: float, kern,
@@ -232,7 +249,8 @@ def json_summary(outcome: RunOutcome) -> dict:
     mp2_attrs, scf_attrs = root.groups["mp2"].attrs, root.groups["scf"].attrs
     summary = {"e_scf": scf_attrs["e_tot"], "e_corr": mp2_attrs["e_corr"],
                "e_os": mp2_attrs["e_os"], "e_ss": mp2_attrs["e_ss"],
-               "e_scs": mp2_attrs["e_scs"], "e_tot": mp2_attrs["e_tot"],
+               "e_scs": mp2_attrs["e_scs"], "e_sos": mp2_attrs["e_sos"],
+               "e_tot": mp2_attrs["e_tot"],
                "record": str(outcome.path), "status": root.attrs["status"],
                "backend": root.groups["backend"].attrs["backend"],
                "precision": root.groups["backend"].attrs["precision"],

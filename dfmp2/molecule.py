@@ -155,7 +155,7 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None,
                          f"(nuclear charge {nuclear}); lower the charge")
     if nelectron % 2 and not spin:
         raise InputError(f"{nelectron} electrons (charge {charge:+d}) cannot be closed-shell; "
-                         "open-shell references need --spin and are not yet supported")
+                         "open-shell references need --spin (2S, e.g. --spin 1 for a doublet)")
     spin = spin or 0
     if spin < 0:
         raise InputError(f"--spin must be non-negative (it is 2S = N_alpha - N_beta), got {spin}")
@@ -164,9 +164,6 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None,
                          "--spin is 2S (multiplicity - 1)")
     if spin > nelectron:
         raise InputError(f"spin 2S={spin} exceeds the {nelectron} electrons")
-    if spin != 0:
-        raise InputError(f"spin 2S={spin} needs an open-shell reference, which is not yet "
-                         "supported; only closed-shell molecules (spin 0) run")
     return charge, spin
 
 

@@ -14,7 +14,7 @@ from pyscf.data import elements
 
 import kernels
 from dfmp2.b_store import open_store
-from dfmp2.df_tensors import build_fitted_tensor
+from dfmp2.df_tensors import build_fitted_tensors
 from dfmp2.energy import BlockReader, Mp2Energies, energy_sums
 from dfmp2.errors import InputError
 from dfmp2.memory import default_budget
@@ -57,12 +57,48 @@ class Mp2Result:
     nao: int
     naux: int
     naux_fit: int
-    nocc: int
-    nvir: int
+    nocc: list[int]
+    nvir: list[int]
     nfrozen: int
     metric_kind: str
     plan: BlockPlan
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def open_shell(self) -> bool:
+        return len(self.nocc) == 2
+
+
+@dataclass(frozen=True)
+class SpinChannel:
+    """Active occupied and virtual orbitals of one spin (or of the closed shell)."""
+
+    c_occ: np.ndarray
+    c_vir: np.ndarray
+    e_occ: np.ndarray
+    e_vir: np.ndarray
+
+
+def spin_channels(mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: np.ndarray,
+                  nfrozen: int) -> list[SpinChannel]:
+    """One channel for RHF orbitals (2-D ``mo_coeff``), two (alpha, beta) for UHF (3-D)."""
+    if np.ndim(mo_coeff) == 2:
+        mo_energy, mo_coeff, mo_occ = [mo_energy], [mo_coeff], [mo_occ]
+    channels = []
+    for energy, coeff, occ in zip(mo_energy, mo_coeff, mo_occ):
+        occupied = np.flatnonzero(np.asarray(occ) > 0)
+        virtual = np.flatnonzero(np.asarray(occ) == 0)
+        if not 0 <= nfrozen <= len(occupied):
+            raise InputError(f"cannot freeze {nfrozen} of {len(occupied)} occupied orbitals")
+        if len(virtual) == 0:
+            raise InputError("the basis has no virtual orbitals: MP2 needs a larger basis")
+        active = occupied[nfrozen:]
+        channels.append(SpinChannel(np.asarray(coeff)[:, active], np.asarray(coeff)[:, virtual],
+                                    np.asarray(energy)[active], np.asarray(energy)[virtual]))
+    if all(len(c.e_occ) == 0 for c in channels):
+        raise InputError(f"cannot freeze {nfrozen} of {len(channels[0].e_occ) + nfrozen} occupied "
+                         "orbitals: none would be left")
+    return channels
 
 
 def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: np.ndarray,
@@ -70,21 +106,16 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
            occ_block: int | None = None, show_progress: bool | None = None,
            scratch_dir: Path | None = None, force_out_of_core: bool = False,
            finished: dict | None = None, on_pair=None, on_plan=None) -> Mp2Result:
-    """DF-MP2 correlation energy of a closed-shell reference through the kernel set ``kern``.
+    """DF-MP2 correlation energy of an RHF or UHF reference through the kernel set ``kern``.
 
     B stays in memory when the budget allows, else in an HDF5 scratch file in ``scratch_dir``.
     ``finished``/``on_pair`` resume and checkpoint block pairs (see ``energy.energy_sums``);
     ``on_plan`` sees the block plan before any integral is computed.
     """
     timings: dict[str, float] = {}
-    occupied = np.flatnonzero(mo_occ > 0)
-    virtual = np.flatnonzero(mo_occ == 0)
-    if not 0 <= nfrozen < len(occupied):
-        raise InputError(f"cannot freeze {nfrozen} of {len(occupied)} occupied orbitals")
-    active = occupied[nfrozen:]
-    if len(virtual) == 0:
-        raise InputError("the basis has no virtual orbitals: MP2 needs a larger basis")
-    nocc, nvir, nao = len(active), len(virtual), mol.nao_nr()
+    channels = spin_channels(mo_energy, mo_coeff, mo_occ, nfrozen)
+    sizes = [(len(c.e_occ), len(c.e_vir)) for c in channels]
+    nao = mol.nao_nr()
 
     t0 = time.perf_counter()
     auxmol = make_auxmol(mol, auxbasis)
@@ -92,29 +123,34 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
     timings["metric"] = time.perf_counter() - t0
 
     itemsize = torch.tensor([], dtype=kern.dtype).element_size()
-    plan = plan_blocks(nocc, nvir, metric.naux_fit, nao, itemsize, budget, fused, occ_block,
+    plan = plan_blocks(sizes, metric.naux_fit, nao, itemsize, budget, fused, occ_block,
                        force_out_of_core)
-    log.info("sizes: nao=%d naux=%d nocc=%d nvir=%d nfrozen=%d; occupied block %d; B %s",
-             nao, metric.naux, nocc, nvir, nfrozen, plan.occ_block,
+    log.info("sizes: nao=%d naux=%d (nocc, nvir)=%s nfrozen=%d; occupied block %d; B %s",
+             nao, metric.naux, sizes, nfrozen, plan.occ_block,
              "out of core" if plan.out_of_core else "in memory")
-
     if on_plan is not None:
         on_plan(plan)
+
     store_factory = partial(open_store, out_of_core=plan.out_of_core, scratch_dir=scratch_dir)
-    store = build_fitted_tensor(mol, auxmol, mo_coeff[:, active], mo_coeff[:, virtual], metric,
-                                kern, plan.build_block_bytes, store_factory, timings)
+    stores = build_fitted_tensors(mol, auxmol, [(c.c_occ, c.c_vir) for c in channels], metric,
+                                  kern, plan.build_block_bytes, store_factory, timings)
     try:
         t0 = time.perf_counter()
-        reader = BlockReader(store, nvir, kern.dtype, kern.device)
-        e_occ = torch.as_tensor(mo_energy[active], dtype=torch.float64, device=kern.device)
-        e_vir = torch.as_tensor(mo_energy[virtual], dtype=torch.float64, device=kern.device)
-        energies = energy_sums(reader, e_occ, e_vir, kern, plan.occ_block, fused, show_progress,
-                               finished, on_pair)
+        readers = [BlockReader(store, len(c.e_vir), kern.dtype, kern.device)
+                   for store, c in zip(stores, channels)]
+
+        def energies_of(values: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(values, dtype=torch.float64, device=kern.device)
+
+        energies = energy_sums(readers, [energies_of(c.e_occ) for c in channels],
+                               [energies_of(c.e_vir) for c in channels], kern, plan.occ_block,
+                               fused, show_progress, finished, on_pair)
         timings["energy"] = time.perf_counter() - t0
     finally:
-        store.close()
-    return Mp2Result(energies, nao, metric.naux, metric.naux_fit, nocc, nvir, nfrozen,
-                     metric.kind, plan, timings)
+        for store in stores:
+            store.close()
+    return Mp2Result(energies, nao, metric.naux, metric.naux_fit, [s[0] for s in sizes],
+                     [s[1] for s in sizes], nfrozen, metric.kind, plan, timings)
 
 
 class DFMP2:

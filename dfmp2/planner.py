@@ -49,12 +49,16 @@ def energy_block_bytes(occ_block: int, nvir: int, naux: int, itemsize: int, fuse
     return pair_work + reduction + streamed
 
 
-def plan_blocks(nocc: int, nvir: int, naux: int, nao: int, itemsize: int, budget: int,
+def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int, budget: int,
                 fused: bool, requested: int | None = None,
                 force_out_of_core: bool = False) -> BlockPlan:
-    """Keep B in memory when it fits comfortably, else stream it from scratch; then take the
-    largest occupied block that fits what is left."""
-    b_bytes = naux * nocc * nvir * (FP64_BYTES + (itemsize if itemsize != FP64_BYTES else 0))
+    """Keep B (one per spin channel, ``sizes`` = [(nocc, nvir), ...]) in memory when it fits
+    comfortably, else stream it from scratch; then take the largest occupied block that fits
+    what is left."""
+    nocc = max(o for o, _ in sizes)
+    nvir = max(v for _, v in sizes)
+    b_bytes = naux * sum(o * v for o, v in sizes) * (
+        FP64_BYTES + (itemsize if itemsize != FP64_BYTES else 0))
     out_of_core = force_out_of_core or b_bytes > IN_CORE_MAX_SHARE * budget
     resident = 0 if out_of_core else b_bytes
     build_minimum = FP64_BYTES * (nao * (nao + 1) // 2 + nao * nao + nao * nocc + nocc * nvir
@@ -71,11 +75,11 @@ def plan_blocks(nocc: int, nvir: int, naux: int, nao: int, itemsize: int, budget
         return resident + cost <= budget and (fused or pair_block <= MAX_PAIR_BLOCK_BYTES)
 
     if requested is not None:
-        occ_block = max(1, min(nocc, requested))
+        occ_block = max(1, min(max(nocc, 1), requested))
     else:
         occ_block = 1
         while occ_block < nocc and fits(occ_block + 1):
             occ_block += 1
-    return BlockPlan(occ_block, -(-nocc // occ_block), out_of_core, b_bytes,
+    return BlockPlan(occ_block, -(-max(nocc, 1) // occ_block), out_of_core, b_bytes,
                      energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core),
                      max(build_minimum, min(MAX_BUILD_BLOCK_BYTES, budget - resident)), budget)

@@ -9,7 +9,8 @@ from dfmp2.record import Node
 
 ENERGY_ROWS = (("E(SCF)", "scf", "e_tot"), ("E_OS", "mp2", "e_os"), ("E_SS", "mp2", "e_ss"),
                ("E_corr", "mp2", "e_corr"), ("E_SCS", "mp2", "e_scs"),
-               ("E_tot", "mp2", "e_tot"))
+               ("E_SOS", "mp2", "e_sos"), ("E_tot", "mp2", "e_tot"),
+               ("E_tot(SCS)", "mp2", "e_tot_scs"), ("E_tot(SOS)", "mp2", "e_tot_sos"))
 TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "reference",
                 "total")
 
@@ -54,7 +55,7 @@ def summary(root: Node) -> str:
     for label, group, key in ENERGY_ROWS:
         value = _get(root, group, key)
         if value is not None:
-            lines.append(f"  {label:<8} {value:20.10f} Eh")
+            lines.append(f"  {label:<10} {value:20.10f} Eh")
     reference = root.groups.get("reference")
     if reference:
         r = reference.attrs

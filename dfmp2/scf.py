@@ -7,9 +7,12 @@ from dataclasses import dataclass
 import numpy as np
 from pyscf import gto, scf
 
+from dfmp2.errors import InputError
+
 log = logging.getLogger(__name__)
 
 SCF_METHODS = ("df", "conventional")
+REFERENCES = ("auto", "rhf", "uhf")
 # conv_tol 1e-10 leaves glycine's DF-MP2 energy 1.4e-8 Eh off the converged value; 1e-12 with a
 # 1e-7 orbital-gradient threshold is stable to 1e-9 Eh (measured when the project started).
 CONV_TOL = 1e-12
@@ -30,10 +33,7 @@ class ScfResult:
     method: str
     jk_auxbasis: str | None
     mf: scf.hf.SCF
-
-    @property
-    def nocc(self) -> int:
-        return int(np.count_nonzero(self.mo_occ > 0))
+    reference: str = "rhf"
 
 
 def _jk_auxbasis_name(mf: scf.hf.SCF) -> str | None:
@@ -45,11 +45,23 @@ def _jk_auxbasis_name(mf: scf.hf.SCF) -> str | None:
     return str(auxbasis)
 
 
-def run_scf(mol: gto.Mole, method: str = "df") -> ScfResult:
-    """Closed-shell RHF, density-fitted with PySCF's JK-fit basis unless ``conventional``."""
-    mf = scf.RHF(mol)
-    if method == "df":
-        mf = mf.density_fit()
+def resolve_reference(reference: str, spin: int) -> str:
+    """``auto`` is RHF for closed shells and UHF for any spin > 0; RHF cannot hold spin."""
+    if reference == "auto":
+        return "uhf" if spin else "rhf"
+    if reference == "rhf" and spin:
+        raise InputError(f"an RHF reference cannot have spin 2S={spin}; use --reference uhf")
+    return reference
+
+
+def new_scf(mol: gto.Mole, method: str, reference: str) -> scf.hf.SCF:
+    mf = scf.UHF(mol) if reference == "uhf" else scf.RHF(mol)
+    return mf.density_fit() if method == "df" else mf
+
+
+def run_scf(mol: gto.Mole, method: str = "df", reference: str = "rhf") -> ScfResult:
+    """RHF or UHF, density-fitted with PySCF's JK-fit basis unless ``conventional``."""
+    mf = new_scf(mol, method, reference)
     mf.conv_tol = CONV_TOL
     mf.conv_tol_grad = CONV_TOL_GRAD
     mf.max_cycle = MAX_CYCLE
@@ -68,4 +80,4 @@ def run_scf(mol: gto.Mole, method: str = "df") -> ScfResult:
              mf.converged)
     return ScfResult(float(e_tot), bool(mf.converged), cycles, np.asarray(mf.mo_energy),
                      np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ), method,
-                     _jk_auxbasis_name(mf), mf)
+                     _jk_auxbasis_name(mf), mf, reference)

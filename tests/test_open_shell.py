@@ -1,0 +1,83 @@
+"""UHF DF-MP2 against PySCF's DFUMP2 (each from its own SCF), and SCS/SOS arithmetic."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyscf import df, scf
+from pyscf.data import elements
+from pyscf.mp import dfump2
+
+from conftest import molecule_path, pyscf_molecule
+from dfmp2.job import RunSettings, run
+
+OPEN_SHELL = [("hydroxyl", 1), ("methyl", 1), ("amino", 1), ("oxygen", 2), ("methylene", 2)]
+
+
+def pyscf_dfump2(name: str, spin: int, frozen: int):
+    mf = scf.UHF(pyscf_molecule(name, "cc-pvdz", spin=spin)).density_fit()
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    mf.kernel()
+    assert mf.converged
+    pt = dfump2.DFUMP2(mf, frozen=frozen or None)
+    pt.with_df = df.DF(mf.mol, auxbasis=df.make_auxbasis(mf.mol, mp2fit=True))
+    pt.verbose = 0
+    pt.kernel(with_t2=False)
+    return pt
+
+
+@pytest.mark.parametrize("name,spin", OPEN_SHELL)
+def test_uhf_matches_pyscf_dfump2(name, spin, tmp_path):
+    nfrozen = elements.chemcore(pyscf_molecule(name, "cc-pvdz", spin=spin))
+    reference = pyscf_dfump2(name, spin, frozen=nfrozen)
+    outcome = run(RunSettings(molecule=molecule_path(name), backend="torch", frozen_core=True,
+                              occ_block=2, output=tmp_path / "u.h5", show_progress=False))
+    record = outcome.record
+    assert record.groups["input"].attrs["reference"] == "uhf"
+    assert record.groups["input"].attrs["spin"] == spin
+    sizes = record.groups["sizes"].attrs
+    assert sizes["nocc"] - sizes["nocc_beta"] == spin and sizes["nfrozen"] == nfrozen
+    mp2 = record.groups["mp2"].attrs
+    assert abs(mp2["e_corr"] - reference.e_corr) <= 1e-8
+    assert abs(mp2["e_os"] - reference.e_corr_os) <= 1e-8
+    assert abs(mp2["e_ss"] - reference.e_corr_ss) <= 1e-8
+    assert abs(mp2["e_ss_alpha"] + mp2["e_ss_beta"] - mp2["e_ss"]) <= 1e-14
+
+
+def test_uhf_all_electron_fused_and_check(run_cli, tmp_path):
+    reference = pyscf_dfump2("oxygen", 2, frozen=0)
+    result = run_cli("run", molecule_path("oxygen"), "--backend", "torch", "--fused-energy",
+                     "--occ-block", "3", "--check", "--json", "-o", tmp_path / "o2.h5")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert abs(summary["e_corr"] - reference.e_corr) <= 1e-8
+    assert summary["check_passed"] is True
+
+
+def test_uhf_of_a_closed_shell_equals_rhf(tmp_path):
+    def e_corr(reference: str) -> float:
+        outcome = run(RunSettings(molecule=molecule_path("water"), backend="torch",
+                                  reference=reference, output=tmp_path / f"{reference}.h5",
+                                  show_progress=False))
+        return outcome.record.groups["mp2"].attrs["e_corr"]
+    assert abs(e_corr("uhf") - e_corr("rhf")) <= 1e-8
+
+
+def test_rhf_with_spin_is_refused(run_cli, tmp_path):
+    result = run_cli("run", molecule_path("hydroxyl"), "--reference", "rhf", "--backend", "torch",
+                     "-o", tmp_path / "x.h5")
+    assert result.code == 2 and "use --reference uhf" in result.err
+
+
+def test_scs_and_sos_arithmetic(run_cli, tmp_path):
+    result = run_cli("run", molecule_path("water"), "--backend", "torch", "--scs-os", "1.1",
+                     "--scs-ss", "0.5", "--json", "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    s = json.loads(result.out)
+    assert s["e_scs"] == pytest.approx(1.1 * s["e_os"] + 0.5 * s["e_ss"], abs=1e-14)
+    assert s["e_sos"] == pytest.approx(1.3 * s["e_os"], abs=1e-14)
+    assert s["e_corr"] == pytest.approx(s["e_os"] + s["e_ss"], abs=1e-14)
+    default = run_cli("run", molecule_path("water"), "--backend", "torch", "--json",
+                      "-o", tmp_path / "d.h5")
+    d = json.loads(default.out)
+    assert d["e_scs"] == pytest.approx(1.2 * d["e_os"] + d["e_ss"] / 3, abs=1e-14)
