@@ -120,6 +120,47 @@ def show(record: Path, show_all: bool) -> int:
 
 
 @cli.command()
+@click.argument("dimer", type=XYZ_FILE)
+@click.option("--split", type=click.IntRange(min=1), default=None,
+              help="Monomer A is the first N atoms (default: 'monomer A = first N atoms' in the "
+                   "comment line).")
+@click.option("--charges", default=None, help="Monomer charges a,b (default 0,0).")
+@click.option("--spins", default=None, help="Monomer spins (2S) a,b (default 0,0).")
+@click.option("--basis", default="cc-pvdz", show_default=True)
+@click.option("--auxbasis", default=None)
+@click.option("--frozen-core", is_flag=True)
+@click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto", show_default=True)
+@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None)
+@click.option("--fused-energy", is_flag=True)
+@click.option("--memory", type=MemorySize(), default=None)
+@click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
+              show_default=True)
+@click.option("--scs-os", type=float, default=SCS_OS_DEFAULT, show_default=True)
+@click.option("--scs-ss", type=float, default=SCS_SS_DEFAULT, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Record (default: runs/<dimer>-<basis>-interaction.h5).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def interaction(obj: dict, dimer: Path, split: int | None, charges: str | None,
+                spins: str | None, basis: str, auxbasis: str | None, frozen_core: bool,
+                backend: str, precision: str | None, fused_energy: bool, memory: int | None,
+                scf_method: str, scs_os: float, scs_ss: float, threads: int | None,
+                output: Path | None, as_json: bool) -> int:
+    """Counterpoise-corrected (and uncorrected) SCF, MP2 and SCS-MP2 interaction energies."""
+    from dfmp2 import interaction as cp
+    settings = job.RunSettings(
+        molecule=dimer, basis=basis, auxbasis=auxbasis, frozen_core=frozen_core,
+        backend=backend, precision=precision, fused_energy=fused_energy, memory=memory,
+        scf_method=scf_method, scs_os=scs_os, scs_ss=scs_ss, threads=threads,
+        command=obj["command"])
+    root, path = cp.run_interaction(settings, split, cp.parse_pair(charges, "--charges"),
+                                    cp.parse_pair(spins, "--spins"), output)
+    click.echo(json.dumps(cp.json_summary(root, path)) if as_json else cp.format_table(root, path))
+    return 0
+
+
+@cli.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("runs/batch"), show_default=True, help="Folder for the records.")

@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 import pyscf
 import torch
+from pyscf import gto
 
 import dfmp2
 import kernels
@@ -21,11 +22,11 @@ from dfmp2 import mp2
 from dfmp2.checkpoint import Checkpoint, fingerprint, load_resumable, restored_scf
 from dfmp2.errors import Dfmp2Error, InputError, RunFailure
 from dfmp2.memory import default_budget
-from dfmp2.molecule import build_molecule, read_xyz, resolve_charge_spin
+from dfmp2.molecule import Geometry, build_molecule, read_xyz, resolve_charge_spin
 from dfmp2.record import SCHEMA, Node, is_record_file, write_record
 from dfmp2.reference import TOLERANCE, pyscf_dfmp2_energy
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT
-from dfmp2.scf import resolve_reference, run_scf
+from dfmp2.scf import ScfResult, resolve_reference, run_scf
 
 log = logging.getLogger(__name__)
 DEFAULT_OUTPUT_DIR = Path("runs")
@@ -109,21 +110,17 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-def run(settings: RunSettings) -> RunOutcome:
-    """The whole job; the record is checkpointed after the SCF and after every block pair, and
-    a run restarted on the same record skips both."""
-    t_start = time.perf_counter()
-    path = settings.output_path()
-    check_output_path(path, settings.resume)
-    geometry = read_xyz(settings.molecule)
-    charge, spin = resolve_charge_spin(geometry, settings.charge, settings.spin)
-    mol = build_molecule(geometry, settings.basis, charge, spin)
-    reference = resolve_reference(settings.reference, spin)
-    auxbasis = settings.auxbasis or mp2.default_auxbasis(mol)
-    mp2.make_auxmol(mol, auxbasis)
-    if settings.frozen_core and settings.frozen is not None:
-        raise InputError("give either --frozen-core or --frozen N, not both")
-    nfrozen = mp2.frozen_core_count(mol) if settings.frozen_core else (settings.frozen or 0)
+@dataclass
+class Environment:
+    """What a job resolves once: the kernel set, memory budget, threads and scratch folder."""
+
+    kern: object
+    budget: int
+    threads: int
+    scratch_dir: Path
+
+
+def resolve_environment(settings: RunSettings, path: Path) -> Environment:
     try:
         kern = kernels.load(settings.backend, settings.precision or "fp64")
     except ValueError as exc:
@@ -137,82 +134,137 @@ def run(settings: RunSettings) -> RunOutcome:
                          "choose another with --scratch")
     threads = apply_threads(settings.threads)
     budget = settings.memory if settings.memory is not None else default_budget()
+    return Environment(kern, budget, threads, scratch_dir)
 
+
+@dataclass
+class Calculation:
+    """One molecule (ghost atoms allowed) with its resolved charge, spin and options."""
+
+    mol: gto.Mole
+    reference: str
+    auxbasis: str | dict
+    nfrozen: int
+    inputs: dict
+
+
+def prepare(geometry: Geometry, settings: RunSettings, env: Environment, charge: int | None,
+            spin: int | None, ghosts: frozenset[int] = frozenset()) -> Calculation:
+    charge, spin = resolve_charge_spin(geometry, charge, spin, ghosts)
+    mol = build_molecule(geometry, settings.basis, charge, spin, ghosts)
+    reference = resolve_reference(settings.reference, spin)
+    auxbasis = settings.auxbasis or mp2.default_auxbasis(mol)
+    mp2.make_auxmol(mol, auxbasis)
+    if settings.frozen_core and settings.frozen is not None:
+        raise InputError("give either --frozen-core or --frozen N, not both")
+    nfrozen = mp2.frozen_core_count(mol) if settings.frozen_core else (settings.frozen or 0)
     inputs = {"xyz": geometry.text, "source": str(settings.molecule), "basis": settings.basis,
               "auxbasis": mp2.auxbasis_name(auxbasis), "charge": charge, "spin": spin,
-              "scf": settings.scf_method, "reference": reference, "frozen": nfrozen, "memory_bytes": budget,
-              "threads": threads, "scratch": str(scratch_dir), "backend": kern.backend,
-              "precision": kern.precision, "fused_energy": settings.fused_energy}
-    previous = load_resumable(path, fingerprint(inputs), settings.resume)
-    root = Node(attrs={"schema": SCHEMA, "status": "running",
-                       "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                       "command": settings.command})
-    root.group("input").attrs.update(inputs)
-    root.group("versions").attrs.update(versions())
-    root.group("backend").attrs.update({"backend": kern.backend, "precision": kern.precision,
-                                        "device": str(kern.device),
-                                        "fused_energy": settings.fused_energy})
-    timings = root.group("timings")
-    checkpoint = Checkpoint(path, root, previous)
+              "ghost_atoms": sorted(ghosts), "scf": settings.scf_method, "reference": reference,
+              "frozen": nfrozen, "memory_bytes": env.budget, "threads": env.threads,
+              "scratch": str(env.scratch_dir), "backend": env.kern.backend,
+              "precision": env.kern.precision, "fused_energy": settings.fused_energy}
+    return Calculation(mol, reference, auxbasis, nfrozen, inputs)
 
+
+def compute(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
+            checkpoint: Checkpoint | None = None,
+            previous: Node | None = None) -> tuple[ScfResult, mp2.Mp2Result]:
+    """SCF and DF-MP2 of one calculation into ``node`` (groups scf, sizes, plan, mp2, timings).
+
+    With a checkpoint the SCF and each finished block pair are saved as they complete, and the
+    ones in ``previous`` are reused instead of recomputed.
+    """
+    timings = node.group("timings")
     t0 = time.perf_counter()
-    scf_result = (restored_scf(previous, mol, settings.scf_method, reference) if previous
-                  else None)
-    root.attrs["resumed"] = scf_result is not None
+    scf_result = (restored_scf(previous, calc.mol, settings.scf_method, calc.reference)
+                  if previous else None)
+    node.attrs["resumed"] = scf_result is not None
     if scf_result is None:
-        scf_result = run_scf(mol, settings.scf_method, reference)
+        scf_result = run_scf(calc.mol, settings.scf_method, calc.reference)
     timings.attrs["scf"] = time.perf_counter() - t0
-    scf_group = root.group("scf")
+    scf_group = node.group("scf")
     scf_group.attrs.update({"e_tot": scf_result.e_tot, "converged": scf_result.converged,
                             "cycles": scf_result.cycles, "method": scf_result.method,
-                            "reference": reference,
+                            "reference": calc.reference,
                             "jk_auxbasis": scf_result.jk_auxbasis or "none"})
     scf_group.datasets.update({"mo_energy": scf_result.mo_energy, "mo_occ": scf_result.mo_occ,
                                "mo_coeff": scf_result.mo_coeff})
     if not scf_result.converged and not settings.allow_unconverged:
-        _finish(root, path, "failed", t_start, kern,
-                error=f"SCF did not converge in {scf_result.cycles} cycles")
-        raise RunFailure(f"the SCF did not converge in {scf_result.cycles} cycles "
-                         f"(record {path}); rerun with --allow-unconverged to accept it")
-    checkpoint.save()
+        raise RunFailure(f"the SCF did not converge in {scf_result.cycles} cycles; "
+                         "rerun with --allow-unconverged to accept it")
+    resume = {}
+    if checkpoint is not None:
+        checkpoint.save()
+        resume = {"finished": checkpoint.pairs, "on_pair": checkpoint.add_pair,
+                  "on_plan": lambda plan: checkpoint.set_plan(plan.occ_block)}
+    occ_block = settings.occ_block or (checkpoint.occ_block if checkpoint else None)
 
     t0 = time.perf_counter()
-    try:
-        result = mp2.kernel(mol, scf_result.mo_energy, scf_result.mo_coeff, scf_result.mo_occ,
-                            nfrozen, auxbasis, kern, budget, settings.fused_energy,
-                            settings.occ_block or checkpoint.occ_block, settings.show_progress,
-                            scratch_dir, finished=checkpoint.pairs, on_pair=checkpoint.add_pair,
-                            on_plan=lambda plan: checkpoint.set_plan(plan.occ_block))
-    except RunFailure as exc:
-        _finish(root, path, "failed", t_start, kern, error=str(exc))
-        raise
+    result = mp2.kernel(calc.mol, scf_result.mo_energy, scf_result.mo_coeff, scf_result.mo_occ,
+                        calc.nfrozen, calc.auxbasis, env.kern, env.budget,
+                        settings.fused_energy, occ_block, settings.show_progress,
+                        env.scratch_dir, **resume)
     timings.attrs["mp2"] = time.perf_counter() - t0
     timings.attrs.update(result.timings)
-    energies = result.energies
     sizes = {"nao": result.nao, "naux": result.naux, "naux_fit": result.naux_fit,
              "nocc": result.nocc[0], "nvir": result.nvir[0], "nfrozen": result.nfrozen,
-             "natoms": geometry.natoms}
+             "natoms": calc.mol.natm}
     if result.open_shell:
         sizes.update({"nocc_beta": result.nocc[1], "nvir_beta": result.nvir[1]})
-    root.group("sizes").attrs.update(sizes)
-    root.group("plan").attrs.update(result.plan.as_attrs())
-    root.group("plan").attrs["metric"] = result.metric_kind
-    root.group("mp2").attrs.update(mp2_attrs(energies, scf_result.e_tot, settings))
+    node.group("sizes").attrs.update(sizes)
+    node.group("plan").attrs.update(result.plan.as_attrs())
+    node.group("plan").attrs["metric"] = result.metric_kind
+    node.group("mp2").attrs.update(mp2_attrs(result.energies, scf_result.e_tot, settings))
+    return scf_result, result
+
+
+def new_record(settings: RunSettings, env: Environment, schema: str = SCHEMA) -> Node:
+    root = Node(attrs={"schema": schema, "status": "running",
+                       "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "command": settings.command})
+    root.group("versions").attrs.update(versions())
+    root.group("backend").attrs.update({"backend": env.kern.backend,
+                                        "precision": env.kern.precision,
+                                        "device": str(env.kern.device),
+                                        "fused_energy": settings.fused_energy})
+    return root
+
+
+def run(settings: RunSettings) -> RunOutcome:
+    """The whole job; the record is checkpointed after the SCF and after every block pair, and
+    a run restarted on the same record skips both."""
+    t_start = time.perf_counter()
+    path = settings.output_path()
+    check_output_path(path, settings.resume)
+    geometry = read_xyz(settings.molecule)
+    env = resolve_environment(settings, path)
+    calc = prepare(geometry, settings, env, settings.charge, settings.spin)
+    previous = load_resumable(path, fingerprint(calc.inputs), settings.resume)
+    root = new_record(settings, env)
+    root.group("input").attrs.update(calc.inputs)
+    checkpoint = Checkpoint(path, root, previous)
+    try:
+        scf_result, _ = compute(calc, settings, env, root, checkpoint, previous)
+    except RunFailure as exc:
+        finish_record(root, path, "failed", t_start, env.kern, error=str(exc))
+        raise RunFailure(f"{exc} (record {path})") from None
 
     exit_code = 0
     if settings.check:
-        reference = pyscf_dfmp2_energy(scf_result.mf, nfrozen, auxbasis)
-        tolerance = TOLERANCE[kern.precision]
-        delta = energies.e_corr - reference.e_corr
+        energies = root.groups["mp2"].attrs
+        reference = pyscf_dfmp2_energy(scf_result.mf, calc.nfrozen, calc.auxbasis)
+        tolerance = TOLERANCE[env.kern.precision]
+        delta = energies["e_corr"] - reference.e_corr
         passed = abs(delta) <= tolerance
         root.group("reference").attrs.update({
-            "program": f"pyscf {pyscf.__version__} pyscf.mp.dfmp2.DFMP2(with_t2=False)",
+            "program": f"pyscf {pyscf.__version__} DFMP2/DFUMP2 (with_t2=False)",
             "e_corr": reference.e_corr, "e_os": reference.e_os, "e_ss": reference.e_ss,
             "e_tot": scf_result.e_tot + reference.e_corr, "delta_e_corr": delta,
             "tolerance": tolerance, "passed": passed, "seconds": reference.seconds})
-        timings.attrs["reference"] = reference.seconds
+        root.group("timings").attrs["reference"] = reference.seconds
         exit_code = 0 if passed else 1
-    _finish(root, path, "complete", t_start, kern)
+    finish_record(root, path, "complete", t_start, env.kern)
     return RunOutcome(root, path, exit_code)
 
 
@@ -226,7 +278,7 @@ def mp2_attrs(energies, e_scf: float, settings: RunSettings) -> dict[str, float]
             "sos_os_scale": SOS_OS_DEFAULT, **energies.components}
 
 
-def _finish(root: Node, path: Path, status: str, t_start: float, kern,
+def finish_record(root: Node, path: Path, status: str, t_start: float, kern,
             error: str | None = None) -> None:
     root.attrs["status"] = status
     if error:

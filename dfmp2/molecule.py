@@ -36,8 +36,11 @@ class Geometry:
     def natoms(self) -> int:
         return len(self.symbols)
 
-    def pyscf_atoms(self) -> list[tuple[str, tuple[float, float, float]]]:
-        return [(symbol, tuple(xyz)) for symbol, xyz in zip(self.symbols, self.coords.tolist())]
+    def pyscf_atoms(self, ghosts: frozenset[int] = frozenset()
+                    ) -> list[tuple[str, tuple[float, float, float]]]:
+        """PySCF atoms; those in ``ghosts`` carry basis functions but no charge or electrons."""
+        return [(f"ghost-{symbol}" if n in ghosts else symbol, tuple(xyz))
+                for n, (symbol, xyz) in enumerate(zip(self.symbols, self.coords.tolist()))]
 
 
 def read_xyz(path: str | Path) -> Geometry:
@@ -138,9 +141,10 @@ def _check_distances(symbols: list[str], coords: np.ndarray, source: str) -> Non
                          f"{dist[i, j]:.3f} Angstrom apart (minimum {MIN_DISTANCE_ANGSTROM})")
 
 
-def resolve_charge_spin(geometry: Geometry, charge: int | None,
-                        spin: int | None) -> tuple[int, int]:
-    """Charge and spin (2S, PySCF's convention): flags win over the comment line."""
+def resolve_charge_spin(geometry: Geometry, charge: int | None, spin: int | None,
+                        ghosts: frozenset[int] = frozenset()) -> tuple[int, int]:
+    """Charge and spin (2S, PySCF's convention): flags win over the comment line. Ghost atoms
+    bring no nuclear charge."""
     if charge is None:
         charge = geometry.charge if geometry.charge is not None else 0
     if spin is None:
@@ -148,7 +152,8 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None,
         if multiplicity is not None and multiplicity < 1:
             raise InputError(f"{geometry.source}: multiplicity must be at least 1")
         spin = multiplicity - 1 if multiplicity is not None else None
-    nuclear = sum(elements.charge(symbol) for symbol in geometry.symbols)
+    nuclear = sum(elements.charge(symbol) for n, symbol in enumerate(geometry.symbols)
+                  if n not in ghosts)
     nelectron = nuclear - charge
     if nelectron < 1:
         raise InputError(f"charge {charge:+d} leaves {nelectron} electrons "
@@ -167,10 +172,11 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None,
     return charge, spin
 
 
-def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int) -> gto.Mole:
+def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
+                   ghosts: frozenset[int] = frozenset()) -> gto.Mole:
     """The PySCF molecule; an unknown basis or one lacking an element is an InputError."""
     mol = gto.Mole()
-    mol.atom = geometry.pyscf_atoms()
+    mol.atom = geometry.pyscf_atoms(ghosts)
     mol.unit = "Angstrom"
     mol.basis = basis
     mol.charge = charge

@@ -15,7 +15,8 @@ from dfmp2.errors import InputError
 
 SCHEMA = "dfmp2.run/1"
 BENCH_SCHEMA = "dfmp2.bench/1"
-KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA)
+INTERACTION_SCHEMA = "dfmp2.interaction/1"
+KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA)
 
 
 @dataclass

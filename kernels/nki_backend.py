@@ -13,7 +13,8 @@ out; energies as Python floats summed in fp64 on the host). The host side here:
 - splits work that would unroll too many instructions or overflow SBUF into several launches
   of the same signature (gemm: row / column / contraction chunks; syrk: diagonal syrk blocks
   plus gemm off-diagonal blocks; trsm: column chunks, one launch whenever the instruction budget
-  allows; energies: G x G tiles of the pair space, diagonal tiles with ``lower_pairs=1``);
+  allows; energies: G x G tiles of the pair space, diagonal tiles with ``lower_pairs=1``;
+  opposite-spin energies: (rows x cols) chunks of the flat (i, a) x (j, b) block);
 - reduces the energy kernels' per-partition partials in fp64 and applies the pair weights.
 
 A kernel failure falls back to the torch fp32 kernel with a warning and a count in the
@@ -55,6 +56,9 @@ ENERGY_GROUPS = (1, 2, 4, 8, 16, 32)  # orbitals per side of one energy launch
 # per-partition SBUF budget of one energy launch (trn1 has 192 KiB; keep headroom)
 ENERGY_SBUF_BYTES = 176 * 1024
 ENERGY_STRIP_BYTES = 49152  # = STRIP_BYTES of kernels/nki/mp2_energy_fused.py
+# opposite-spin energy launches (kernels/nki/mp2_energy_os.py, mp2_energy_os_fused.py)
+OS_MAX_COLS = 2048  # beta (j, b) columns per launch: 4 PSUM banks of 512 per row tile
+OS_STRIP_BYTES = 98304  # = STRIP_BYTES of kernels/nki/mp2_energy_os_fused.py
 
 
 def ladder(size: int, cap: int | None = None) -> int:
@@ -289,6 +293,26 @@ class NkiKernels:
                                                  b_col.to(torch.float32), denom_row, denom_col,
                                                  nvir, lower_pairs))
 
+    def mp2_energy_os(self, pair_block: torch.Tensor, denom_row: torch.Tensor,
+                      denom_col: torch.Tensor, nvir_row: int, nvir_col: int) -> float:
+        return self._run(
+            "mp2_energy",
+            lambda: self._energy_os(None, None, pair_block, denom_row, denom_col, nvir_row,
+                                    nvir_col),
+            lambda: self._torch.mp2_energy_os(pair_block.to(torch.float32), denom_row,
+                                              denom_col, nvir_row, nvir_col))
+
+    def mp2_energy_os_fused(self, b_row: torch.Tensor, b_col: torch.Tensor,
+                            denom_row: torch.Tensor, denom_col: torch.Tensor, nvir_row: int,
+                            nvir_col: int) -> float:
+        return self._run(
+            "mp2_energy",
+            lambda: self._energy_os(b_row, b_col, None, denom_row, denom_col, nvir_row,
+                                    nvir_col),
+            lambda: self._torch.mp2_energy_os_fused(b_row.to(torch.float32),
+                                                    b_col.to(torch.float32), denom_row,
+                                                    denom_col, nvir_row, nvir_col))
+
     @staticmethod
     def energy_pair_instructions(nvir: int, x_tiles: int, fused: bool) -> int:
         """Unrolled instructions per (i, j) pair of the energy kernels (for launch sizing)."""
@@ -395,6 +419,87 @@ class NkiKernels:
                 direct += float(np.sum(weights * sums[..., 0]))
                 exchange += float(np.sum(weights * sums[..., 1]))
         return direct, exchange
+
+    @staticmethod
+    def os_row_instructions(n_cols: int, x_tiles: int, fused: bool) -> int:
+        """Unrolled instructions per 128-row tile of an opposite-spin launch of n_cols columns."""
+        c_tiles = math.ceil(n_cols / 512)
+        count = 1 + 5 * c_tiles  # row denominators; Vector work per T tile
+        if not fused:
+            return count + 1  # one DMA of the T strip
+        if x_tiles * (n_cols + TILE) * 4 <= OS_STRIP_BYTES:
+            return count + x_tiles + c_tiles * x_tiles  # b_row strip DMAs, matmuls
+        groups = math.ceil(c_tiles / 4)
+        return count + groups * x_tiles + 2 * c_tiles * x_tiles  # streamed tiles
+
+    def _energy_os(self, b_row, b_col, pair_block, denom_row, denom_col, nvir_row: int,
+                   nvir_col: int) -> float:
+        """Opposite-spin direct sum over the flat (rows x cols) block: the denominator is
+        separable and there is no exchange or pair weight, so launches are plain 2-D tiles of
+        the (i, a) x (j, b) matrix, padded to ladder sizes."""
+        fused = pair_block is None
+        nvir_row, nvir_col = int(nvir_row), int(nvir_col)
+        if fused:
+            rows, cols = b_row.shape[1], b_col.shape[1]
+        else:
+            rows, cols = pair_block.shape
+        if rows == 0 or cols == 0:
+            return 0.0
+        if nvir_row <= 0 or nvir_col <= 0 or rows % nvir_row or cols % nvir_col:
+            raise ValueError(f"block of {rows} x {cols} is not whole orbitals of "
+                             f"{nvir_row} x {nvir_col} virtuals")
+        if fused and b_row.shape[0] != b_col.shape[0]:
+            raise ValueError(f"b_row has {b_row.shape[0]} auxiliary rows, b_col "
+                             f"{b_col.shape[0]}")
+        dr = _np64(denom_row).reshape(-1)
+        dc = _np64(denom_col).reshape(-1)
+        if dr.size != rows or dc.size != cols:
+            raise ValueError(f"denominators of {dr.size} and {dc.size} values for a "
+                             f"{rows} x {cols} block")
+        # Padded rows / columns: zero B columns (or zero T) and denominators that keep every D
+        # of the tile finite with |D| >= 1 (their T is zero, so they add exactly zero).
+        pad_row = -(float(np.abs(dc).max()) + 1.0)
+        pad_col = -(float(np.abs(dr).max()) + 1.0)
+
+        x_tiles = round_up(b_row.shape[0], TILE) // TILE if fused else 0
+        col_cap = OS_MAX_COLS
+        if fused:
+            col_cap = min(col_cap, ladder_floor(OS_STRIP_BYTES // (4 * x_tiles) - TILE))
+        cp = ladder(cols, col_cap)
+        cc = min(cp, col_cap)
+        c_tiles = math.ceil(cc / 512)
+        fixed = 8 + 2 * c_tiles + x_tiles
+        per_row = self.os_row_instructions(cc, x_tiles, fused)
+        row_cap = ladder_floor(TILE * max(1, (ENERGY_MAX_INSTRUCTIONS - fixed) // per_row))
+        rp = ladder(rows, row_cap)
+        rc = min(rp, row_cap)
+
+        dr_p = np.full(rp, pad_row, dtype=np.float32)
+        dr_p[:rows] = dr
+        dc_p = np.full(cp, pad_col, dtype=np.float32)
+        dc_p[:cols] = dc
+        if fused:
+            br = _padded(_np32(b_row), x_tiles * TILE, rp)
+            bc = _padded(_np32(b_col), x_tiles * TILE, cp)
+        else:
+            t = _padded(_np32(pair_block), rp, cp)
+
+        direct = 0.0
+        for r0 in range(0, rp, rc):
+            d_row = np.ascontiguousarray(dr_p[r0:r0 + rc].reshape(rc, 1))
+            if fused:
+                b_r = np.ascontiguousarray(br[:, r0:r0 + rc])
+            for c0 in range(0, cp, cc):
+                d_col = np.ascontiguousarray(dc_p[c0:c0 + cc].reshape(1, cc))
+                if fused:
+                    out = self._launch("mp2_energy_os_fused", b_r,
+                                       np.ascontiguousarray(bc[:, c0:c0 + cc]), d_row, d_col)
+                else:
+                    out = self._launch("mp2_energy_os",
+                                       np.ascontiguousarray(t[r0:r0 + rc, c0:c0 + cc]),
+                                       d_row, d_col)
+                direct += float(out.astype(np.float64).sum())
+        return direct
 
     # ------------------------------------------------------------------ record
     def report(self) -> dict:

@@ -2,10 +2,12 @@
 
 Shapes are awkward on purpose: 1, 127, 128, 129, 131, 300 and 513 each appear in every role of
 gemm and syrk; the energy kernels use a prime nvir above 128, nocc = 1, I != J blocks and both
-``lower_pairs`` settings. References are torch fp64.
+``lower_pairs`` settings; the opposite-spin energies use nvir_row != nvir_col (131 / 97).
+References are torch fp64.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import warnings
@@ -18,7 +20,7 @@ import kernels
 from kernels.accounting import KernelAccounting
 from kernels.nki import launcher as nki_launcher
 from kernels.nki_backend import NkiKernels, ladder
-from kernels.torch_backend import pair_block_sums
+from kernels.torch_backend import TorchKernels, pair_block_sums
 
 CPU = torch.device("cpu")
 HARDWARE = nki_launcher.trainium_present()
@@ -207,6 +209,150 @@ def test_energy_blocks_of_a_molecule_need_few_signatures(shared_launcher):
     assert sum(launcher.launches.values()) == 6
 
 
+# ------------------------------------------------------------------ opposite-spin (UHF) energies
+def os_inputs(ni: int, nj: int, nvir_row: int, nvir_col: int, naux: int, seed: int):
+    """Alpha rows (i, a) and beta columns (j, b) with different virtual counts."""
+    g = rng(seed)
+    b_row = torch.randn(naux, ni * nvir_row, dtype=torch.float64, generator=g) / math.sqrt(naux)
+    b_col = torch.randn(naux, nj * nvir_col, dtype=torch.float64, generator=g) / math.sqrt(naux)
+    e_a = 0.2 + 2.0 * torch.rand(nvir_row, dtype=torch.float64, generator=g)
+    e_b = 0.3 + 1.5 * torch.rand(nvir_col, dtype=torch.float64, generator=g)
+    e_i = -0.3 - torch.rand(ni, dtype=torch.float64, generator=g)
+    e_j = -0.4 - torch.rand(nj, dtype=torch.float64, generator=g)
+    denom_row = (e_i[:, None] - e_a[None, :]).reshape(-1)
+    denom_col = (e_j[:, None] - e_b[None, :]).reshape(-1)
+    return b_row, b_col, denom_row, denom_col
+
+
+OS_CASES = [  # ni, nj, nvir_row, nvir_col, naux, launches
+    (1, 3, 131, 97, 129, 1),   # nocc_alpha = 1, ragged 512-column tile
+    (3, 1, 97, 131, 300, 1),
+    (2, 2, 1, 513, 127, 1),    # nvir_row = 1
+    (1, 22, 131, 97, 129, 2),  # 2134 columns: two column launches of one signature
+]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("ni,nj,nvir_row,nvir_col,naux,launches", OS_CASES)
+def test_opposite_spin_energy_matches_torch_fp64(shared_launcher, fused, ni, nj, nvir_row,
+                                                 nvir_col, naux, launches):
+    launcher = nki_launcher.Launcher(shared_launcher.mode)  # own signature / launch counts
+    nk = NkiKernels(accounting=KernelAccounting(), device=CPU, launcher=launcher)
+    ref_k = TorchKernels(precision="fp64", device=CPU)
+    b_row, b_col, dr, dc = os_inputs(ni, nj, nvir_row, nvir_col, naux, seed=ni + nj + naux)
+    if fused:
+        ref = ref_k.mp2_energy_os_fused(b_row, b_col, dr, dc, nvir_row, nvir_col)
+        e = nk.mp2_energy_os_fused(b_row, b_col, dr, dc, nvir_row, nvir_col)
+    else:
+        t = b_row.T @ b_col
+        ref = ref_k.mp2_energy_os(t, dr, dc, nvir_row, nvir_col)
+        e = nk.mp2_energy_os(t, dr, dc, nvir_row, nvir_col)
+    assert isinstance(e, float) and ref < 0.0
+    assert e == pytest.approx(ref, rel=1e-5)
+    assert nk.accounting.calls[("mp2_energy", nk.executor)] == 1  # recorded as mp2_energy
+    assert sum(nk.accounting.calls.values()) == 1
+    assert nk.accounting.fallbacks == 0
+    name = "mp2_energy_os_fused(" if fused else "mp2_energy_os("
+    assert launcher.signatures == 1
+    assert all(s.startswith(name) for s in launcher.launches)
+    assert sum(launcher.launches.values()) == launches
+
+
+def test_opposite_spin_empty_block_is_zero(nk):
+    b_row, b_col, dr, dc = os_inputs(1, 1, 5, 3, 16, 1)
+    assert nk.mp2_energy_os_fused(b_row[:, :0], b_col, dr[:0], dc, 5, 3) == 0.0
+    assert nk.mp2_energy_os(torch.zeros(5, 0, dtype=torch.float64), dr, dc[:0], 5, 3) == 0.0
+    assert nk.accounting.fallbacks == 0
+
+
+def os_kernel_inputs(n_rows: int, n_cols: int, naux: int, seed: int):
+    data = np.random.default_rng(seed)
+    b_row = (data.standard_normal((naux, n_rows)) / math.sqrt(naux)).astype(np.float32)
+    b_col = (data.standard_normal((naux, n_cols)) / math.sqrt(naux)).astype(np.float32)
+    d_row = (-1.0 - data.random((n_rows, 1))).astype(np.float32)
+    d_col = (-1.0 - data.random((1, n_cols))).astype(np.float32)
+    t = b_row.T.astype(np.float64) @ b_col.astype(np.float64)
+    ref = float(np.sum(t * t / (d_row.astype(np.float64) + d_col.astype(np.float64))))
+    return b_row, b_col, d_row, d_col, t, ref
+
+
+def test_os_fused_kernel_never_writes_t(interpreter_only, shared_launcher):
+    """Ragged rows (131) and columns (291 = 3 x 97): T tiles are formed in PSUM and reduced from
+    there; the DMA traffic is exactly the inputs, the denominators and the partials."""
+    n_rows, n_cols, naux = 131, 291, 256
+    x_tiles, r_tiles, c_tiles = naux // 128, 2, 1
+    b_row, b_col, d_row, d_col, t, ref = os_kernel_inputs(n_rows, n_cols, naux, 2)
+    out, p = run_profiled(interpreter_only, shared_launcher, "mp2_energy_os_fused",
+                          b_row, b_col, d_row, d_col)
+    assert out.shape == (128, r_tiles * c_tiles)
+    assert float(out.astype(np.float64).sum()) == pytest.approx(ref, rel=1e-5)
+    # one matmul per (row tile, column tile, k tile), plus the K=1 denominator broadcast
+    assert matmuls(p) == r_tiles * c_tiles * x_tiles + c_tiles
+    assert p.transposes == 0  # no exchange partner in the opposite-spin form
+    assert p.peak_psum_banks <= 8
+    slots = r_tiles * c_tiles
+    assert p.dma_bytes == 4 * (n_cols + n_rows + naux * (n_rows + n_cols) + 128 * slots)
+    # a block whose T (1024 x 2048, 8 MiB) dwarfs its inputs: traffic far below the size of T
+    b_row, b_col, d_row, d_col, t, ref = os_kernel_inputs(1024, 2048, 128, 3)
+    out, p = run_profiled(interpreter_only, shared_launcher, "mp2_energy_os_fused",
+                          b_row, b_col, d_row, d_col)
+    assert float(out.astype(np.float64).sum()) == pytest.approx(ref, rel=1e-5)
+    assert p.dma_bytes < 0.2 * t.size * 4
+
+
+def test_os_fused_kernel_streams_tiles_beyond_the_strip_budget(interpreter_only,
+                                                               shared_launcher, monkeypatch):
+    kernel = shared_launcher.kernel("mp2_energy_os_fused")
+    module = importlib.import_module("kernels.nki.mp2_energy_os_fused")
+    monkeypatch.setattr(module, "STRIP_BYTES", 0)  # force the streamed (non-resident) path
+    n_rows, n_cols, naux = 131, 1100, 256
+    x_tiles, r_tiles, c_tiles = 2, 2, 3
+    b_row, b_col, d_row, d_col, _, ref = os_kernel_inputs(n_rows, n_cols, naux, 4)
+    profile = interpreter_only.Profile()
+    out = interpreter_only.simulate(kernel, profile=profile)(b_row, b_col, d_row, d_col)
+    assert float(out.astype(np.float64).sum()) == pytest.approx(ref, rel=1e-5)
+    assert matmuls(profile) == r_tiles * c_tiles * x_tiles + c_tiles
+    # b_row tiles once per (row tile, k), b_col tiles once per (row tile, k, column tile)
+    assert profile.dma_bytes == 4 * (n_cols + n_rows + naux * n_rows + r_tiles * naux * n_cols
+                                     + 128 * r_tiles * c_tiles)
+
+
+def test_os_plain_kernel_reads_t_once(interpreter_only, shared_launcher):
+    n_rows, n_cols = 131, 291
+    _, _, d_row, d_col, t, ref = os_kernel_inputs(n_rows, n_cols, 128, 5)
+    out, p = run_profiled(interpreter_only, shared_launcher, "mp2_energy_os",
+                          t.astype(np.float32), d_row, d_col)
+    assert out.shape == (128, 2)
+    assert float(out.astype(np.float64).sum()) == pytest.approx(ref, rel=1e-5)
+    assert matmuls(p) == 1 and p.transposes == 0  # the denominator broadcast only
+    assert p.dma_bytes == 4 * (n_cols + n_rows + n_rows * n_cols + 128 * 2)
+
+
+def test_opposite_spin_failure_falls_back_or_raises(nk, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(nk.launcher, "launch", broken)
+    b_row, b_col, dr, dc = os_inputs(2, 3, 5, 4, 16, 6)
+    ref = TorchKernels(precision="fp64", device=CPU).mp2_energy_os_fused(b_row, b_col, dr, dc,
+                                                                          5, 4)
+    monkeypatch.delenv("DFMP2_REQUIRE_NKI", raising=False)
+    with pytest.warns(RuntimeWarning, match="mp2_energy"):
+        e = nk.mp2_energy_os_fused(b_row, b_col, dr, dc, 5, 4)
+    assert e == pytest.approx(ref, rel=1e-5)
+    with pytest.warns(RuntimeWarning, match="mp2_energy"):
+        nk.mp2_energy_os(b_row.T @ b_col, dr, dc, 5, 4)
+    assert nk.accounting.fallbacks == 2
+    assert nk.accounting.calls[("mp2_energy", "torch-cpu")] == 2
+    assert nk.accounting.calls[("mp2_energy", nk.executor)] == 0
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="mp2_energy.*simulated kernel failure"):
+            nk.mp2_energy_os(b_row.T @ b_col, dr, dc, 5, 4)
+    assert nk.accounting.fallbacks == 2
+
+
 # --------------------------------------------------------------------------- instruction counts
 def run_profiled(interpreter, launcher, name, *args):
     profile = interpreter.Profile()
@@ -375,5 +521,10 @@ def test_hardware_kernels_run_on_the_neuron_core(monkeypatch):
         for d, x in (ks.mp2_energy_fused(b_row, b_col, dr, dc, 131, lower),
                      ks.mp2_energy(t, dr, dc, 131, lower)):
             assert d == pytest.approx(d_ref, rel=1e-5) and x == pytest.approx(x_ref, rel=1e-5)
+    b_row, b_col, dr, dc = os_inputs(1, 3, 131, 97, 129, 8)
+    ref = TorchKernels(precision="fp64", device=CPU).mp2_energy_os_fused(b_row, b_col, dr, dc,
+                                                                          131, 97)
+    assert ks.mp2_energy_os_fused(b_row, b_col, dr, dc, 131, 97) == pytest.approx(ref, rel=1e-5)
+    assert ks.mp2_energy_os(b_row.T @ b_col, dr, dc, 131, 97) == pytest.approx(ref, rel=1e-5)
     assert ks.accounting.fallbacks == 0
     assert all(executor == "nki-hardware" for _, executor in ks.accounting.calls)

@@ -38,6 +38,8 @@ KERNELS = {
     "trsm": ("trsm", "trsm_kernel"),
     "mp2_energy": ("mp2_energy", "mp2_energy_kernel"),
     "mp2_energy_fused": ("mp2_energy_fused", "mp2_energy_fused_kernel"),
+    "mp2_energy_os": ("mp2_energy_os", "mp2_energy_os_kernel"),
+    "mp2_energy_os_fused": ("mp2_energy_os_fused", "mp2_energy_os_fused_kernel"),
 }
 
 
