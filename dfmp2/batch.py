@@ -1,9 +1,11 @@
 """`dfmp2 batch`: many molecules, one record each, resumable and shardable.
 
 Manifest format: one molecule per line, ``path/to/molecule.xyz [run options]``, with the same
-options as ``dfmp2 run`` (e.g. ``water.xyz --basis cc-pvtz --frozen-core``). Paths are relative
-to the manifest's folder; blank lines and lines starting with ``#`` are ignored. Options on a
-line override the batch's own options for that molecule.
+options as ``dfmp2 run`` (e.g. ``water.xyz --basis cc-pvtz --frozen-core``). A line with
+``--split N`` (and optionally ``--charges a,b`` / ``--spins a,b``) is a dimer: it gets a
+counterpoise interaction-energy job with the options of ``dfmp2 interaction``. Paths are
+relative to the manifest's folder; blank lines and lines starting with ``#`` are ignored.
+Options on a line override the batch's own options for that molecule.
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ from dfmp2.record import SCHEMA, Node, read_record, write_record
 
 log = logging.getLogger(__name__)
 GLOB_CHARACTERS = set("*?[")
-SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot", "seconds",
-                  "record", "error")
+SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot",
+                  "e_int_mp2_cp", "seconds", "record", "error")
+INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
 
 
 @dataclass
@@ -38,9 +41,11 @@ class BatchItem:
     molecule: Path
     overrides: dict
     origin: str
+    interaction: dict | None = None
 
 
-def _manifest_items(manifest: Path, run_command: click.Command, start: int) -> list[BatchItem]:
+def _manifest_items(manifest: Path, commands: dict[str, click.Command],
+                    start: int) -> list[BatchItem]:
     items = []
     try:
         lines = manifest.read_text(encoding="utf-8").splitlines()
@@ -56,36 +61,46 @@ def _manifest_items(manifest: Path, run_command: click.Command, start: int) -> l
             raise InputError(f"{where}: {exc}") from None
         path = Path(tokens[0])
         path = path if path.is_absolute() else manifest.parent / path
+        is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
+        name = "interaction" if is_dimer else "run"
         try:
-            ctx = run_command.make_context("run", [str(path), *tokens[1:]], obj={"command": ""})
+            ctx = commands[name].make_context(name, [str(path), *tokens[1:]],
+                                              obj={"command": ""})
         except click.ClickException as exc:
             raise InputError(f"{where}: {exc.format_message()}") from None
-        overrides = {name: value for name, value in ctx.params.items()
-                     if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-                     and name != "molecule"}
+        overrides = {key: value for key, value in ctx.params.items()
+                     if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
+                     and key not in ("molecule", "dimer")}
         if overrides.pop("as_json", None) or overrides.pop("output", None):
             raise InputError(f"{where}: --json and -o are chosen by the batch, not per molecule")
-        items.append(BatchItem(start + len(items), path, overrides, where))
+        interaction = None
+        if is_dimer:
+            interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
+        items.append(BatchItem(start + len(items), path, overrides, where, interaction))
     return items
 
 
-def collect_items(inputs: list[str], run_command: click.Command) -> list[BatchItem]:
-    """XYZ files, globs of them, and manifests, in the order given."""
+def collect_items(inputs: list[str], commands: dict[str, click.Command],
+                  dimers: bool = False) -> list[BatchItem]:
+    """XYZ files, globs of them, and manifests, in the order given. With ``dimers`` every XYZ
+    input is a dimer whose split is read from its comment line."""
+    as_dimer = {"split": None, "charges": None, "spins": None} if dimers else None
     items: list[BatchItem] = []
     for text in inputs:
         if GLOB_CHARACTERS & set(text):
             matches = sorted(glob.glob(text))
             if not matches:
                 raise InputError(f"the pattern {text!r} matches no file")
-            items += [BatchItem(len(items) + n, Path(m), {}, m) for n, m in enumerate(matches)]
+            items += [BatchItem(len(items) + n, Path(m), {}, m, as_dimer)
+                      for n, m in enumerate(matches)]
             continue
         path = Path(text)
         if not path.is_file():
             raise InputError(f"{text}: no such file")
         if path.suffix.lower() == ".xyz":
-            items.append(BatchItem(len(items), path, {}, text))
+            items.append(BatchItem(len(items), path, {}, text, as_dimer))
         else:
-            items += _manifest_items(path, run_command, len(items))
+            items += _manifest_items(path, commands, len(items))
     if not items:
         raise InputError("no molecules to run")
     return items
@@ -110,7 +125,9 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 def record_names(items: list[BatchItem], settings: list[job.RunSettings]) -> list[str]:
     """``<molecule>-<basis>.h5``, numbered where two molecules would share a name."""
-    names = [f"{s.molecule.stem}-{s.basis.lower()}" for s in settings]
+    names = [f"{s.molecule.stem}-{s.basis.lower()}" + ("-interaction" if item.interaction
+                                                         is not None else "")
+             for s, item in zip(settings, items)]
     return [f"{name}.h5" if names.count(name) == 1 else f"{name}-{item.index}.h5"
             for name, item in zip(names, items)]
 
@@ -137,7 +154,15 @@ def _complete_row(path: Path) -> dict | None:
         root = read_record(path)
     except InputError:
         return None
-    if root.attrs.get("status") != "complete" or "mp2" not in root.groups:
+    if root.attrs.get("status") != "complete":
+        return None
+    if "interaction" in root.groups:
+        dimer = root.groups["dimer"]
+        return {"status": "complete (skipped)", "e_scf": dimer.groups["scf"].attrs["e_tot"],
+                "e_corr": dimer.groups["mp2"].attrs["e_corr"],
+                "e_tot": dimer.groups["mp2"].attrs["e_tot"],
+                "e_int_mp2_cp": root.groups["interaction"].attrs["e_int_mp2_cp"]}
+    if "mp2" not in root.groups:
         return None
     return {"status": "complete (skipped)", "e_scf": root.groups["scf"].attrs["e_tot"],
             "e_corr": root.groups["mp2"].attrs["e_corr"],
@@ -151,6 +176,8 @@ def run_item(item: BatchItem, settings: job.RunSettings) -> dict:
     if done is not None:
         return {**row, **done, "seconds": 0.0}
     start = time.perf_counter()
+    if item.interaction is not None:
+        return {**row, **_run_dimer(item, settings), "seconds": time.perf_counter() - start}
     try:
         outcome = job.run(settings)
     except Dfmp2Error as exc:
@@ -166,6 +193,23 @@ def run_item(item: BatchItem, settings: job.RunSettings) -> dict:
     status = "complete" if outcome.exit_code == 0 else "complete (check failed)"
     return {**row, "status": status, "e_scf": summary["e_scf"], "e_corr": summary["e_corr"],
             "e_tot": summary["e_tot"], "seconds": time.perf_counter() - start}
+
+
+def _run_dimer(item: BatchItem, settings: job.RunSettings) -> dict:
+    from dfmp2 import interaction as cp
+    try:
+        root, _ = cp.run_interaction(settings, item.interaction["split"],
+                                     cp.parse_pair(item.interaction["charges"], "--charges"),
+                                     cp.parse_pair(item.interaction["spins"], "--spins"),
+                                     settings.output)
+    except Dfmp2Error as exc:
+        _failed_record(settings.output, settings, str(exc))
+        return {"status": "failed", "error": str(exc)}
+    dimer = root.groups["dimer"]
+    return {"status": "complete", "e_scf": dimer.groups["scf"].attrs["e_tot"],
+            "e_corr": dimer.groups["mp2"].attrs["e_corr"],
+            "e_tot": dimer.groups["mp2"].attrs["e_tot"],
+            "e_int_mp2_cp": root.groups["interaction"].attrs["e_int_mp2_cp"]}
 
 
 def run_batch(items: list[BatchItem], base: job.RunSettings, out_dir: Path,

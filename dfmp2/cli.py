@@ -177,19 +177,24 @@ def interaction(obj: dict, dimer: Path, split: int | None, charges: str | None,
               show_default=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--check", is_flag=True, help="Compare each molecule with PySCF's DFMP2.")
+@click.option("--interaction", "dimers", is_flag=True,
+              help="Treat every XYZ input as a dimer (split from its comment line).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
 @click.pass_obj
 def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, basis: str,
           auxbasis: str | None, frozen_core: bool, backend: str, precision: str | None,
           fused_energy: bool, memory: int | None, scf_method: str, threads: int | None,
-          check: bool, as_json: bool) -> int:
+          check: bool, dimers: bool, as_json: bool) -> int:
     """Run many molecules (XYZ files, globs or manifests), one record each in --out.
 
     A manifest has one molecule per line, `path.xyz [dfmp2 run options]`; '#' starts a comment.
+    A line with `--split N` (and `--charges a,b`, `--spins a,b`) is a dimer for a counterpoise
+    interaction-energy job.
     Complete records are skipped, so a rerun finishes an interrupted batch.
     """
     from dfmp2 import batch as batch_job
-    items = batch_job.collect_items(list(inputs), run)
+    items = batch_job.collect_items(list(inputs), {"run": run, "interaction": interaction},
+                                    dimers)
     shard_k_n = batch_job.parse_shard(shard)
     base = job.RunSettings(molecule=Path(), basis=basis, auxbasis=auxbasis,
                            frozen_core=frozen_core, backend=backend, precision=precision,

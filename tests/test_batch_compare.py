@@ -81,3 +81,18 @@ def test_compare_records_and_pyscf(tmp_path, run_cli):
     reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz")), 0)
     assert abs(against_pyscf[0]["delta_e_corr"]) <= 1e-8
     assert abs(against_pyscf[0]["e_corr"] - reference.e_corr) <= 1e-8
+
+
+def test_batch_accepts_dimers(tmp_path, run_cli):
+    manifest = tmp_path / "dimers.txt"
+    manifest.write_text(f"{MOLECULES / 'water_dimer.xyz'} --split 3 --basis sto-3g\n"
+                        f"{MOLECULES / 'water.xyz'} --basis sto-3g\n")
+    out = tmp_path / "out"
+    result = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    assert rows[0]["record"].endswith("water_dimer-sto-3g-interaction.h5")
+    with h5py.File(rows[0]["record"], "r") as h5:
+        assert h5.attrs["schema"] == "dfmp2.interaction/1"
+        assert h5["interaction"].attrs["e_int_mp2_cp"] == pytest.approx(rows[0]["e_int_mp2_cp"])
+    assert "e_int_mp2_cp" not in rows[1]

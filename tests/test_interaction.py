@@ -1,0 +1,78 @@
+"""Counterpoise-corrected interaction energies against the same procedure done with PySCF."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import pytest
+from pyscf import gto
+from pyscf.data import elements
+
+from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference
+
+KCAL = 627.5094740631
+
+
+def _atoms(name: str) -> list[str]:
+    lines = molecule_path(name).read_text().splitlines()
+    return lines[2:2 + int(lines[0])]
+
+
+def pyscf_energies(atom_lines: list[str], frozen_core: bool) -> dict[str, float]:
+    """SCF, MP2 and SCS-MP2 totals from PySCF's own DF-RHF and DFMP2 (ghost- prefixes kept)."""
+    mol = gto.M(atom="\n".join(atom_lines), basis="cc-pvdz", verbose=0)
+    mf = pyscf_df_rhf(mol)
+    pt = pyscf_dfmp2_reference(mf, elements.chemcore(mol) if frozen_core else 0)
+    return {"scf": mf.e_tot, "mp2": mf.e_tot + pt.e_corr,
+            "scs": mf.e_tot + 1.2 * pt.e_corr_os + pt.e_corr_ss / 3}
+
+
+@pytest.fixture(scope="module")
+def pyscf_water_dimer():
+    atoms = _atoms("water_dimer")
+    a, b = atoms[:3], atoms[3:]
+    ghost = ["ghost-" + line.split(maxsplit=1)[0] + " " + line.split(maxsplit=1)[1]
+             for line in atoms]
+    return {
+        "dimer": pyscf_energies(atoms, True),
+        "a_cp": pyscf_energies(a + ghost[3:], True),
+        "b_cp": pyscf_energies(ghost[:3] + b, True),
+        "a": pyscf_energies(a, True),
+        "b": pyscf_energies(b, True),
+    }
+
+
+def test_water_dimer_counterpoise_matches_pyscf(pyscf_water_dimer, run_cli, tmp_path):
+    record = tmp_path / "wd.h5"
+    result = run_cli("interaction", molecule_path("water_dimer"), "--split", "3",
+                     "--frozen-core", "--backend", "torch", "--json", "-o", record)
+    assert result.code == 0, result.err
+    ours = json.loads(result.out)
+    p = pyscf_water_dimer
+    for kind in ("scf", "mp2", "scs"):
+        cp = p["dimer"][kind] - p["a_cp"][kind] - p["b_cp"][kind]
+        assert abs(ours[f"e_int_{kind}_cp"] - cp) <= 1e-8, kind
+        assert ours[f"e_int_{kind}_cp_kcal"] == pytest.approx(cp * KCAL, abs=1e-5)
+    nocp = p["dimer"]["mp2"] - p["a"]["mp2"] - p["b"]["mp2"]
+    assert abs(ours["e_int_mp2_nocp"] - nocp) <= 1e-8
+    assert -0.01 < ours["e_int_mp2_cp"] < -0.004 and ours["bsse_mp2"] < 0
+
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["schema"] == "dfmp2.interaction/1" and h5.attrs["status"] == "complete"
+        for name in ("dimer", "monomer_a_cp", "monomer_b_cp", "monomer_a", "monomer_b"):
+            assert "e_tot" in h5[name]["mp2"].attrs
+        assert h5["monomer_a_cp/sizes"].attrs["nao"] == h5["dimer/sizes"].attrs["nao"]
+        assert h5["monomer_a/sizes"].attrs["nao"] == h5["dimer/sizes"].attrs["nao"] // 2
+        assert h5["monomer_a_cp/sizes"].attrs["naux"] == h5["dimer/sizes"].attrs["naux"]
+
+
+def test_split_from_the_comment_line_and_bad_split(run_cli, tmp_path):
+    result = run_cli("interaction", molecule_path("water_dimer"), "--basis", "sto-3g",
+                     "--backend", "torch", "--json", "-o", tmp_path / "a.h5")
+    assert result.code == 0, result.err
+    bad = run_cli("interaction", molecule_path("water_dimer"), "--split", "6", "--backend",
+                  "torch", "-o", tmp_path / "b.h5")
+    assert bad.code == 2 and "must leave atoms in both monomers" in bad.err
+    odd = run_cli("interaction", molecule_path("water_dimer"), "--split", "2", "--backend",
+                  "torch", "-o", tmp_path / "c.h5")
+    assert odd.code == 2 and odd.err.startswith("Error: monomer a cp:")
