@@ -51,6 +51,7 @@ class ScratchB:
         fd, name = tempfile.mkstemp(prefix=".dfmp2-scratch-", suffix=".h5", dir=directory)
         os.close(fd)
         self.path = Path(name)
+        self.owner = True
         self.file = h5py.File(self.path, "w")
         chunk_cols = max(1, min(ncols, SCRATCH_CHUNK_BYTES // (8 * naux)))
         self.dataset = self.file.create_dataset("b", shape=(naux, ncols), dtype="f8",
@@ -72,11 +73,28 @@ class ScratchB:
     def write_columns(self, c0: int, c1: int, values: torch.Tensor) -> None:
         self.dataset[:, c0:c1] = values.numpy()
 
+    @classmethod
+    def open_shared(cls, path: Path) -> "ScratchB":
+        """Another rank's finished B, read-only; the rank that wrote it deletes it."""
+        store = cls.__new__(cls)
+        store.path, store.owner = Path(path), False
+        store.file = h5py.File(store.path, "r")
+        store.dataset = store.file["b"]
+        return store
+
+    def share(self) -> Path:
+        """Close the writer and reopen read-only, so that other ranks can open the file."""
+        self.file.close()
+        self.file = h5py.File(self.path, "r")
+        self.dataset = self.file["b"]
+        return self.path
+
     def close(self) -> None:
         if self.file:
             self.file.close()
             self.file = None
-        self.path.unlink(missing_ok=True)
+        if self.owner:
+            self.path.unlink(missing_ok=True)
 
 
 def open_store(naux: int, ncols: int, out_of_core: bool, scratch_dir: Path | None):

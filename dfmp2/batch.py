@@ -23,7 +23,7 @@ from pathlib import Path
 
 import click
 
-from dfmp2 import job
+from dfmp2 import distributed, job
 from dfmp2.errors import Dfmp2Error, InputError
 from dfmp2.progress import Progress
 from dfmp2.record import SCHEMA, Node, read_record, write_record
@@ -107,7 +107,10 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
-    """``K/N`` (0 <= K < N); default from a Slurm array job, else 0/1."""
+    """``K/N`` (0 <= K < N); by default the rank under torchrun/srun (molecules are spread over
+    ranks), else the task of a Slurm array job, else 0/1."""
+    if text is None and distributed.launched_world_size() > 1:
+        return distributed.rank(), distributed.launched_world_size()
     if text is None:
         task, count = os.environ.get("SLURM_ARRAY_TASK_ID"), os.environ.get("SLURM_ARRAY_TASK_COUNT")
         if task is None or count is None:

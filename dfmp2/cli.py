@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 import kernels
-from dfmp2 import job, report
+from dfmp2 import distributed, job, report
 from dfmp2.errors import Dfmp2Error, RunFailure
 from dfmp2.memory import parse_size
 from dfmp2.record import SCHEMA, read_record
@@ -99,7 +99,16 @@ def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int
         scs_os=scs_os, scs_ss=scs_ss, allow_unconverged=allow_unconverged, check=check, output=output, scratch=scratch,
         threads=threads,
         occ_block=occ_block, resume=resume, command=obj["command"])
-    outcome = job.run(settings)
+    world = distributed.init_world()
+    try:
+        if not world.is_root:
+            logging.getLogger().setLevel(logging.ERROR)
+            settings.show_progress = False
+        outcome = job.run(settings, world)
+    finally:
+        world.close()
+    if not world.is_root:
+        return 0
     if as_json:
         click.echo(json.dumps(job.json_summary(outcome)))
     else:
@@ -202,8 +211,9 @@ def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, 
                            threads=threads, check=check, command=obj["command"])
     rows = batch_job.run_batch(items, base, out_dir, shard_k_n)
     csv_path, json_path = batch_job.write_summaries(rows, out_dir, shard_k_n)
-    click.echo(json.dumps(rows, default=str) if as_json else
-               f"{batch_job.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
+    if distributed.rank() == 0:
+        click.echo(json.dumps(rows, default=str) if as_json else
+                   f"{batch_job.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
     failed = [row for row in rows if row["status"] == "failed"]
     if failed:
         names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)

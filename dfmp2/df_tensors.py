@@ -89,9 +89,9 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
         npart = p1 - p0
         for (occ, vir), raw in zip(channels, raws):
             nocc, nvir = occ.shape[1], vir.shape[1]
-            half = kern.gemm(lpq.reshape(npart * nao, nao), occ).reshape(npart, nao, nocc)
-            raw.write_rows(p0, p1, kern.gemm(half.transpose(1, 2), vir).reshape(npart,
-                                                                               nocc * nvir))
+            # (P|i nu) = C_occ^T (P|mu nu) for every P, then one GEMM over all (P, i) rows.
+            half = kern.gemm(occ.T, lpq).reshape(npart * nocc, nao)
+            raw.write_rows(p0, p1, kern.gemm(half, vir).reshape(npart, nocc * nvir))
         t_ints += t1 - t0
         t_transform += clock() - t1
     del integrals

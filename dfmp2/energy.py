@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
+from dfmp2.distributed import DIAGONAL_COST, World, deal_pairs
 from dfmp2.errors import RunFailure
 from dfmp2.progress import Progress
 
@@ -159,43 +161,76 @@ def combine(cases: tuple[SpinCase, ...], sums: dict[PairKey, tuple[float, float]
                        {"e_ss_alpha": e_ss_alpha, "e_ss_beta": e_ss_beta})
 
 
+def pair_cost(item: tuple) -> float:
+    """Relative cost of a work item (case index, case, block_i, block_j)."""
+    _, case, (i0, i1), (j0, j1) = item
+    cost = float((i1 - i0) * (j1 - j0))
+    return cost * DIAGONAL_COST if case.same_spin and (i0, i1) == (j0, j1) else cost
+
+
 def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
                 e_vir: list[torch.Tensor], kern, occ_block: int, fused: bool,
                 show_progress: bool | None = None,
                 finished: dict[PairKey, tuple[float, float]] | None = None,
-                on_pair: PairCallback | None = None) -> Mp2Energies:
+                on_pair: PairCallback | None = None, world: World | None = None,
+                rank_log: dict | None = None) -> Mp2Energies:
     """Sum every block pair of every spin case; the next column block is read while this one
     computes. ``finished`` holds pairs done before (a resumed run), keyed (case, i0, i1, j0, j1):
     they are not recomputed. ``on_pair`` sees each newly finished pair, e.g. to checkpoint it.
+
+    With a ``world`` of several ranks, each rank computes the pairs dealt to it, and after every
+    round all ranks gather what was finished (``on_pair`` then sees every rank's pairs);
+    ``rank_log`` receives each rank's pair list and busy seconds.
     """
+    world = world or World()
     cases = CLOSED_SHELL_CASES if len(readers) == 1 else OPEN_SHELL_CASES
     denoms = [orbital_denominators(o, v, readers[0].dtype) for o, v in zip(e_occ, e_vir)]
     nocc = [int(o.shape[0]) for o in e_occ]
     sums = dict(finished or {})
     work = [(index, case, bi, bj) for index, case in enumerate(cases)
             for bi, bj in case_pairs(case, nocc, occ_block) if (index, *bi, *bj) not in sums]
-    progress = Progress(len(work), "energy blocks", show_progress)
+    # Dealt by cost, then walked in block order so that each rank reuses its row block.
+    assignment = [sorted(batch, key=lambda item: (item[0], item[2], item[3]))
+                  for batch in deal_pairs(work, pair_cost, world.size)]
+    mine = assignment[world.rank]
+    rounds = max(len(batch) for batch in assignment)
+    progress = Progress(len(work), "energy blocks", show_progress if world.is_root else False)
+    busy = 0.0
     row_key, row_data = None, None
     with ThreadPoolExecutor(max_workers=1) as pool:
         def read(item):
             return readers[item[1].cols].block(item[3])
 
-        upcoming = pool.submit(read, work[0]) if work else None
-        for n, item in enumerate(work):
-            index, case, block_i, block_j = item
-            b_j = upcoming.result()
-            if n + 1 < len(work):
-                upcoming = pool.submit(read, work[n + 1])
-            if (case.rows, block_i) != row_key:
-                row_key = (case.rows, block_i)
-                row_data = (b_j if case.same_spin and block_i == block_j
-                            else readers[case.rows].block(block_i))
-            d, x = pair_sums(row_data, b_j, denoms[case.rows], denoms[case.cols], kern, case,
-                             block_i, block_j, fused)
-            sums[(index, *block_i, *block_j)] = (d, x)
-            if on_pair is not None:
-                on_pair((index, *block_i, *block_j), d, x)
-            progress.advance()
+        upcoming = pool.submit(read, mine[0]) if mine else None
+        for n in range(rounds):
+            done = None
+            if n < len(mine):
+                start = time.perf_counter()
+                index, case, block_i, block_j = mine[n]
+                b_j = upcoming.result()
+                if n + 1 < len(mine):
+                    upcoming = pool.submit(read, mine[n + 1])
+                if (case.rows, block_i) != row_key:
+                    row_key = (case.rows, block_i)
+                    row_data = (b_j if case.same_spin and block_i == block_j
+                                else readers[case.rows].block(block_i))
+                d, x = pair_sums(row_data, b_j, denoms[case.rows], denoms[case.cols], kern,
+                                 case, block_i, block_j, fused)
+                done = ((index, *block_i, *block_j), d, x)
+                busy += time.perf_counter() - start
+            for result in world.gather(done, "exchanging finished block pairs"):
+                if result is None:
+                    continue
+                key, d, x = result
+                sums[key] = (d, x)
+                if on_pair is not None:
+                    on_pair(key, d, x)
+                progress.advance()
+    if rank_log is not None:
+        logs = world.gather({"pairs": [list(item[2]) + list(item[3]) + [item[0]]
+                                       for item in mine], "seconds": busy},
+                            "collecting per-rank timings")
+        rank_log.update({f"rank{r}": entry for r, entry in enumerate(logs)})
     log.info("energy step: %d block pairs of up to %d occupied orbitals (%d resumed)",
              len(sums), occ_block, len(sums) - len(work))
     return combine(cases, sums)

@@ -7,7 +7,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import h5py
@@ -19,6 +19,7 @@ from pyscf import gto
 import dfmp2
 import kernels
 from dfmp2 import mp2
+from dfmp2.distributed import World
 from dfmp2.checkpoint import Checkpoint, fingerprint, load_resumable, restored_scf
 from dfmp2.errors import Dfmp2Error, InputError, RunFailure
 from dfmp2.memory import default_budget
@@ -118,9 +119,11 @@ class Environment:
     budget: int
     threads: int
     scratch_dir: Path
+    world: World = field(default_factory=World)
 
 
-def resolve_environment(settings: RunSettings, path: Path) -> Environment:
+def resolve_environment(settings: RunSettings, path: Path,
+                        world: World | None = None) -> Environment:
     try:
         kern = kernels.load(settings.backend, settings.precision or "fp64")
     except ValueError as exc:
@@ -134,7 +137,7 @@ def resolve_environment(settings: RunSettings, path: Path) -> Environment:
                          "choose another with --scratch")
     threads = apply_threads(settings.threads)
     budget = settings.memory if settings.memory is not None else default_budget()
-    return Environment(kern, budget, threads, scratch_dir)
+    return Environment(kern, budget, threads, scratch_dir, world or World())
 
 
 @dataclass
@@ -175,13 +178,17 @@ def compute(calc: Calculation, settings: RunSettings, env: Environment, node: No
     With a checkpoint the SCF and each finished block pair are saved as they complete, and the
     ones in ``previous`` are reused instead of recomputed.
     """
+    world = env.world
     timings = node.group("timings")
     t0 = time.perf_counter()
-    scf_result = (restored_scf(previous, calc.mol, settings.scf_method, calc.reference)
-                  if previous else None)
-    node.attrs["resumed"] = scf_result is not None
-    if scf_result is None:
-        scf_result = run_scf(calc.mol, settings.scf_method, calc.reference)
+    scf_result = None
+    if world.is_root:
+        scf_result = (restored_scf(previous, calc.mol, settings.scf_method, calc.reference)
+                      if previous else None)
+        node.attrs["resumed"] = scf_result is not None
+        if scf_result is None:
+            scf_result = run_scf(calc.mol, settings.scf_method, calc.reference)
+    scf_result = share_scf(world, scf_result)
     timings.attrs["scf"] = time.perf_counter() - t0
     scf_group = node.group("scf")
     scf_group.attrs.update({"e_tot": scf_result.e_tot, "converged": scf_result.converged,
@@ -194,17 +201,22 @@ def compute(calc: Calculation, settings: RunSettings, env: Environment, node: No
         raise RunFailure(f"the SCF did not converge in {scf_result.cycles} cycles; "
                          "rerun with --allow-unconverged to accept it")
     resume = {}
-    if checkpoint is not None:
+    if checkpoint is not None and world.is_root:
         checkpoint.save()
-        resume = {"finished": checkpoint.pairs, "on_pair": checkpoint.add_pair,
+        resume = {"on_pair": checkpoint.add_pair,
                   "on_plan": lambda plan: checkpoint.set_plan(plan.occ_block)}
-    occ_block = settings.occ_block or (checkpoint.occ_block if checkpoint else None)
+    finished, stored_block = world.broadcast(
+        (checkpoint.pairs, checkpoint.occ_block) if checkpoint is not None else ({}, None),
+        "sharing the checkpoint")
+    occ_block = settings.occ_block or stored_block
+    rank_log: dict = {}
 
     t0 = time.perf_counter()
     result = mp2.kernel(calc.mol, scf_result.mo_energy, scf_result.mo_coeff, scf_result.mo_occ,
                         calc.nfrozen, calc.auxbasis, env.kern, env.budget,
                         settings.fused_energy, occ_block, settings.show_progress,
-                        env.scratch_dir, **resume)
+                        env.scratch_dir, finished=finished, world=world, rank_log=rank_log,
+                        **resume)
     timings.attrs["mp2"] = time.perf_counter() - t0
     timings.attrs.update(result.timings)
     sizes = {"nao": result.nao, "naux": result.naux, "naux_fit": result.naux_fit,
@@ -216,7 +228,28 @@ def compute(calc: Calculation, settings: RunSettings, env: Environment, node: No
     node.group("plan").attrs.update(result.plan.as_attrs())
     node.group("plan").attrs["metric"] = result.metric_kind
     node.group("mp2").attrs.update(mp2_attrs(result.energies, scf_result.e_tot, settings))
+    if world.size > 1:
+        distributed = node.group("distributed")
+        distributed.attrs.update({"world_size": world.size, "backend": world.backend})
+        for name, entry in rank_log.items():
+            distributed.attrs[f"{name}.pairs"] = entry["pairs"]
+            distributed.attrs[f"{name}.seconds"] = entry["seconds"]
     return scf_result, result
+
+
+def share_scf(world: World, scf_result: ScfResult | None) -> ScfResult:
+    """Rank 0's SCF on every rank (the others get the orbitals, not the PySCF object)."""
+    if world.size == 1:
+        return scf_result
+    fields = world.broadcast(None if scf_result is None else (
+        scf_result.e_tot, scf_result.converged, scf_result.cycles, scf_result.mo_energy,
+        scf_result.mo_coeff, scf_result.mo_occ, scf_result.method, scf_result.jk_auxbasis,
+        scf_result.reference), "sharing the SCF orbitals")
+    if scf_result is not None:
+        return scf_result
+    e_tot, converged, cycles, mo_energy, mo_coeff, mo_occ, method, jk, reference = fields
+    return ScfResult(e_tot, converged, cycles, mo_energy, mo_coeff, mo_occ, method, jk, None,
+                     reference)
 
 
 def new_record(settings: RunSettings, env: Environment, schema: str = SCHEMA) -> Node:
@@ -231,24 +264,30 @@ def new_record(settings: RunSettings, env: Environment, schema: str = SCHEMA) ->
     return root
 
 
-def run(settings: RunSettings) -> RunOutcome:
+def run(settings: RunSettings, world: World | None = None) -> RunOutcome:
     """The whole job; the record is checkpointed after the SCF and after every block pair, and
-    a run restarted on the same record skips both."""
+    a run restarted on the same record skips both. With a ``world`` of several ranks, rank 0
+    alone writes the record."""
     t_start = time.perf_counter()
+    world = world or World()
     path = settings.output_path()
     check_output_path(path, settings.resume)
     geometry = read_xyz(settings.molecule)
-    env = resolve_environment(settings, path)
+    env = resolve_environment(settings, path, world)
     calc = prepare(geometry, settings, env, settings.charge, settings.spin)
-    previous = load_resumable(path, fingerprint(calc.inputs), settings.resume)
+    previous = (load_resumable(path, fingerprint(calc.inputs), settings.resume)
+                if world.is_root else None)
     root = new_record(settings, env)
     root.group("input").attrs.update(calc.inputs)
-    checkpoint = Checkpoint(path, root, previous)
+    checkpoint = Checkpoint(path, root, previous) if world.is_root else None
     try:
         scf_result, _ = compute(calc, settings, env, root, checkpoint, previous)
     except RunFailure as exc:
-        finish_record(root, path, "failed", t_start, env.kern, error=str(exc))
+        if world.is_root:
+            finish_record(root, path, "failed", t_start, env.kern, error=str(exc))
         raise RunFailure(f"{exc} (record {path})") from None
+    if not world.is_root:
+        return RunOutcome(root, path, 0)
 
     exit_code = 0
     if settings.check:

@@ -13,7 +13,8 @@ from pyscf import df, gto
 from pyscf.data import elements
 
 import kernels
-from dfmp2.b_store import open_store
+from dfmp2.b_store import ScratchB, open_store
+from dfmp2.distributed import World
 from dfmp2.df_tensors import build_fitted_tensors
 from dfmp2.energy import BlockReader, Mp2Energies, energy_sums
 from dfmp2.errors import InputError
@@ -105,13 +106,18 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
            nfrozen: int, auxbasis: str | dict, kern, budget: int, fused: bool,
            occ_block: int | None = None, show_progress: bool | None = None,
            scratch_dir: Path | None = None, force_out_of_core: bool = False,
-           finished: dict | None = None, on_pair=None, on_plan=None) -> Mp2Result:
+           finished: dict | None = None, on_pair=None, on_plan=None,
+           world: World | None = None, rank_log: dict | None = None) -> Mp2Result:
     """DF-MP2 correlation energy of an RHF or UHF reference through the kernel set ``kern``.
 
     B stays in memory when the budget allows, else in an HDF5 scratch file in ``scratch_dir``.
     ``finished``/``on_pair`` resume and checkpoint block pairs (see ``energy.energy_sums``);
-    ``on_plan`` sees the block plan before any integral is computed.
+    ``on_plan`` sees the block plan before any integral is computed. With a ``world`` of
+    several ranks, rank 0 builds B into a scratch file the others read, and the block pairs are
+    shared out (see ``energy.energy_sums``).
     """
+    world = world or World()
+    force_out_of_core = force_out_of_core or world.size > 1
     timings: dict[str, float] = {}
     channels = spin_channels(mo_energy, mo_coeff, mo_occ, nfrozen)
     sizes = [(len(c.e_occ), len(c.e_vir)) for c in channels]
@@ -132,8 +138,16 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
         on_plan(plan)
 
     store_factory = partial(open_store, out_of_core=plan.out_of_core, scratch_dir=scratch_dir)
-    stores = build_fitted_tensors(mol, auxmol, [(c.c_occ, c.c_vir) for c in channels], metric,
-                                  kern, plan.build_block_bytes, store_factory, timings)
+    stores = []
+    if world.is_root:
+        stores = build_fitted_tensors(mol, auxmol, [(c.c_occ, c.c_vir) for c in channels],
+                                      metric, kern, plan.build_block_bytes, store_factory,
+                                      timings)
+    if world.size > 1:
+        paths = world.broadcast([store.share() for store in stores] if world.is_root else None,
+                                "sharing the fitted tensor B")
+        if not world.is_root:
+            stores = [ScratchB.open_shared(path) for path in paths]
     try:
         t0 = time.perf_counter()
         readers = [BlockReader(store, len(c.e_vir), kern.dtype, kern.device)
@@ -144,8 +158,9 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
 
         energies = energy_sums(readers, [energies_of(c.e_occ) for c in channels],
                                [energies_of(c.e_vir) for c in channels], kern, plan.occ_block,
-                               fused, show_progress, finished, on_pair)
+                               fused, show_progress, finished, on_pair, world, rank_log)
         timings["energy"] = time.perf_counter() - t0
+        world.barrier("finishing the energy step")
     finally:
         for store in stores:
             store.close()

@@ -3,7 +3,8 @@
 ``load(backend, precision, device)`` returns a kernel set: an object with the methods below and
 an ``accounting`` attribute (a :class:`KernelAccounting`). All operands are torch tensors.
 
-- ``gemm(a, b)``: ``a @ b`` for ``a`` (..., m, k) and ``b`` (k, n); ``a`` may be a transposed view.
+- ``gemm(a, b)``: ``a @ b`` for ``a`` (..., m, k) and ``b`` (k, n), or for ``a`` (m, k) and a
+  batch ``b`` (p, k, n); operands may be transposed views.
 - ``syrk(a, block)``: ``a @ a.T`` for ``a`` (n, k); only blocks on and below the diagonal, in
   units of ``block`` rows, are guaranteed; the others are unspecified.
 - ``trsm(l, b)``: ``X`` with ``l @ X = b`` for lower-triangular ``l`` (n, n) and ``b`` (n, m).

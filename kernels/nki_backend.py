@@ -159,6 +159,13 @@ class NkiKernels:
                          lambda: self._torch.gemm(a.to(torch.float32), b.to(torch.float32)))
 
     def _gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if b.dim() == 3:
+            # a (m, k) times each b[p] (k, n): one launch on b laid out as (k, p*n).
+            nb, k, n = b.shape
+            m = a.shape[0]
+            moving = np.ascontiguousarray(_np32(b).transpose(1, 0, 2).reshape(k, nb * n))
+            c = self.matmul_lhs_t(np.ascontiguousarray(_np32(a).T), moving)
+            return self._out(np.ascontiguousarray(c.reshape(m, nb, n).transpose(1, 0, 2)))
         *batch, m, k = a.shape
         n = b.shape[1]
         a_t = np.ascontiguousarray(_np32(a.reshape(-1, k)).T)  # lhsT (k, rows)

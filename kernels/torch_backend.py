@@ -1,6 +1,8 @@
 """PyTorch implementations of the four kernels, in fp64 or fp32, on any torch device."""
 from __future__ import annotations
 
+import math
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -11,8 +13,6 @@ DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 # Row stripes of at least this many rows keep each GEMM of syrk and of the fused energy
 # large enough to run near the BLAS peak.
 MIN_STRIPE_ROWS = 512
-# Elements per elementwise tile of the energy reduction: a few such tiles fit in L2.
-CACHE_TILE_ELEMENTS = 2**17
 
 
 @contextmanager
@@ -40,50 +40,74 @@ def _stripe(block: int) -> int:
     return block * max(1, -(-MIN_STRIPE_ROWS // block))
 
 
+class ReductionBuffers:
+    """Two scratch tiles reused across pairs: fresh ~1 MB tensors per pair cost page faults."""
+
+    def __init__(self, nvir_i: int, nvir_j: int, dtype: torch.dtype, device: torch.device):
+        self.denom = torch.empty((nvir_i, nvir_j), dtype=dtype, device=device)
+        self.product = torch.empty((nvir_i, nvir_j), dtype=dtype, device=device)
+
+
 def orbital_row_sums(t_row: torch.Tensor, denom_a: torch.Tensor, denom_col: torch.Tensor,
-                     with_exchange: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                     with_exchange: bool = True,
+                     buffers: ReductionBuffers | None = None) -> tuple[float, float]:
     """(direct, exchange) fp64 sums for one occupied orbital i against a set of orbitals j.
 
     ``t_row`` is (nvir_i, nj, nvir_j) holding (ia|jb) as [a, j, b]; ``denom_a`` is e_i - e_a
     and ``denom_col`` is e_j - e_b (nj, nvir_j). Without exchange (opposite spins, where the
-    virtual spaces differ) only the direct sum is formed. The j range is walked in chunks of
-    about CACHE_TILE_ELEMENTS so that the few elementwise passes stay in cache.
+    virtual spaces differ) only the direct sum is formed. Each (i, j) tile of nvir_i x nvir_j
+    numbers stays in cache through its few passes.
     """
     nvir_i, nj, nvir_j = t_row.shape
-    chunk = max(1, CACHE_TILE_ELEMENTS // (nvir_i * nvir_j))
-    direct = torch.zeros((), dtype=torch.float64, device=t_row.device)
-    exchange = torch.zeros((), dtype=torch.float64, device=t_row.device)
-    for j0 in range(0, nj, chunk):
-        tile = t_row[:, j0:j0 + chunk]
-        scaled = tile / (denom_a[:, None, None] + denom_col[None, j0:j0 + chunk, :])
-        direct += torch.sum(scaled * tile, dtype=torch.float64)
+    buffers = buffers or ReductionBuffers(nvir_i, nvir_j, t_row.dtype, t_row.device)
+    direct = exchange = 0.0
+    for j in range(nj):
+        tile = t_row[:, j]
+        scaled = torch.add(denom_a[:, None], denom_col[j][None, :], out=buffers.denom)
+        torch.div(tile, scaled, out=scaled)
         if with_exchange:
-            exchange += torch.sum(scaled * tile.permute(2, 1, 0), dtype=torch.float64)
+            exchange += float(torch.sum(torch.mul(scaled, tile.T, out=buffers.product),
+                                        dtype=torch.float64))
+        direct += float(torch.sum(scaled.mul_(tile), dtype=torch.float64))
     return direct, exchange
 
 
 def pair_block_sums(t: torch.Tensor, denom_row: torch.Tensor, denom_col: torch.Tensor,
-                    lower_pairs: bool, row_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                    lower_pairs: bool, row_offset: int = 0, with_exchange: bool = True,
+                    workers: int = 1) -> tuple[float, float]:
     """(direct, exchange) over a block viewed as t[i, a, j, b] (rows i, cols j).
 
     ``row_offset`` is the index of t's first row orbital among the column orbitals, used with
-    ``lower_pairs`` to keep only pairs i >= j (i > j weighted twice).
+    ``lower_pairs`` to keep only pairs i >= j (i > j weighted twice). Rows are shared out to
+    ``workers`` threads (each running single-threaded torch ops); the partial sums are added in
+    a fixed order, so the result does not depend on timing.
     """
-    direct = torch.zeros((), dtype=torch.float64, device=t.device)
-    exchange = torch.zeros((), dtype=torch.float64, device=t.device)
-    for i in range(t.shape[0]):
-        if lower_pairs:
-            i_col = i + row_offset
-            d_low, x_low = orbital_row_sums(t[i, :, :i_col], denom_row[i], denom_col[:i_col])
-            d_diag, x_diag = orbital_row_sums(t[i, :, i_col:i_col + 1], denom_row[i],
-                                              denom_col[i_col:i_col + 1])
-            direct += 2.0 * d_low + d_diag
-            exchange += 2.0 * x_low + x_diag
+    def rows(first: int) -> tuple[float, float]:
+        buffers = ReductionBuffers(t.shape[1], t.shape[3], t.dtype, t.device)
+        direct = exchange = 0.0
+        for i in range(first, t.shape[0], workers):
+            if lower_pairs:
+                i_col = i + row_offset
+                d_low, x_low = orbital_row_sums(t[i, :, :i_col], denom_row[i], denom_col[:i_col],
+                                                with_exchange, buffers)
+                d_diag, x_diag = orbital_row_sums(t[i, :, i_col:i_col + 1], denom_row[i],
+                                                  denom_col[i_col:i_col + 1], with_exchange,
+                                                  buffers)
+                direct += 2.0 * d_low + d_diag
+                exchange += 2.0 * x_low + x_diag
+            else:
+                d, x = orbital_row_sums(t[i], denom_row[i], denom_col, with_exchange, buffers)
+                direct += d
+                exchange += x
+        return direct, exchange
+
+    with single_threaded_ops():
+        if workers == 1:
+            parts = [rows(0)]
         else:
-            d, x = orbital_row_sums(t[i], denom_row[i], denom_col)
-            direct += d
-            exchange += x
-    return direct, exchange
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                parts = list(pool.map(rows, range(workers)))
+    return math.fsum(p[0] for p in parts), math.fsum(p[1] for p in parts)
 
 
 class TorchKernels:
@@ -125,21 +149,16 @@ class TorchKernels:
         self.accounting.record("mp2_energy", self.executor)
         ni, nj = pair_block.shape[0] // nvir, pair_block.shape[1] // nvir
         t = pair_block.reshape(ni, nvir, nj, nvir)
-        with single_threaded_ops():
-            direct, exchange = pair_block_sums(t, denom_row.reshape(ni, nvir),
-                                               denom_col.reshape(nj, nvir), lower_pairs)
-        return float(direct), float(exchange)
+        return pair_block_sums(t, denom_row.reshape(ni, nvir), denom_col.reshape(nj, nvir),
+                               lower_pairs, workers=torch.get_num_threads())
 
     def mp2_energy_os(self, pair_block: torch.Tensor, denom_row: torch.Tensor,
                       denom_col: torch.Tensor, nvir_row: int, nvir_col: int) -> float:
         self.accounting.record("mp2_energy", self.executor)
         ni, nj = pair_block.shape[0] // nvir_row, pair_block.shape[1] // nvir_col
         t = pair_block.reshape(ni, nvir_row, nj, nvir_col)
-        d_row, d_col = denom_row.reshape(ni, nvir_row), denom_col.reshape(nj, nvir_col)
-        with single_threaded_ops():
-            direct = sum(float(orbital_row_sums(t[i], d_row[i], d_col, False)[0])
-                         for i in range(ni))
-        return direct
+        return pair_block_sums(t, denom_row.reshape(ni, nvir_row), denom_col.reshape(nj, nvir_col),
+                               False, with_exchange=False, workers=torch.get_num_threads())[0]
 
     def mp2_energy_os_fused(self, b_row: torch.Tensor, b_col: torch.Tensor,
                             denom_row: torch.Tensor, denom_col: torch.Tensor, nvir_row: int,
@@ -153,9 +172,8 @@ class TorchKernels:
             i1 = min(ni, i0 + stripe)
             tile = (b_row[:, i0 * nvir_row:i1 * nvir_row].T @ b_col).view(
                 i1 - i0, nvir_row, nj, nvir_col)
-            with single_threaded_ops():
-                direct += sum(float(orbital_row_sums(tile[i], d_row[i0 + i], d_col, False)[0])
-                              for i in range(i1 - i0))
+            direct += pair_block_sums(tile, d_row[i0:i1], d_col, False, with_exchange=False,
+                                      workers=torch.get_num_threads())[0]
         return direct
 
     def mp2_energy_fused(self, b_row: torch.Tensor, b_col: torch.Tensor, denom_row: torch.Tensor,
@@ -166,15 +184,14 @@ class TorchKernels:
         d_row = denom_row.reshape(ni, nvir)
         d_col = denom_col.reshape(nj, nvir)
         stripe = _stripe(nvir) // nvir
-        direct = torch.zeros((), dtype=torch.float64, device=b_row.device)
-        exchange = torch.zeros((), dtype=torch.float64, device=b_row.device)
+        direct = exchange = 0.0
         for i0 in range(0, ni, stripe):
             i1 = min(ni, i0 + stripe)
             j1 = i1 if lower_pairs else nj
             tile = b_row[:, i0 * nvir:i1 * nvir].T @ b_col[:, :j1 * nvir]
-            with single_threaded_ops():
-                d, x = pair_block_sums(tile.view(i1 - i0, nvir, j1, nvir), d_row[i0:i1],
-                                       d_col[:j1], lower_pairs, row_offset=i0)
+            d, x = pair_block_sums(tile.view(i1 - i0, nvir, j1, nvir), d_row[i0:i1],
+                                   d_col[:j1], lower_pairs, row_offset=i0,
+                                   workers=torch.get_num_threads())
             direct += d
             exchange += x
-        return float(direct), float(exchange)
+        return direct, exchange

@@ -1,0 +1,102 @@
+"""MP2-stage time against cluster size: PySCF's DFMP2 and dfmp2 on (H2O)n / cc-pVDZ.
+
+The clusters are the first n molecules of molecules/water_16.xyz (O, H, H per molecule), so
+every size is a piece of one real cluster. For each n: one DF-RHF, then PySCF's DFMP2 and
+dfmp2's MP2 stage timed back to back on those orbitals (fp64, same RI basis, with_t2=False).
+Prints a Markdown table with the fitted power-law exponent of each curve and writes a PNG.
+
+    python benchmarks/scaling.py --sizes 1,2,4,6,8,10,12,14,16 --png docs/scaling.png
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+import kernels
+from dfmp2 import mp2
+from dfmp2.job import apply_threads
+from dfmp2.memory import default_budget
+from dfmp2.molecule import build_molecule, parse_xyz
+from dfmp2.reference import pyscf_dfmp2_energy
+from dfmp2.scf import run_scf
+
+CLUSTER = Path(__file__).resolve().parent.parent / "molecules" / "water_16.xyz"
+# Sizes below this are dominated by fixed overheads; the exponent is fitted above it.
+FIT_FROM = 4
+
+
+def cluster_xyz(n: int) -> str:
+    lines = CLUSTER.read_text().splitlines()
+    atoms = lines[2:2 + 3 * n]
+    return f"{len(atoms)}\n(H2O){n}: first {n} molecules of {CLUSTER.name}\n" + "\n".join(atoms)
+
+
+def time_size(n: int, basis: str) -> dict[str, float]:
+    geometry = parse_xyz(cluster_xyz(n), source=f"(H2O){n}")
+    mol = build_molecule(geometry, basis, 0, 0)
+    scf = run_scf(mol)
+    auxbasis = mp2.default_auxbasis(mol)
+    reference = pyscf_dfmp2_energy(scf.mf, 0, auxbasis)
+    kern = kernels.load("torch", "fp64")
+    start = time.perf_counter()
+    result = mp2.kernel(mol, scf.mo_energy, scf.mo_coeff, scf.mo_occ, 0, auxbasis, kern,
+                        default_budget(), fused=False, show_progress=False)
+    ours = time.perf_counter() - start
+    return {"n": n, "nao": mol.nao_nr(), "naux": result.naux, "pyscf": reference.seconds,
+            "dfmp2": ours, "delta": abs(result.energies.e_corr - reference.e_corr)}
+
+
+def exponent(rows: list[dict], key: str) -> float:
+    fit = [r for r in rows if r["n"] >= FIT_FROM]
+    return float(np.polyfit(np.log([r["n"] for r in fit]), np.log([r[key] for r in fit]), 1)[0])
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| n | nao | naux | PySCF DFMP2 / s | dfmp2 / s | ratio | abs(dE) / Eh |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['n']} | {r['nao']} | {r['naux']} | {r['pyscf']:.2f} | "
+                     f"{r['dfmp2']:.2f} | {r['dfmp2'] / r['pyscf']:.2f} | {r['delta']:.1e} |")
+    lines.append(f"\nFitted exponents (n >= {FIT_FROM}): PySCF {exponent(rows, 'pyscf'):.2f}, "
+                 f"dfmp2 {exponent(rows, 'dfmp2'):.2f}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = [r["n"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for key, label in (("pyscf", "PySCF DFMP2"), ("dfmp2", "dfmp2 (torch fp64)")):
+        ax.loglog(n, [r[key] for r in rows], "o-",
+                  label=f"{label}, fitted n^{exponent(rows, key):.2f}")
+    ax.set_xlabel("water molecules n in (H2O)n, cc-pVDZ")
+    ax.set_ylabel("MP2 stage wall time / s")
+    ax.set_title("DF-MP2 stage on 2 CPU cores (same SCF orbitals)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,2,4,6,8,10,12,14,16")
+    parser.add_argument("--basis", default="cc-pvdz")
+    parser.add_argument("--png", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    apply_threads(args.threads)
+    rows = [time_size(int(n), args.basis) for n in args.sizes.split(",")]
+    print(markdown(rows))
+    if args.png:
+        plot(rows, args.png)
+        print(f"\nplot: {args.png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Two CPU ranks (gloo) under torchrun: same energy as one process, both ranks' blocks in the
+record, resume across world sizes, and a dead rank ends the job instead of hanging."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import h5py
+import pytest
+
+from conftest import molecule_path, python_exe
+from dfmp2.errors import InputError
+from dfmp2.record import read_record
+
+JOB_TIMEOUT_SECONDS = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(nproc: int, *args: str, command: str = "run") -> list[str]:
+    return [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "-m", "dfmp2", command, *map(str, args)]
+
+
+def environment() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "DFMP2_DIST_TIMEOUT": "60"}
+
+
+def test_two_ranks_match_one_process(tmp_path):
+    args = [molecule_path("water_dimer"), "--basis", "cc-pvdz", "--backend", "torch",
+            "--occ-block", "2", "--threads", "1", "--json"]
+    single = subprocess.run([python_exe(), "-m", "dfmp2", "run", *map(str, args), "-o",
+                             str(tmp_path / "one.h5")], capture_output=True, text=True,
+                            timeout=JOB_TIMEOUT_SECONDS, env=environment())
+    assert single.returncode == 0, single.stderr
+    record = tmp_path / "two.h5"
+    double = subprocess.run(torchrun(2, *args, "-o", record), capture_output=True, text=True,
+                            timeout=JOB_TIMEOUT_SECONDS, env=environment())
+    assert double.returncode == 0, double.stderr
+    lines = [line for line in double.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, "only rank 0 prints"
+    assert abs(json.loads(lines[0])["e_corr"] - json.loads(single.stdout)["e_corr"]) <= 1e-10
+    with h5py.File(record, "r") as h5:
+        dist = h5["distributed"].attrs
+        assert dist["world_size"] == 2 and dist["backend"] == "gloo"
+        pairs = [json.loads(dist[f"rank{r}.pairs"]) for r in (0, 1)]
+        assert pairs[0] and pairs[1], "both ranks computed block pairs"
+        assert len(pairs[0]) + len(pairs[1]) == 5 * 6 // 2
+        assert h5["plan"].attrs["out_of_core"]
+    assert not list(tmp_path.glob(".dfmp2-scratch-*"))
+
+
+def _pairs_done(record) -> int:
+    try:
+        return len(read_record(record).groups["checkpoint"].datasets.get("pairs", []))
+    except (InputError, KeyError):
+        return 0
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+        return [int(p) for p in handle.read().split()]
+
+
+def test_a_dead_rank_ends_the_job_and_resume_works_with_one_rank(tmp_path):
+    record = tmp_path / "benzene.h5"
+    args = [molecule_path("benzene"), "--basis", "cc-pvdz", "--backend", "torch",
+            "--occ-block", "1", "--threads", "1", "--json", "-o", record]
+    proc = subprocess.Popen(torchrun(2, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=environment())
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while _pairs_done(record) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the job ended before a rank could be killed"
+    workers = _children(proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=JOB_TIMEOUT_SECONDS)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 120, "the job did not end promptly"
+    killed = read_record(record)
+    assert killed.attrs["status"] in ("running", "failed")
+    if killed.attrs["status"] == "failed":
+        assert "distributed run broken" in killed.attrs["error"]
+    assert "Error: distributed run broken" in stderr or "failed" in stderr
+    done = _pairs_done(record)
+    assert 4 <= done < 21 * 22 // 2
+
+    resumed = subprocess.run([python_exe(), "-m", "dfmp2", "run", *map(str, args)],
+                             capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+                             env=environment())
+    assert resumed.returncode == 0, resumed.stderr
+    fresh = subprocess.run([python_exe(), "-m", "dfmp2", "run", str(molecule_path("benzene")),
+                            "--backend", "torch", "--json", "-o", str(tmp_path / "fresh.h5")],
+                           capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS)
+    assert abs(json.loads(resumed.stdout)["e_corr"] - json.loads(fresh.stdout)["e_corr"]) <= 1e-10
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
+
+
+def test_batch_under_torchrun_spreads_molecules(tmp_path):
+    out = tmp_path / "out"
+    inputs = [molecule_path(name) for name in ("water", "ammonia", "methane")]
+    command = torchrun(2, *inputs, "--basis", "sto-3g", "--backend", "torch", "--threads", "1",
+                       "--out", out, command="batch")
+    proc = subprocess.run(command, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_SECONDS, env=environment())
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "summary-shard-0-of-2.csv").exists() and (out / "summary-shard-1-of-2.csv").exists()
+    assert len(list(out.glob("*.h5"))) == 3
