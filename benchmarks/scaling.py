@@ -5,11 +5,14 @@ every size is a piece of one real cluster. For each n: one DF-RHF, then PySCF's 
 dfmp2's MP2 stage timed back to back on those orbitals (fp64, same RI basis, with_t2=False).
 Prints a Markdown table with the fitted power-law exponent of each curve and writes a PNG.
 
-    python benchmarks/scaling.py --sizes 1,2,4,6,8,10,12,14,16 --png docs/scaling.png
+    python benchmarks/scaling.py --sizes 1,2,4,6,8,10,12,14,16 --png docs/scaling.png \
+        --json docs/scaling.json
+    python benchmarks/scaling.py --from-json docs/scaling.json --png docs/scaling.png  # re-plot
 """
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -89,9 +92,17 @@ def main() -> None:
     parser.add_argument("--basis", default="cc-pvdz")
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="Save the measurements here.")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="Re-plot saved measurements instead of measuring.")
     args = parser.parse_args()
-    apply_threads(args.threads)
-    rows = [time_size(int(n), args.basis) for n in args.sizes.split(",")]
+    if args.from_json:
+        rows = json.loads(args.from_json.read_text())
+    else:
+        apply_threads(args.threads)
+        rows = [time_size(int(n), args.basis) for n in args.sizes.split(",")]
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
     print(markdown(rows))
     if args.png:
         plot(rows, args.png)

@@ -32,6 +32,35 @@ class MemorySize(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+CALCULATION_OPTIONS = (
+    click.option("--basis", default="cc-pvdz", show_default=True,
+                 help="Orbital basis (PySCF name)."),
+    click.option("--auxbasis", default=None,
+                 help="Auxiliary (RI) basis for MP2; default: the MP2-fit partner of --basis."),
+    click.option("--frozen-core", is_flag=True, help="Freeze PySCF's standard core orbitals."),
+    click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto",
+                 show_default=True, help="Kernel backend: nki on Trainium, torch elsewhere."),
+    click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None,
+                 help="Contraction precision (default fp64 on torch; NKI is fp32)."),
+    click.option("--fused-energy", is_flag=True,
+                 help="Form (ia|jb) tiles and reduce them in one kernel, never storing the "
+                      "block."),
+    click.option("--memory", type=MemorySize(), default=None,
+                 help="Memory budget, e.g. 4GB (default: 60% of available RAM)."),
+    click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
+                 show_default=True, help="Density-fitted (JK-fit) or conventional SCF."),
+    click.option("--threads", type=click.IntRange(min=1), default=None,
+                 help="Threads for torch and PySCF (default: all available cores)."),
+)
+
+
+def calculation_options(command):
+    """The options shared by every command that computes energies."""
+    for option in reversed(CALCULATION_OPTIONS):
+        command = option(command)
+    return command
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="dfmp2")
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
@@ -44,26 +73,13 @@ def cli(verbose: int) -> None:
 
 @cli.command()
 @click.argument("molecule", type=XYZ_FILE)
-@click.option("--basis", default="cc-pvdz", show_default=True, help="Orbital basis (PySCF name).")
-@click.option("--auxbasis", default=None,
-              help="Auxiliary (RI) basis for MP2; default: the MP2-fit partner of --basis.")
+@calculation_options
 @click.option("--charge", type=int, default=None,
               help="Total charge (default: 'charge=N' in the XYZ comment, else 0).")
 @click.option("--spin", type=int, default=None,
               help="2S = N_alpha - N_beta (default: from 'multiplicity=M' in the comment, else 0).")
-@click.option("--frozen-core", is_flag=True, help="Freeze PySCF's standard core orbitals.")
 @click.option("--frozen", type=click.IntRange(min=0), default=None,
               help="Freeze this many lowest occupied orbitals.")
-@click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto",
-              show_default=True, help="Kernel backend: nki on Trainium, torch elsewhere.")
-@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None,
-              help="Contraction precision (default fp64 on torch; NKI is fp32).")
-@click.option("--fused-energy", is_flag=True,
-              help="Form (ia|jb) tiles and reduce them in one kernel, never storing the block.")
-@click.option("--memory", type=MemorySize(), default=None,
-              help="Memory budget, e.g. 4GB (default: 60% of available RAM).")
-@click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
-              show_default=True, help="Density-fitted (JK-fit) or conventional RHF.")
 @click.option("--reference", type=click.Choice(REFERENCES), default="auto", show_default=True,
               help="SCF reference: RHF for closed shells and UHF for spin > 0 unless given.")
 @click.option("--scs-os", type=float, default=SCS_OS_DEFAULT, show_default=True,
@@ -77,8 +93,6 @@ def cli(verbose: int) -> None:
               help="Run record path (default: runs/<molecule>-<basis>.h5).")
 @click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the out-of-core B file (default: beside the record).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Threads for torch and PySCF (default: all available cores).")
 @click.option("--occ-block", type=click.IntRange(min=1), default=None,
               help="Occupied orbitals per energy block (default: from --memory).")
 @click.option("--resume", is_flag=True,
@@ -130,23 +144,14 @@ def show(record: Path, show_all: bool) -> int:
 
 @cli.command()
 @click.argument("dimer", type=XYZ_FILE)
+@calculation_options
 @click.option("--split", type=click.IntRange(min=1), default=None,
               help="Monomer A is the first N atoms (default: 'monomer A = first N atoms' in the "
                    "comment line).")
 @click.option("--charges", default=None, help="Monomer charges a,b (default 0,0).")
 @click.option("--spins", default=None, help="Monomer spins (2S) a,b (default 0,0).")
-@click.option("--basis", default="cc-pvdz", show_default=True)
-@click.option("--auxbasis", default=None)
-@click.option("--frozen-core", is_flag=True)
-@click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto", show_default=True)
-@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None)
-@click.option("--fused-energy", is_flag=True)
-@click.option("--memory", type=MemorySize(), default=None)
-@click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
-              show_default=True)
 @click.option("--scs-os", type=float, default=SCS_OS_DEFAULT, show_default=True)
 @click.option("--scs-ss", type=float, default=SCS_SS_DEFAULT, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Record (default: runs/<dimer>-<basis>-interaction.h5).")
 @click.option("--json", "as_json", is_flag=True)
@@ -171,20 +176,11 @@ def interaction(obj: dict, dimer: Path, split: int | None, charges: str | None,
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
+@calculation_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("runs/batch"), show_default=True, help="Folder for the records.")
 @click.option("--shard", default=None,
               help="Run every N-th molecule from K (K/N); default from SLURM_ARRAY_TASK_ID/COUNT.")
-@click.option("--basis", default="cc-pvdz", show_default=True)
-@click.option("--auxbasis", default=None)
-@click.option("--frozen-core", is_flag=True)
-@click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto", show_default=True)
-@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None)
-@click.option("--fused-energy", is_flag=True)
-@click.option("--memory", type=MemorySize(), default=None)
-@click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
-              show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--check", is_flag=True, help="Compare each molecule with PySCF's DFMP2.")
 @click.option("--interaction", "dimers", is_flag=True,
               help="Treat every XYZ input as a dimer (split from its comment line).")

@@ -23,6 +23,8 @@ from dfmp2.metric import build_metric
 from dfmp2.planner import BlockPlan, plan_blocks
 
 log = logging.getLogger(__name__)
+# A distributed energy step wants several block pairs per rank to balance the load.
+PAIRS_PER_RANK = 4
 
 
 def default_auxbasis(mol: gto.Mole) -> str | dict:
@@ -130,7 +132,8 @@ def kernel(mol: gto.Mole, mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: n
 
     itemsize = torch.tensor([], dtype=kern.dtype).element_size()
     plan = plan_blocks(sizes, metric.naux_fit, nao, itemsize, budget, fused, occ_block,
-                       force_out_of_core)
+                       force_out_of_core,
+                       min_pairs=PAIRS_PER_RANK * world.size if world.size > 1 else 1)
     log.info("sizes: nao=%d naux=%d (nocc, nvir)=%s nfrozen=%d; occupied block %d; B %s",
              nao, metric.naux, sizes, nfrozen, plan.occ_block,
              "out of core" if plan.out_of_core else "in memory")

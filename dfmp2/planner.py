@@ -16,7 +16,7 @@ OUT_OF_CORE_BLOCKS = 3
 # Integral blocks beyond this size make no build step faster, only the peak memory higher.
 MAX_BUILD_BLOCK_BYTES = 512 * 2**20
 # B stays in memory only if it leaves at least this share of the budget to everything else.
-IN_CORE_MAX_SHARE = 0.6
+IN_CORE_MAX_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,11 @@ def energy_block_bytes(occ_block: int, nvir: int, naux: int, itemsize: int, fuse
 
 def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int, budget: int,
                 fused: bool, requested: int | None = None,
-                force_out_of_core: bool = False) -> BlockPlan:
+                force_out_of_core: bool = False, min_pairs: int = 1) -> BlockPlan:
     """Keep B (one per spin channel, ``sizes`` = [(nocc, nvir), ...]) in memory when it fits
     comfortably, else stream it from scratch; then take the largest occupied block that fits
-    what is left."""
+    what is left and still gives at least ``min_pairs`` block pairs I <= J (work for every
+    rank of a distributed run)."""
     nocc = max(o for o, _ in sizes)
     nvir = max(v for _, v in sizes)
     b_bytes = naux * sum(o * v for o, v in sizes) * (
@@ -74,11 +75,15 @@ def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int
         pair_block = (occ_block * nvir) ** 2 * itemsize
         return resident + cost <= budget and (fused or pair_block <= MAX_PAIR_BLOCK_BYTES)
 
+    def enough_pairs(occ_block: int) -> bool:
+        nblocks = -(-nocc // occ_block)
+        return nblocks * (nblocks + 1) // 2 >= min_pairs
+
     if requested is not None:
         occ_block = max(1, min(max(nocc, 1), requested))
     else:
         occ_block = 1
-        while occ_block < nocc and fits(occ_block + 1):
+        while occ_block < nocc and fits(occ_block + 1) and enough_pairs(occ_block + 1):
             occ_block += 1
     return BlockPlan(occ_block, -(-max(nocc, 1) // occ_block), out_of_core, b_bytes,
                      energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core),
