@@ -1,0 +1,52 @@
+"""The per-pair reduction shared by the plain and fused same-spin energy kernels.
+
+Called from inside ``@nki.jit`` kernels (traced like their own body). Given one pair block T_ij
+(nvir x nvir) resident in SBUF as row tiles of TILE_A partitions (row tile ``at`` occupies
+columns ``at*nvir .. (at+1)*nvir``), it forms, per (TILE_A x TILE_B) tile, the exchange partner
+T_ij^T with 128x128 Tensor Engine transposes into PSUM, scales T by 1/D on the Vector Engine
+(D = denom_row[a] + denom_col[b]: a (P, 1) per-partition scalar plus a partition-broadcast
+row), and reduces T^2/D and T*T^T/D along the free axis into two per-partition partial slots.
+"""
+import nki.language as nl
+import nki.isa as nisa
+
+TILE_A = 128  # rows a of a T tile (partition dim); also the transpose block
+TILE_B = 512  # columns b of a T tile (one fp32 PSUM bank for the transposed partner)
+
+
+def reduce_pair(t_sb, drs, dcb, part_sb, i, j, n_col_orb, nvir, a_tiles, b_tiles):
+    """Add pair (i, j)'s direct and exchange partials into ``part_sb`` (TILE_A, slots)."""
+    for at in nl.affine_range(a_tiles):
+        a0 = at * TILE_A
+        pa = min(TILE_A, nvir - a0)
+        dr_col = drs[0:pa, i * a_tiles + at:i * a_tiles + at + 1]
+        for bt in nl.affine_range(b_tiles):
+            b0 = bt * TILE_B
+            wb = min(TILE_B, nvir - b0)
+            partner = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
+            for sub in nl.affine_range((wb + TILE_A - 1) // TILE_A):
+                s0 = b0 + sub * TILE_A
+                ps = min(TILE_A, nvir - s0)
+                src_tile = s0 // TILE_A
+                nisa.nc_transpose(
+                    dst=partner[0:pa, sub * TILE_A:sub * TILE_A + ps],
+                    data=t_sb[0:ps, src_tile * nvir + a0:src_tile * nvir + a0 + pa])
+            t_ab = t_sb[0:pa, at * nvir + b0:at * nvir + b0 + wb]
+            # scaled = T / D, built in place: D, then 1/D, then T * (1/D)
+            scaled = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=scaled[0:pa, 0:wb],
+                               data=dcb[0:pa, j * nvir + b0:j * nvir + b0 + wb],
+                               op0=nl.add, operand0=dr_col)
+            nisa.reciprocal(dst=scaled[0:pa, 0:wb], data=scaled[0:pa, 0:wb])
+            nisa.tensor_tensor(dst=scaled[0:pa, 0:wb], data1=t_ab, data2=scaled[0:pa, 0:wb],
+                               op=nl.multiply)
+            slot = (((i * n_col_orb + j) * a_tiles + at) * b_tiles + bt) * 2
+            prod = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=prod[0:pa, 0:wb], data1=scaled[0:pa, 0:wb], data2=t_ab,
+                               op=nl.multiply)
+            nisa.tensor_reduce(dst=part_sb[0:pa, slot:slot + 1], op=nl.add,
+                               data=prod[0:pa, 0:wb], axis=1, keepdims=True)
+            nisa.tensor_tensor(dst=prod[0:pa, 0:wb], data1=scaled[0:pa, 0:wb],
+                               data2=partner[0:pa, 0:wb], op=nl.multiply)
+            nisa.tensor_reduce(dst=part_sb[0:pa, slot + 1:slot + 2], op=nl.add,
+                               data=prod[0:pa, 0:wb], axis=1, keepdims=True)
