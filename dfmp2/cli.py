@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 import kernels
-from dfmp2 import distributed, job, report
+from dfmp2 import __version__, distributed, job, report
 from dfmp2.errors import Dfmp2Error, RunFailure
 from dfmp2.memory import parse_size
 from dfmp2.record import SCHEMA, read_record
@@ -62,7 +62,7 @@ def calculation_options(command):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dfmp2")
+@click.version_option(version=__version__, prog_name="dfmp2")
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
 def cli(verbose: int) -> None:
     """Density-fitted MP2 (RI-MP2) on PySCF orbitals, with NKI and torch kernels."""
