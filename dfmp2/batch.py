@@ -112,7 +112,8 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     if text is None and distributed.launched_world_size() > 1:
         return distributed.rank(), distributed.launched_world_size()
     if text is None:
-        task, count = os.environ.get("SLURM_ARRAY_TASK_ID"), os.environ.get("SLURM_ARRAY_TASK_COUNT")
+        task = os.environ.get("SLURM_ARRAY_TASK_ID")
+        count = os.environ.get("SLURM_ARRAY_TASK_COUNT")
         if task is None or count is None:
             return 0, 1
         first = int(os.environ.get("SLURM_ARRAY_TASK_MIN", "0"))

@@ -148,7 +148,8 @@ def verdicts(summary: dict[str, float], precision: str) -> list[str]:
             lines.append(f"  target {key} {op} {bound:g}: not measured (PySCF was skipped)")
             continue
         met = value <= bound if op == "<=" else value >= bound
-        gap = "" if met else f"  (missed by {abs(value - bound):.3g}, {value / bound:.2f}x the bound)"
+        gap = ("" if met else
+               f"  (missed by {abs(value - bound):.3g}, {value / bound:.2f}x the bound)")
         lines.append(f"  target {key} {op} {bound:g}: measured {value:.4g} -> "
                      f"{'met' if met else 'MISSED'}{gap}")
     return lines

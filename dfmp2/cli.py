@@ -99,20 +99,9 @@ def cli(verbose: int) -> None:
               help="Continue the interrupted run in -o (also done whenever -o holds one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_obj
-def run(obj: dict, molecule: Path, basis: str, auxbasis: str | None, charge: int | None, spin: int | None,
-        frozen_core: bool, frozen: int | None, backend: str, precision: str | None,
-        fused_energy: bool, memory: int | None, scf_method: str, reference: str, scs_os: float,
-        scs_ss: float, allow_unconverged: bool,
-        check: bool, output: Path | None, scratch: Path | None, threads: int | None, occ_block: int | None,
-        resume: bool, as_json: bool) -> int:
+def run(obj: dict, molecule: Path, as_json: bool, **options) -> int:
     """Compute the DF-MP2 energy of MOLECULE (an XYZ file) and write a run record."""
-    settings = job.RunSettings(
-        molecule=molecule, basis=basis, auxbasis=auxbasis, charge=charge, spin=spin,
-        frozen_core=frozen_core, frozen=frozen, backend=backend, precision=precision,
-        fused_energy=fused_energy, memory=memory, scf_method=scf_method, reference=reference,
-        scs_os=scs_os, scs_ss=scs_ss, allow_unconverged=allow_unconverged, check=check, output=output, scratch=scratch,
-        threads=threads,
-        occ_block=occ_block, resume=resume, command=obj["command"])
+    settings = job.RunSettings(molecule=molecule, command=obj["command"], **options)
     world = distributed.init_world()
     try:
         if not world.is_root:

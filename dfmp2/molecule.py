@@ -22,7 +22,7 @@ MULTIPLICITY_PATTERN = re.compile(r"\bmultiplicity\s*=\s*(\d+)\b", re.IGNORECASE
 
 @dataclass(frozen=True)
 class Geometry:
-    """A parsed XYZ file: symbols, coordinates in Angstrom, and the comment's charge/multiplicity."""
+    """A parsed XYZ file: symbols, coordinates in Angstrom, the comment's charge/multiplicity."""
 
     symbols: tuple[str, ...]
     coords: np.ndarray
@@ -196,7 +196,9 @@ def _basis_message(basis: str, exc: Exception, symbols: tuple[str, ...]) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     match = re.search(r"not found for (\w+)", text)
     if match:
-        return f"basis '{basis}' has no functions for {match.group(1)}; choose a basis that covers it"
+        return (f"basis '{basis}' has no functions for {match.group(1)}; "
+                "choose a basis that covers it")
     if "Unknown basis" in text or "basis" in text.lower():
         return f"unknown basis '{basis}'; use a PySCF basis name such as cc-pvdz or def2-svp"
-    return f"cannot build the molecule with basis '{basis}' ({', '.join(sorted(set(symbols)))}): {text}"
+    elements_present = ", ".join(sorted(set(symbols)))
+    return f"cannot build the molecule ({elements_present}) with basis '{basis}': {text}"

@@ -22,8 +22,9 @@ class ReferenceEnergies:
 
 
 def pyscf_dfmp2_energy(mf, nfrozen: int, auxbasis: str | dict) -> ReferenceEnergies:
-    """PySCF DFMP2 (DFUMP2 for a UHF reference) with an explicit DF object: on a DF-SCF, PySCF would otherwise silently reuse
-    the SCF's JK-fit basis; and ``with_t2=False`` avoids allocating O^2 V^2 amplitudes."""
+    """PySCF DFMP2 (DFUMP2 for a UHF reference) with an explicit DF object: on a DF-SCF, PySCF
+    would otherwise silently reuse the SCF's JK-fit basis; and ``with_t2=False`` avoids
+    allocating O^2 V^2 amplitudes."""
     start = time.perf_counter()
     method = pyscf_dfump2.DFUMP2 if isinstance(mf, scf.uhf.UHF) else pyscf_dfmp2.DFMP2
     pt = method(mf, frozen=nfrozen if nfrozen else None)

@@ -10,7 +10,6 @@ import subprocess
 import time
 
 import h5py
-import pytest
 
 from conftest import molecule_path, python_exe
 from dfmp2.errors import InputError

@@ -50,7 +50,8 @@ import nki
 import nki.language as nl
 import nki.isa as nisa
 
-from kernels.nki.pair_reduction import TILE_A, TILE_B, reduce_pair
+from kernels.nki.pair_reduction import (TILE_A, TILE_B, column_denominators, reduce_pair,
+                                        row_denominators)
 
 TILE_X = 128  # auxiliary rows per matmul (contraction, partition dim)
 STRIP_BYTES = 49152  # per-partition SBUF budget of one resident b strip (48 KiB)
@@ -71,31 +72,8 @@ def mp2_energy_fused_kernel(b_row, b_col, denom_row, denom_col, lower_pairs):
     part_sb = nl.ndarray((TILE_A, n_slots), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=part_sb, value=0.0)
 
-    # Column denominators broadcast to every partition: dcb[p, j*nvir + b] = denom_col[j, b].
-    ones_row = nl.ndarray((1, TILE_A), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones_row, value=1.0)
-    dcb = nl.ndarray((TILE_A, n_col_orb * nvir), dtype=nl.float32, buffer=nl.sbuf)
-    for j in nl.affine_range(n_col_orb):
-        for bt in nl.affine_range(b_tiles):
-            b0 = bt * TILE_B
-            wb = min(TILE_B, nvir - b0)
-            dc_row = nl.ndarray((1, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=dc_row[0:1, 0:wb], src=denom_col[j:j + 1, b0:b0 + wb])
-            bcast = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=bcast[0:TILE_A, 0:wb], stationary=ones_row,
-                           moving=dc_row[0:1, 0:wb], accumulate=False)
-            nisa.tensor_copy(dst=dcb[0:TILE_A, j * nvir + b0:j * nvir + b0 + wb],
-                             src=bcast[0:TILE_A, 0:wb])
-
-    # Row denominators: column i*a_tiles + at holds denom_row[(i, at*128 + p)] on partition p.
-    drs = nl.ndarray((TILE_A, n_row_orb * a_tiles), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.affine_range(n_row_orb):
-        for at in nl.affine_range(a_tiles):
-            a0 = at * TILE_A
-            pa = min(TILE_A, nvir - a0)
-            col = i * a_tiles + at
-            nisa.dma_copy(dst=drs[0:pa, col:col + 1],
-                          src=denom_row[i * nvir + a0:i * nvir + a0 + pa, 0:1])
+    dcb = column_denominators(denom_col, n_col_orb, nvir, b_tiles)
+    drs = row_denominators(denom_row, n_row_orb, nvir, a_tiles)
 
     if resident:
         # one buffer each, reused by every orbital / pair (no double buffering of the big strips)

@@ -34,8 +34,10 @@ import nki
 import nki.language as nl
 import nki.isa as nisa
 
-TILE_R = 128  # rows (i, a) of a T tile (partition dim)
-TILE_C = 512  # columns (j, b) of a T tile (one fp32 PSUM bank for the denominator broadcast)
+from kernels.nki.pair_reduction import column_denominators, row_denominators
+
+TILE_R = 128  # rows (i, a) of a T tile (partition dim); = pair_reduction.TILE_A
+TILE_C = 512  # columns (j, b) of a T tile (one fp32 PSUM bank); = pair_reduction.TILE_B
 
 
 @nki.jit
@@ -49,26 +51,10 @@ def mp2_energy_os_kernel(t, denom_row, denom_col):
     part_sb = nl.ndarray((TILE_R, n_slots), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=part_sb, value=0.0)
 
-    # Column denominators broadcast to every partition: dcb[p, c] = denom_col[0, c].
-    ones_row = nl.ndarray((1, TILE_R), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones_row, value=1.0)
-    dc_row = nl.ndarray((1, n_cols), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=dc_row[0:1, 0:n_cols], src=denom_col[0:1, 0:n_cols])
-    dcb = nl.ndarray((TILE_R, n_cols), dtype=nl.float32, buffer=nl.sbuf)
-    for ct in nl.affine_range(c_tiles):
-        c0 = ct * TILE_C
-        wc = min(TILE_C, n_cols - c0)
-        bcast = nl.ndarray((TILE_R, TILE_C), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=bcast[0:TILE_R, 0:wc], stationary=ones_row,
-                       moving=dc_row[0:1, c0:c0 + wc], accumulate=False)
-        nisa.tensor_copy(dst=dcb[0:TILE_R, c0:c0 + wc], src=bcast[0:TILE_R, 0:wc])
-
-    # Row denominators: column rt holds denom_row[rt*128 + p] on partition p.
-    drs = nl.ndarray((TILE_R, r_tiles), dtype=nl.float32, buffer=nl.sbuf)
-    for rt in nl.affine_range(r_tiles):
-        r0 = rt * TILE_R
-        pr = min(TILE_R, n_rows - r0)
-        nisa.dma_copy(dst=drs[0:pr, rt:rt + 1], src=denom_row[r0:r0 + pr, 0:1])
+    # One 'orbital' spanning all rows and columns: dcb[p, c] = denom_col[0, c] on every
+    # partition, and column rt of drs holds denom_row[rt*128 + p] on partition p.
+    dcb = column_denominators(denom_col, 1, n_cols, c_tiles)
+    drs = row_denominators(denom_row, 1, n_rows, r_tiles)
 
     for rt in nl.affine_range(r_tiles):
         r0 = rt * TILE_R

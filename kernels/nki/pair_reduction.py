@@ -14,6 +14,40 @@ TILE_A = 128  # rows a of a T tile (partition dim); also the transpose block
 TILE_B = 512  # columns b of a T tile (one fp32 PSUM bank for the transposed partner)
 
 
+def column_denominators(denom_col, n_col_orb, nvir, b_tiles):
+    """denom_col (n_col_orb, nvir) broadcast to every partition as dcb[p, j*nvir + b], exactly:
+    a K=1 Tensor Engine matmul of a ones row against each row strip."""
+    ones_row = nl.ndarray((1, TILE_A), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones_row, value=1.0)
+    dcb = nl.ndarray((TILE_A, n_col_orb * nvir), dtype=nl.float32, buffer=nl.sbuf)
+    for j in nl.affine_range(n_col_orb):
+        for bt in nl.affine_range(b_tiles):
+            b0 = bt * TILE_B
+            wb = min(TILE_B, nvir - b0)
+            dc_row = nl.ndarray((1, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=dc_row[0:1, 0:wb], src=denom_col[j:j + 1, b0:b0 + wb])
+            bcast = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=bcast[0:TILE_A, 0:wb], stationary=ones_row,
+                           moving=dc_row[0:1, 0:wb], accumulate=False)
+            nisa.tensor_copy(dst=dcb[0:TILE_A, j * nvir + b0:j * nvir + b0 + wb],
+                             src=bcast[0:TILE_A, 0:wb])
+    return dcb
+
+
+def row_denominators(denom_row, n_row_orb, nvir, a_tiles):
+    """denom_row ((n_row_orb*nvir), 1) as per-partition scalars: column i*a_tiles + at holds
+    denom_row[(i, at*128 + p)] on partition p."""
+    drs = nl.ndarray((TILE_A, n_row_orb * a_tiles), dtype=nl.float32, buffer=nl.sbuf)
+    for i in nl.affine_range(n_row_orb):
+        for at in nl.affine_range(a_tiles):
+            a0 = at * TILE_A
+            pa = min(TILE_A, nvir - a0)
+            col = i * a_tiles + at
+            nisa.dma_copy(dst=drs[0:pa, col:col + 1],
+                          src=denom_row[i * nvir + a0:i * nvir + a0 + pa, 0:1])
+    return drs
+
+
 def reduce_pair(t_sb, drs, dcb, part_sb, i, j, n_col_orb, nvir, a_tiles, b_tiles):
     """Add pair (i, j)'s direct and exchange partials into ``part_sb`` (TILE_A, slots)."""
     for at in nl.affine_range(a_tiles):
