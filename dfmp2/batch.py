@@ -40,7 +40,6 @@ class BatchItem:
     index: int
     molecule: Path
     overrides: dict
-    origin: str
     interaction: dict | None = None
 
 
@@ -76,7 +75,7 @@ def _manifest_items(manifest: Path, commands: dict[str, click.Command],
         interaction = None
         if is_dimer:
             interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
-        items.append(BatchItem(start + len(items), path, overrides, where, interaction))
+        items.append(BatchItem(start + len(items), path, overrides, interaction))
     return items
 
 
@@ -91,14 +90,14 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
             matches = sorted(glob.glob(text))
             if not matches:
                 raise InputError(f"the pattern {text!r} matches no file")
-            items += [BatchItem(len(items) + n, Path(m), {}, m, as_dimer)
+            items += [BatchItem(len(items) + n, Path(m), {}, as_dimer)
                       for n, m in enumerate(matches)]
             continue
         path = Path(text)
         if not path.is_file():
             raise InputError(f"{text}: no such file")
         if path.suffix.lower() == ".xyz":
-            items.append(BatchItem(len(items), path, {}, text, as_dimer))
+            items.append(BatchItem(len(items), path, {}, as_dimer))
         else:
             items += _manifest_items(path, commands, len(items))
     if not items:

@@ -29,7 +29,7 @@ class PeakRss:
     """Samples this process's resident set size in a thread while the block runs."""
 
     def __enter__(self) -> "PeakRss":
-        self.baseline = self.peak = rss_bytes()
+        self.peak = rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()

@@ -82,7 +82,8 @@ def run_interaction(settings: job.RunSettings, split: int | None, charges: tuple
         try:
             calcs[name] = job.prepare(geom, per_molecule, env, charge, spin, ghosts)
         except InputError as exc:
-            raise InputError(f"{name.replace('_', ' ')}: {exc}") from None
+            hint = str(exc).replace("need --spin (2S", "need --spins a,b (2S per monomer")
+            raise InputError(f"{name.replace('_', ' ')}: {hint}") from None
 
     root = job.new_record(settings, env, INTERACTION_SCHEMA)
     root.group("input").attrs.update({"xyz": geometry.text, "source": str(settings.molecule),

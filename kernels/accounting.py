@@ -40,10 +40,3 @@ class KernelAccounting:
         """``calls.<kernel>.<executor>`` -> count, as the record's /backend attributes."""
         return {f"calls.{kernel}.{executor}": int(n)
                 for (kernel, executor), n in sorted(self.calls.items())}
-
-    def merge(self, other: "KernelAccounting") -> None:
-        self.calls.update(other.calls)
-        self.fallbacks += other.fallbacks
-        for reason in other.fallback_reasons:
-            if reason not in self.fallback_reasons:
-                self.fallback_reasons.append(reason)
