@@ -7,7 +7,8 @@ an ``accounting`` attribute (a :class:`KernelAccounting`). All operands are torc
   batch ``b`` (p, k, n); operands may be transposed views.
 - ``syrk(a, block)``: ``a @ a.T`` for ``a`` (n, k); only blocks on and below the diagonal, in
   units of ``block`` rows, are guaranteed; the others are unspecified.
-- ``trsm(l, b)``: ``X`` with ``l @ X = b`` for lower-triangular ``l`` (n, n) and ``b`` (n, m).
+- ``trsm(l, b, out=None)``: ``X`` with ``l @ X = b`` for lower-triangular ``l`` (n, n) and
+  ``b`` (n, m); ``out`` may be ``b`` itself, to solve in place.
 - ``mp2_energy(pair_block, denom_row, denom_col, nvir, lower_pairs)``: (direct, exchange) sums
   of a block ``T[(i,a), (j,b)]`` over ``T**2 / D`` and ``T * T[(i,b), (j,a)] / D`` with
   ``D = denom_row[(i,a)] + denom_col[(j,b)]``. With ``lower_pairs`` the block is a diagonal

@@ -232,9 +232,11 @@ class NkiKernels:
         return self._out(c)
 
     # ------------------------------------------------------------------ trsm
-    def trsm(self, l: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return self._run("trsm", lambda: self._trsm(l, b),
-                         lambda: self._torch.trsm(l.to(torch.float32), b.to(torch.float32)))
+    def trsm(self, l: torch.Tensor, b: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        x = self._run("trsm", lambda: self._trsm(l, b),
+                      lambda: self._torch.trsm(l.to(torch.float32), b.to(torch.float32)))
+        return x if out is None else out.copy_(x)
 
     def _trsm_prepare(self, l: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
         """L^T (padded with an identity block) and the stacked inv(L_kk)^T blocks, in fp32 from

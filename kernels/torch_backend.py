@@ -140,9 +140,10 @@ class TorchKernels:
             out[r0:r1, :r1] = a[r0:r1] @ a[:r1].T
         return out
 
-    def trsm(self, l: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def trsm(self, l: torch.Tensor, b: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
         self.accounting.record("trsm", self.executor)
-        return torch.linalg.solve_triangular(l, b, upper=False)
+        return torch.linalg.solve_triangular(l, b, upper=False, out=out)
 
     def mp2_energy(self, pair_block: torch.Tensor, denom_row: torch.Tensor,
                    denom_col: torch.Tensor, nvir: int, lower_pairs: bool) -> tuple[float, float]:
