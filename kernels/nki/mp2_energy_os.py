@@ -34,7 +34,8 @@ import nki
 import nki.language as nl
 import nki.isa as nisa
 
-from kernels.nki.pair_reduction import column_denominators, row_denominators
+from kernels.nki.pair_reduction import (column_denominators, reduce_direct_tile,
+                                        row_denominators)
 
 TILE_R = 128  # rows (i, a) of a T tile (partition dim); = pair_reduction.TILE_A
 TILE_C = 512  # columns (j, b) of a T tile (one fp32 PSUM bank); = pair_reduction.TILE_B
@@ -66,18 +67,8 @@ def mp2_energy_os_kernel(t, denom_row, denom_col):
             c0 = ct * TILE_C
             wc = min(TILE_C, n_cols - c0)
             t_rc = t_sb[0:pr, c0:c0 + wc]
-            # scaled = T^2 / D, built in place: D, 1/D, T * (1/D), then * T
-            scaled = nl.ndarray((TILE_R, TILE_C), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=scaled[0:pr, 0:wc], data=dcb[0:pr, c0:c0 + wc],
-                               op0=nl.add, operand0=dr_col)
-            nisa.reciprocal(dst=scaled[0:pr, 0:wc], data=scaled[0:pr, 0:wc])
-            nisa.tensor_tensor(dst=scaled[0:pr, 0:wc], data1=t_rc,
-                               data2=scaled[0:pr, 0:wc], op=nl.multiply)
-            nisa.tensor_tensor(dst=scaled[0:pr, 0:wc], data1=t_rc,
-                               data2=scaled[0:pr, 0:wc], op=nl.multiply)
-            slot = rt * c_tiles + ct
-            nisa.tensor_reduce(dst=part_sb[0:pr, slot:slot + 1], op=nl.add,
-                               data=scaled[0:pr, 0:wc], axis=1, keepdims=True)
+            reduce_direct_tile(t_rc, dcb, dr_col, part_sb, pr, wc, c0,
+                               rt * c_tiles + ct)
 
     nisa.dma_copy(dst=partials[0:TILE_R, 0:n_slots], src=part_sb[0:TILE_R, 0:n_slots])
     return partials

@@ -84,3 +84,18 @@ def reduce_pair(t_sb, drs, dcb, part_sb, i, j, n_col_orb, nvir, a_tiles, b_tiles
                                data2=partner[0:pa, 0:wb], op=nl.multiply)
             nisa.tensor_reduce(dst=part_sb[0:pa, slot + 1:slot + 2], op=nl.add,
                                data=prod[0:pa, 0:wb], axis=1, keepdims=True)
+
+
+def reduce_direct_tile(t_tile, dcb, dr_col, part_sb, pr, wc, c0, slot):
+    """Opposite spin: add sum_b T^2 / D of one (pr x wc) tile (in SBUF or PSUM) into partial
+    column ``slot``; D = dr_col (per partition) + dcb[:, c0:c0 + wc] (broadcast row)."""
+    scaled = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=scaled[0:pr, 0:wc], data=dcb[0:pr, c0:c0 + wc], op0=nl.add,
+                       operand0=dr_col)
+    nisa.reciprocal(dst=scaled[0:pr, 0:wc], data=scaled[0:pr, 0:wc])
+    nisa.tensor_tensor(dst=scaled[0:pr, 0:wc], data1=t_tile, data2=scaled[0:pr, 0:wc],
+                       op=nl.multiply)
+    nisa.tensor_tensor(dst=scaled[0:pr, 0:wc], data1=t_tile, data2=scaled[0:pr, 0:wc],
+                       op=nl.multiply)
+    nisa.tensor_reduce(dst=part_sb[0:pr, slot:slot + 1], op=nl.add, data=scaled[0:pr, 0:wc],
+                       axis=1, keepdims=True)
