@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
 
 import kernels
-from dfmp2 import mp2
-from dfmp2.job import apply_threads
+from dfmp2.b_store import ScratchArea
+from dfmp2.benchmark import bench_once
+from dfmp2.calculation import CalculationRequest, define_calculation
 from dfmp2.memory import default_budget
-from dfmp2.molecule import build_molecule, parse_xyz
-from dfmp2.reference import pyscf_dfmp2_energy
+from dfmp2.pipeline import apply_threads
 from dfmp2.scf import run_scf
+from dfmp2.xyz import parse_xyz
 
 CLUSTER = Path(__file__).resolve().parent.parent / "molecules" / "water_16.xyz"
 # Sizes below this are dominated by fixed overheads; the exponent is fitted above it.
@@ -39,17 +39,12 @@ def cluster_xyz(n: int) -> str:
 
 def time_size(n: int, basis: str) -> dict[str, float]:
     geometry = parse_xyz(cluster_xyz(n), source=f"(H2O){n}")
-    mol = build_molecule(geometry, basis, 0, 0)
-    scf = run_scf(mol)
-    auxbasis = mp2.default_auxbasis(mol)
-    reference = pyscf_dfmp2_energy(scf.mf, 0, auxbasis)
-    kern = kernels.load("torch", "fp64")
-    start = time.perf_counter()
-    result = mp2.kernel(mol, scf.mo_energy, scf.mo_coeff, scf.mo_occ, 0, auxbasis, kern,
-                        default_budget(), fused=False, show_progress=False)
-    ours = time.perf_counter() - start
-    return {"n": n, "nao": mol.nao_nr(), "naux": result.naux, "pyscf": reference.seconds,
-            "dfmp2": ours, "delta": abs(result.energies.e_corr - reference.e_corr)}
+    calc = define_calculation(geometry, CalculationRequest(basis=basis))
+    scf = run_scf(calc.mol, calc.scf_method, calc.reference, calc.jk_spec(), calc.jk_name())
+    run, result = bench_once(calc, scf.mf, kernels.load("torch", "fp64"), default_budget(),
+                             False, ScratchArea(Path("."), f"scaling-{n}"), skip_pyscf=False)
+    return {"n": n, "nao": calc.mol.nao_nr(), "naux": result.naux, "pyscf": run.pyscf_seconds,
+            "dfmp2": run.dfmp2_seconds, "delta": abs(run.dfmp2_e_corr - run.pyscf_e_corr)}
 
 
 def exponent(rows: list[dict], key: str) -> float:

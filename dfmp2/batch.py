@@ -6,27 +6,33 @@ options as ``dfmp2 run`` (e.g. ``water.xyz --basis cc-pvtz --frozen-core``). A l
 counterpoise interaction-energy job with the options of ``dfmp2 interaction``. Paths are
 relative to the manifest's folder; blank lines and lines starting with ``#`` are ignored.
 Options on a line override the batch's own options for that molecule.
+
+A line that cannot run (a missing file, an unknown option) is recorded as failed and the
+batch goes on. A record that is already complete counts as done only when it was computed
+with the same inputs; otherwise the molecule is recomputed and the old record is kept beside
+the new one (see :mod:`dfmp2.checkpoint`).
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
-import datetime as dt
 import glob
 import json
 import logging
-import os
 import shlex
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
-from dfmp2 import distributed, job
+from dfmp2 import pipeline
 from dfmp2.errors import Dfmp2Error, InputError
 from dfmp2.progress import Progress
-from dfmp2.record import SCHEMA, Node, read_record, write_record
+from dfmp2.record import FAILED, SCHEMA, CalculationInputs, new_record, set_status, write_record
+from dfmp2.report import json_summary
+from dfmp2.settings import RunSettings
 
 log = logging.getLogger(__name__)
 GLOB_CHARACTERS = set("*?[")
@@ -41,62 +47,71 @@ class BatchItem:
     molecule: Path
     overrides: dict
     interaction: dict | None = None
+    error: str | None = None
 
 
 def _manifest_items(manifest: Path, commands: dict[str, click.Command],
                     start: int) -> list[BatchItem]:
-    items = []
     try:
         lines = manifest.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
-        raise InputError(f"manifest {manifest} cannot be read as text") from None
+        return [BatchItem(start, manifest, {}, error=f"manifest {manifest} cannot be read as "
+                                                      "text")]
+    items = []
     for number, line in enumerate(lines, start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        where = f"{manifest}, line {number}"
-        try:
-            tokens = shlex.split(line)
-        except ValueError as exc:
-            raise InputError(f"{where}: {exc}") from None
-        path = Path(tokens[0])
-        path = path if path.is_absolute() else manifest.parent / path
-        is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
-        name = "interaction" if is_dimer else "run"
-        try:
-            ctx = commands[name].make_context(name, [str(path), *tokens[1:]],
-                                              obj={"command": ""})
-        except click.ClickException as exc:
-            raise InputError(f"{where}: {exc.format_message()}") from None
-        overrides = {key: value for key, value in ctx.params.items()
-                     if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
-                     and key not in ("molecule", "dimer")}
-        if overrides.pop("as_json", None) or overrides.pop("output", None):
-            raise InputError(f"{where}: --json and -o are chosen by the batch, not per molecule")
-        interaction = None
-        if is_dimer:
-            interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
-        items.append(BatchItem(start + len(items), path, overrides, interaction))
+        items.append(_line_item(manifest, number, line, commands, start + len(items)))
     return items
+
+
+def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click.Command],
+               index: int) -> BatchItem:
+    where = f"{manifest}, line {number}"
+    try:
+        tokens = shlex.split(line)
+    except ValueError as exc:
+        return BatchItem(index, manifest, {}, error=f"{where}: {exc}")
+    path = Path(tokens[0])
+    path = path if path.is_absolute() else manifest.parent / path
+    is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
+    name = "interaction" if is_dimer else "run"
+    try:
+        ctx = commands[name].make_context(name, [str(path), *tokens[1:]], obj={"command": ""})
+    except click.ClickException as exc:
+        return BatchItem(index, path, {}, error=f"{where}: {exc.format_message()}")
+    overrides = {key: value for key, value in ctx.params.items()
+                 if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
+                 and key not in ("molecule", "dimer")}
+    if overrides.pop("as_json", None) or overrides.pop("output", None):
+        return BatchItem(index, path, {}, error=f"{where}: --json and -o are chosen by the "
+                                                "batch, not per molecule")
+    interaction = None
+    if is_dimer:
+        interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
+    return BatchItem(index, path, overrides, interaction)
 
 
 def collect_items(inputs: list[str], commands: dict[str, click.Command],
                   dimers: bool = False) -> list[BatchItem]:
     """XYZ files, globs of them, and manifests, in the order given. With ``dimers`` every XYZ
-    input is a dimer whose split is read from its comment line."""
+    input is a dimer whose split is read from its comment line. Inputs that do not exist
+    become failed items."""
     as_dimer = {"split": None, "charges": None, "spins": None} if dimers else None
     items: list[BatchItem] = []
     for text in inputs:
         if GLOB_CHARACTERS & set(text):
             matches = sorted(glob.glob(text))
             if not matches:
-                raise InputError(f"the pattern {text!r} matches no file")
+                items.append(BatchItem(len(items), Path(text), {},
+                                       error=f"the pattern {text!r} matches no file"))
             items += [BatchItem(len(items) + n, Path(m), {}, as_dimer)
                       for n, m in enumerate(matches)]
             continue
         path = Path(text)
         if not path.is_file():
-            raise InputError(f"{text}: no such file")
-        if path.suffix.lower() == ".xyz":
+            items.append(BatchItem(len(items), path, {}, error=f"{text}: no such file"))
+        elif path.suffix.lower() == ".xyz":
             items.append(BatchItem(len(items), path, {}, as_dimer))
         else:
             items += _manifest_items(path, commands, len(items))
@@ -105,17 +120,18 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
     return items
 
 
-def parse_shard(text: str | None) -> tuple[int, int]:
-    """``K/N`` (0 <= K < N); by default the rank under torchrun/srun (molecules are spread over
-    ranks), else the task of a Slurm array job, else 0/1."""
-    if text is None and distributed.launched_world_size() > 1:
-        return distributed.rank(), distributed.launched_world_size()
+def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
+                world_size: int = 1) -> tuple[int, int]:
+    """``K/N`` (0 <= K < N); by default this process's rank under torchrun/srun (molecules are
+    spread over ranks), else the task of a Slurm array job (from ``environ``), else 0/1."""
+    if text is None and world_size > 1:
+        return rank, world_size
     if text is None:
-        task = os.environ.get("SLURM_ARRAY_TASK_ID")
-        count = os.environ.get("SLURM_ARRAY_TASK_COUNT")
+        task = environ.get("SLURM_ARRAY_TASK_ID")
+        count = environ.get("SLURM_ARRAY_TASK_COUNT")
         if task is None or count is None:
             return 0, 1
-        first = int(os.environ.get("SLURM_ARRAY_TASK_MIN", "0"))
+        first = int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
         return int(task) - first, int(count)
     try:
         k, n = (int(part) for part in text.split("/"))
@@ -126,7 +142,7 @@ def parse_shard(text: str | None) -> tuple[int, int]:
     return k, n
 
 
-def record_names(items: list[BatchItem], settings: list[job.RunSettings]) -> list[str]:
+def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
     """``<molecule>-<basis>.h5``, numbered where two molecules would share a name."""
     names = [f"{s.molecule.stem}-{s.basis.lower()}" + ("-interaction" if item.interaction
                                                          is not None else "")
@@ -135,87 +151,61 @@ def record_names(items: list[BatchItem], settings: list[job.RunSettings]) -> lis
             for name, item in zip(names, items)]
 
 
-def _failed_record(path: Path, settings: job.RunSettings, error: str) -> None:
-    """Say 'failed' in the record, unless the path holds something that is not ours."""
+def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
+    """Say 'failed' in a new record where the run could not write one itself. An existing
+    record is left alone: it may be complete, or belong to another run."""
     if path.exists():
-        try:
-            read_record(path)
-        except InputError:
-            return
-    root = Node(attrs={"schema": SCHEMA, "status": "failed", "error": error,
-                       "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                       "command": settings.command})
-    root.group("input").attrs.update({"source": str(settings.molecule), "basis": settings.basis})
+        return
+    root = new_record(SCHEMA, settings.command, pipeline.versions())
+    set_status(root, FAILED, error)
+    CalculationInputs(xyz="", source=str(settings.molecule), basis=settings.basis,
+                      auxbasis=settings.auxbasis or "default").write(root)
     try:
         write_record(path, root)
-    except OSError as exc:
-        log.error("cannot write the failed record %s: %s", path, exc)
+    except Dfmp2Error as exc:
+        log.error("%s", exc)
 
 
-def _complete_row(path: Path) -> dict | None:
-    try:
-        root = read_record(path)
-    except InputError:
-        return None
-    if root.attrs.get("status") != "complete":
-        return None
-    if "interaction" in root.groups:
-        dimer = root.groups["dimer"]
-        return {"status": "complete (skipped)", "e_scf": dimer.groups["scf"].attrs["e_tot"],
-                "e_corr": dimer.groups["mp2"].attrs["e_corr"],
-                "e_tot": dimer.groups["mp2"].attrs["e_tot"],
-                "e_int_mp2_cp": root.groups["interaction"].attrs["e_int_mp2_cp"]}
-    if "mp2" not in root.groups:
-        return None
-    return {"status": "complete (skipped)", "e_scf": root.groups["scf"].attrs["e_tot"],
-            "e_corr": root.groups["mp2"].attrs["e_corr"],
-            "e_tot": root.groups["mp2"].attrs["e_tot"]}
+def _failed_row(row: dict, settings: RunSettings, error: str, start: float) -> dict:
+    _failed_record(settings.output, settings, error)
+    return {**row, "status": "failed", "error": error, "seconds": time.perf_counter() - start}
 
 
-def run_item(item: BatchItem, settings: job.RunSettings) -> dict:
+def run_item(item: BatchItem, settings: RunSettings) -> dict:
     row = {"index": item.index, "molecule": str(item.molecule), "basis": settings.basis,
            "record": str(settings.output), "error": ""}
-    done = _complete_row(settings.output)
-    if done is not None:
-        return {**row, **done, "seconds": 0.0}
     start = time.perf_counter()
-    if item.interaction is not None:
-        return {**row, **_run_dimer(item, settings), "seconds": time.perf_counter() - start}
+    if item.error is not None:
+        return _failed_row(row, settings, item.error, start)
     try:
-        outcome = job.run(settings)
+        if item.interaction is not None:
+            values = _run_dimer(item, settings)
+        else:
+            outcome = pipeline.run(settings, reuse_complete=True)
+            summary = json_summary(outcome.record, str(outcome.path))
+            status = ("complete (skipped)" if outcome.reused else
+                      "complete" if outcome.exit_code == 0 else "complete (check failed)")
+            values = {"status": status, "e_scf": summary["e_scf"],
+                      "e_corr": summary["e_corr"], "e_tot": summary["e_tot"]}
     except Dfmp2Error as exc:
-        _failed_record(settings.output, settings, str(exc))
-        return {**row, "status": "failed", "error": str(exc),
-                "seconds": time.perf_counter() - start}
+        return _failed_row(row, settings, str(exc), start)
     except Exception as exc:  # a bug must not cost the rest of the batch its results
         log.exception("internal error on %s", item.molecule)
-        _failed_record(settings.output, settings, f"internal error: {exc!r}")
-        return {**row, "status": "failed", "error": f"internal error: {exc!r}",
-                "seconds": time.perf_counter() - start}
-    summary = job.json_summary(outcome)
-    status = "complete" if outcome.exit_code == 0 else "complete (check failed)"
-    return {**row, "status": status, "e_scf": summary["e_scf"], "e_corr": summary["e_corr"],
-            "e_tot": summary["e_tot"], "seconds": time.perf_counter() - start}
+        return _failed_row(row, settings, f"internal error: {exc!r}", start)
+    return {**row, **values, "seconds": time.perf_counter() - start}
 
 
-def _run_dimer(item: BatchItem, settings: job.RunSettings) -> dict:
+def _run_dimer(item: BatchItem, settings: RunSettings) -> dict:
     from dfmp2 import interaction as cp
-    try:
-        root, _ = cp.run_interaction(settings, item.interaction["split"],
-                                     cp.parse_pair(item.interaction["charges"], "--charges"),
-                                     cp.parse_pair(item.interaction["spins"], "--spins"),
-                                     settings.output)
-    except Dfmp2Error as exc:
-        _failed_record(settings.output, settings, str(exc))
-        return {"status": "failed", "error": str(exc)}
-    dimer = root.groups["dimer"]
-    return {"status": "complete", "e_scf": dimer.groups["scf"].attrs["e_tot"],
-            "e_corr": dimer.groups["mp2"].attrs["e_corr"],
-            "e_tot": dimer.groups["mp2"].attrs["e_tot"],
-            "e_int_mp2_cp": root.groups["interaction"].attrs["e_int_mp2_cp"]}
+    outcome = cp.run_interaction(settings, item.interaction["split"],
+                                 cp.parse_pair(item.interaction["charges"], "--charges"),
+                                 cp.parse_pair(item.interaction["spins"], "--spins"),
+                                 settings.output, reuse_complete=True)
+    return {"status": "complete (skipped)" if outcome.reused else "complete",
+            **cp.batch_values(outcome.record)}
 
 
-def run_batch(items: list[BatchItem], base: job.RunSettings, out_dir: Path,
+def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
               shard: tuple[int, int], show_progress: bool | None = None) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     all_settings = [dataclasses.replace(base, molecule=item.molecule, **item.overrides)

@@ -1,121 +1,145 @@
-"""Resumable runs: the record doubles as the checkpoint of the SCF and of finished block pairs.
+"""What an existing record means for a new run on it, and the record as a checkpoint.
 
-Every save replaces the whole record atomically, so a run killed at any moment leaves either
-the previous or the next checkpoint, never a torn file. The status stays ``running`` until the
-final save marks it ``complete``.
+The record doubles as the checkpoint of the SCF and of finished block pairs. Every save
+replaces the whole record atomically, so a run killed at any moment leaves either the previous
+or the next checkpoint, never a torn file. These functions run only while the record's lock is
+held (:mod:`dfmp2.record_lock`), so nothing here races another process.
+
+Policy for a record already at the output path:
+
+- ``running`` or ``interrupted`` with the same inputs: resume it; with other inputs: refuse
+  (its work is not ours to throw away);
+- ``failed`` with the same inputs: resume what it finished; with other inputs: replace it;
+- ``complete`` with the same inputs: reused where the caller allows (batch), else
+  recomputed; with other inputs: recomputed. A complete record is never overwritten: it is
+  first moved aside (``<stem>.superseded-<created>.h5``), and the copy is dropped only when
+  the new run completes with the same inputs.
 """
 from __future__ import annotations
 
+import logging
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from pyscf import gto
-
+from dfmp2.energy import PairKey
 from dfmp2.errors import InputError
-from dfmp2.record import Node, read_record, write_record
-from dfmp2.scf import ScfResult, new_scf
+from dfmp2.planner import BlockPlan
+from dfmp2.record import (COMPLETE, FAILED, CalculationInputs, Checkpoint, Node, created,
+                          read_checkpoint, read_inputs, read_record, schema, stale_temporaries,
+                          status, write_checkpoint, write_record)
 
-# Inputs a resumed run must share with the interrupted one.
-FINGERPRINT_KEYS = ("xyz", "basis", "auxbasis", "charge", "spin", "scf", "reference", "frozen",
-                    "backend", "precision", "fused_energy")
-PAIR_KEY_LENGTH = 5
+log = logging.getLogger(__name__)
 
-
-def fingerprint(inputs: dict) -> dict:
-    return {key: inputs[key] for key in FINGERPRINT_KEYS}
+FRESH, RESUME, REUSE = "fresh", "resume", "reuse"
 
 
-def stale_temporaries(path: Path) -> list[Path]:
-    return list(path.parent.glob(f".{path.name}.*.tmp"))
+@dataclass(frozen=True)
+class PreviousRun:
+    """What to do with the record found at the output path."""
+
+    action: str
+    record: Node | None = None
+    superseded: Path | None = None
 
 
-def load_resumable(path: Path, expected: dict, required: bool) -> Node | None:
-    """The interrupted record at ``path`` to resume from, or None to start afresh.
-
-    An incomplete record made with other inputs is refused rather than overwritten.
-    """
+def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs,
+                     resume_required: bool, reuse_complete: bool) -> PreviousRun:
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
     if not path.exists():
-        if required:
+        if resume_required:
             raise InputError(f"--resume: there is no record at {path} to resume")
-        return None
+        return PreviousRun(FRESH)
     try:
         previous = read_record(path)
     except InputError as exc:
         raise InputError(f"cannot resume from {path}: {exc}") from None
-    status = previous.attrs.get("status")
-    if status == "complete" and not required:
-        return None
-    if "checkpoint" not in previous.groups or "input" not in previous.groups:
-        if required:
-            raise InputError(f"cannot resume from {path}: it holds no checkpoint")
-        return None
-    stored = {key: previous.groups["input"].attrs.get(key) for key in FINGERPRINT_KEYS}
-    differing = [key for key in FINGERPRINT_KEYS if _normalise(stored[key]) !=
-                 _normalise(expected[key])]
+    if schema(previous) != expected_schema:
+        raise InputError(f"{path} holds a {schema(previous)} record, not a {expected_schema} "
+                         "one; choose another -o")
+    stored = read_inputs(previous)
+    state = status(previous)
+    if state == COMPLETE:
+        same = stored is not None and not stored.differing(inputs,
+                                                           CalculationInputs.REUSE_FIELDS)
+        if same and reuse_complete:
+            return PreviousRun(REUSE, previous)
+        if same and resume_required:
+            return PreviousRun(RESUME, previous)
+        if resume_required:
+            raise InputError(f"--resume: {path} holds a complete run with other options; "
+                             "drop --resume to recompute it")
+        return PreviousRun(FRESH, superseded=set_aside(path, previous))
+    differing = (list(CalculationInputs.RESUME_FIELDS) if stored is None else
+                 stored.differing(inputs, CalculationInputs.RESUME_FIELDS))
+    resumable = read_checkpoint(previous) is not None
+    if state == FAILED:
+        if differing or not resumable:
+            if resume_required:
+                raise InputError(f"cannot resume from {path}: it holds a failed run with "
+                                 f"{'different ' + ', '.join(differing) if differing else 'no checkpoint'}")
+            return PreviousRun(FRESH)
+        return PreviousRun(RESUME, previous)
     if differing:
         raise InputError(f"{path} holds an interrupted run with different "
                          f"{', '.join(differing)}; resume it with the same molecule and options, "
                          "or choose another -o")
-    return previous
+    if not resumable:
+        if resume_required:
+            raise InputError(f"cannot resume from {path}: it holds no checkpoint")
+        return PreviousRun(FRESH)
+    return PreviousRun(RESUME, previous)
 
 
-def _normalise(value):
-    if isinstance(value, (np.bool_, bool)):
-        return bool(value)
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    return value
+def set_aside(path: Path, previous: Node) -> Path:
+    """Move a complete record out of the way, named after its creation time."""
+    stamp = re.sub(r"[^0-9T]", "", created(previous) or "") or "earlier"
+    target = path.with_name(f"{path.stem}.superseded-{stamp}{path.suffix}")
+    counter = 1
+    while target.exists():
+        counter += 1
+        target = path.with_name(f"{path.stem}.superseded-{stamp}-{counter}{path.suffix}")
+    path.rename(target)
+    log.warning("%s held a complete run; it was kept as %s", path, target)
+    return target
 
 
-class Checkpoint:
-    """Writes the run record as the run progresses."""
+def resumable_pairs(previous: Node | None, plan: BlockPlan) -> dict[PairKey, tuple[float, float]]:
+    """The finished pairs of an interrupted run that this plan can use: all of them when the
+    block size is the same, none otherwise (pairs of other blocks cover other orbitals)."""
+    stored = read_checkpoint(previous) if previous is not None else None
+    if stored is None or stored.occ_block != plan.occ_block:
+        if stored is not None and stored.pairs:
+            log.info("the interrupted run used occupied blocks of %s; its %d finished pairs "
+                     "are recomputed with blocks of %d", stored.occ_block, len(stored.pairs),
+                     plan.occ_block)
+        return {}
+    return dict(stored.pairs)
 
-    def __init__(self, path: Path, root: Node, previous: Node | None) -> None:
+
+def stored_occ_block(previous: Node | None) -> int | None:
+    stored = read_checkpoint(previous) if previous is not None else None
+    return None if stored is None else stored.occ_block
+
+
+class RecordSaver:
+    """Rewrites the run record as the run progresses."""
+
+    def __init__(self, path: Path, root: Node, node: Node | None = None) -> None:
         self.path, self.root = path, root
-        self.pairs: dict[tuple[int, ...], tuple[float, float]] = {}
-        self.occ_block: int | None = None
-        if previous is not None and "checkpoint" in previous.groups:
-            stored = previous.groups["checkpoint"]
-            self.occ_block = stored.attrs.get("occ_block")
-            for key, sums in zip(stored.datasets.get("pairs", np.empty((0, PAIR_KEY_LENGTH))),
-                                 stored.datasets.get("sums", np.empty((0, 2)))):
-                self.pairs[tuple(int(v) for v in key)] = (float(sums[0]), float(sums[1]))
-
-    def set_plan(self, occ_block: int) -> None:
-        if self.occ_block is not None and self.occ_block != occ_block:
-            self.pairs.clear()
-        self.occ_block = occ_block
-        self.save()
-
-    def add_pair(self, key: tuple[int, ...], direct: float, exchange: float) -> None:
-        self.pairs[key] = (direct, exchange)
-        self.save()
+        self.node = node if node is not None else root
+        self.checkpoint = Checkpoint(None, {})
 
     def save(self) -> None:
-        group = self.root.group("checkpoint")
-        if self.occ_block is not None:
-            group.attrs["occ_block"] = self.occ_block
-        keys = sorted(self.pairs)
-        group.datasets["pairs"] = np.array(keys, dtype=np.int64).reshape(-1, PAIR_KEY_LENGTH)
-        group.datasets["sums"] = np.array([self.pairs[k] for k in keys], dtype=float).reshape(-1, 2)
         write_record(self.path, self.root)
 
+    def start_pairs(self, occ_block: int, finished: dict[PairKey, tuple[float, float]]) -> None:
+        self.checkpoint = Checkpoint(occ_block, dict(finished))
+        write_checkpoint(self.node, self.checkpoint)
+        self.save()
 
-def restored_scf(previous: Node, mol: gto.Mole, method: str,
-                 reference: str) -> ScfResult | None:
-    """The SCF of an interrupted run, as a PySCF object carrying its orbitals."""
-    group = previous.groups.get("scf")
-    if group is None or "mo_coeff" not in group.datasets:
-        return None
-    mf = new_scf(mol, method, reference)
-    mf.verbose = 0
-    mf.mo_coeff = np.asarray(group.datasets["mo_coeff"])
-    mf.mo_energy = np.asarray(group.datasets["mo_energy"])
-    mf.mo_occ = np.asarray(group.datasets["mo_occ"])
-    mf.e_tot = float(group.attrs["e_tot"])
-    mf.converged = bool(group.attrs["converged"])
-    return ScfResult(mf.e_tot, mf.converged, int(group.attrs.get("cycles", 0)), mf.mo_energy,
-                     mf.mo_coeff, mf.mo_occ, method, group.attrs.get("jk_auxbasis"), mf,
-                     reference)
+    def add_pair(self, key: PairKey, direct: float, exchange: float) -> None:
+        self.checkpoint.pairs[key] = (direct, exchange)
+        write_checkpoint(self.node, self.checkpoint)
+        self.save()

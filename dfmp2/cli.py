@@ -1,23 +1,39 @@
-"""The `dfmp2` command line (click). Results go to stdout, progress and errors to stderr."""
+"""The `dfmp2` command line (click). Results go to stdout, progress and errors to stderr.
+
+This is the edge of the program: it alone reads environment variables (DFMP2_REQUIRE_NKI,
+DFMP2_NKI_MODE, DFMP2_DIST_TIMEOUT, the launcher's rank variables and Slurm's array variables)
+and handles signals, and hands everything to the library as arguments.
+"""
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import shlex
+import signal
 import sys
+import threading
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 import kernels
-from dfmp2 import __version__, distributed, job, report
-from dfmp2.errors import Dfmp2Error, RunFailure
+from dfmp2 import __version__, distributed, pipeline, report
+from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.memory import parse_size
-from dfmp2.record import SCHEMA, read_record
+from dfmp2.record import SCHEMA, read_record, schema
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.scf import REFERENCES, SCF_METHODS
+from dfmp2.settings import RunSettings
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+REQUIRE_NKI_ENV = "DFMP2_REQUIRE_NKI"
+NKI_MODE_ENV = "DFMP2_NKI_MODE"
+# The real NKI simulator targets trn3 unless told otherwise; our kernels are written for trn1.
+NKI_PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+EXIT_SIGINT = 128 + signal.SIGINT
 
 
 class MemorySize(click.ParamType):
@@ -32,11 +48,39 @@ class MemorySize(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
+class FiniteFloat(click.ParamType):
+    """A float that is a number: NaN and infinities would end up in the energies and in
+    ``--json``, which cannot represent them."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+def set_verbosity(ctx: click.Context, param: click.Parameter, count: int) -> None:
+    if count:
+        level = logging.INFO if count == 1 else logging.DEBUG
+        logging.getLogger().setLevel(min(logging.getLogger().level, level))
+
+
+VERBOSE = click.option("-v", "--verbose", count=True, expose_value=False, callback=set_verbosity,
+                       help="More log output on stderr (-vv for debug).")
+
 CALCULATION_OPTIONS = (
     click.option("--basis", default="cc-pvdz", show_default=True,
                  help="Orbital basis (PySCF name)."),
     click.option("--auxbasis", default=None,
                  help="Auxiliary (RI) basis for MP2; default: the MP2-fit partner of --basis."),
+    click.option("--ecp", default=None,
+                 help="Effective core potentials: a PySCF name, or 'none' for all-electron "
+                      "(default: those of --basis, e.g. def2-* from Rb on)."),
     click.option("--frozen-core", is_flag=True, help="Freeze PySCF's standard core orbitals."),
     click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto",
                  show_default=True, help="Kernel backend: nki on Trainium, torch elsewhere."),
@@ -51,69 +95,80 @@ CALCULATION_OPTIONS = (
                  show_default=True, help="Density-fitted (JK-fit) or conventional SCF."),
     click.option("--threads", type=click.IntRange(min=1), default=None,
                  help="Threads for torch and PySCF (default: all available cores)."),
+    click.option("--scs-os", type=FiniteFloat(), default=SCS_OS_DEFAULT, show_default=True,
+                 help="SCS-MP2 opposite-spin scale."),
+    click.option("--scs-ss", type=FiniteFloat(), default=SCS_SS_DEFAULT, show_default=True,
+                 help="SCS-MP2 same-spin scale."),
+    VERBOSE,
+)
+
+MOLECULE_OPTIONS = (
+    click.option("--charge", type=int, default=None,
+                 help="Total charge (default: 'charge=N' in the XYZ comment, else 0)."),
+    click.option("--spin", type=int, default=None,
+                 help="2S = N_alpha - N_beta (default: from 'multiplicity=M' in the comment, "
+                      "else 0)."),
+    click.option("--frozen", type=click.IntRange(min=0), default=None,
+                 help="Freeze this many lowest occupied orbitals."),
+    click.option("--reference", type=click.Choice(REFERENCES), default="auto",
+                 show_default=True,
+                 help="SCF reference: RHF for closed shells and UHF for spin > 0 unless given."),
+    click.option("--occ-block", type=click.IntRange(min=1), default=None,
+                 help="Occupied orbitals per energy block (default: from --memory)."),
+    click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
+                 help="Folder for the out-of-core B file (default: beside the record)."),
 )
 
 
-def calculation_options(command):
-    """The options shared by every command that computes energies."""
-    for option in reversed(CALCULATION_OPTIONS):
-        command = option(command)
-    return command
+def with_options(*options):
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+def environment_settings() -> dict:
+    """The RunSettings fields that come from environment variables."""
+    mode = os.environ.get(NKI_MODE_ENV, "").strip().lower() or None
+    return {"nki_mode": mode, "require_nki": os.environ.get(REQUIRE_NKI_ENV, "") == "1"}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(version=__version__, prog_name="dfmp2")
-@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
-def cli(verbose: int) -> None:
+@VERBOSE
+def cli() -> None:
     """Density-fitted MP2 (RI-MP2) on PySCF orbitals, with NKI and torch kernels."""
-    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="dfmp2: %(levelname)s: %(message)s",
-                        stream=sys.stderr)
 
 
 @cli.command()
 @click.argument("molecule", type=XYZ_FILE)
-@calculation_options
-@click.option("--charge", type=int, default=None,
-              help="Total charge (default: 'charge=N' in the XYZ comment, else 0).")
-@click.option("--spin", type=int, default=None,
-              help="2S = N_alpha - N_beta (default: from 'multiplicity=M' in the comment, else 0).")
-@click.option("--frozen", type=click.IntRange(min=0), default=None,
-              help="Freeze this many lowest occupied orbitals.")
-@click.option("--reference", type=click.Choice(REFERENCES), default="auto", show_default=True,
-              help="SCF reference: RHF for closed shells and UHF for spin > 0 unless given.")
-@click.option("--scs-os", type=float, default=SCS_OS_DEFAULT, show_default=True,
-              help="SCS-MP2 opposite-spin scale.")
-@click.option("--scs-ss", type=float, default=SCS_SS_DEFAULT, show_default=True,
-              help="SCS-MP2 same-spin scale.")
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
 @click.option("--allow-unconverged", is_flag=True, help="Accept an unconverged SCF.")
 @click.option("--check", is_flag=True,
               help="Also run PySCF's DFMP2 on the same orbitals; exit 1 if they disagree.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Run record path (default: runs/<molecule>-<basis>.h5).")
-@click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder for the out-of-core B file (default: beside the record).")
-@click.option("--occ-block", type=click.IntRange(min=1), default=None,
-              help="Occupied orbitals per energy block (default: from --memory).")
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in -o (also done whenever -o holds one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.pass_obj
 def run(obj: dict, molecule: Path, as_json: bool, **options) -> int:
     """Compute the DF-MP2 energy of MOLECULE (an XYZ file) and write a run record."""
-    settings = job.RunSettings(molecule=molecule, command=obj["command"], **options)
-    world = distributed.init_world()
+    settings = RunSettings(molecule=molecule, command=obj["command"], **options,
+                           **environment_settings())
+    world = distributed.init_world(distributed.launch_from(os.environ))
     try:
         if not world.is_root:
             logging.getLogger().setLevel(logging.ERROR)
-            settings.show_progress = False
-        outcome = job.run(settings, world)
+            settings = replace(settings, show_progress=False)
+        outcome = pipeline.run(settings, world)
     finally:
         world.close()
     if not world.is_root:
         return 0
     if as_json:
-        click.echo(json.dumps(job.json_summary(outcome)))
+        click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
     else:
         click.echo(report.summary(outcome.record))
         click.echo(f"\nrecord written to {outcome.path}")
@@ -123,49 +178,43 @@ def run(obj: dict, molecule: Path, as_json: bool, **options) -> int:
 @cli.command()
 @click.argument("record", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--all", "show_all", is_flag=True, help="Every attribute and dataset.")
+@VERBOSE
 def show(record: Path, show_all: bool) -> int:
     """Print a run record readably."""
     root = read_record(record)
-    detailed = show_all or root.attrs.get("schema") != SCHEMA
+    detailed = show_all or schema(root) != SCHEMA
     click.echo(report.dump(root) if detailed else report.summary(root))
     return 0
 
 
 @cli.command()
 @click.argument("dimer", type=XYZ_FILE)
-@calculation_options
+@with_options(*CALCULATION_OPTIONS)
 @click.option("--split", type=click.IntRange(min=1), default=None,
               help="Monomer A is the first N atoms (default: 'monomer A = first N atoms' in the "
                    "comment line).")
 @click.option("--charges", default=None, help="Monomer charges a,b (default 0,0).")
 @click.option("--spins", default=None, help="Monomer spins (2S) a,b (default 0,0).")
-@click.option("--scs-os", type=float, default=SCS_OS_DEFAULT, show_default=True)
-@click.option("--scs-ss", type=float, default=SCS_SS_DEFAULT, show_default=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Record (default: runs/<dimer>-<basis>-interaction.h5).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def interaction(obj: dict, dimer: Path, split: int | None, charges: str | None,
-                spins: str | None, basis: str, auxbasis: str | None, frozen_core: bool,
-                backend: str, precision: str | None, fused_energy: bool, memory: int | None,
-                scf_method: str, scs_os: float, scs_ss: float, threads: int | None,
-                output: Path | None, as_json: bool) -> int:
+                spins: str | None, output: Path | None, as_json: bool, **options) -> int:
     """Counterpoise-corrected (and uncorrected) SCF, MP2 and SCS-MP2 interaction energies."""
     from dfmp2 import interaction as cp
-    settings = job.RunSettings(
-        molecule=dimer, basis=basis, auxbasis=auxbasis, frozen_core=frozen_core,
-        backend=backend, precision=precision, fused_energy=fused_energy, memory=memory,
-        scf_method=scf_method, scs_os=scs_os, scs_ss=scs_ss, threads=threads,
-        command=obj["command"])
-    root, path = cp.run_interaction(settings, split, cp.parse_pair(charges, "--charges"),
-                                    cp.parse_pair(spins, "--spins"), output)
-    click.echo(json.dumps(cp.json_summary(root, path)) if as_json else cp.format_table(root, path))
+    settings = RunSettings(molecule=dimer, command=obj["command"], **options,
+                           **environment_settings())
+    outcome = cp.run_interaction(settings, split, cp.parse_pair(charges, "--charges"),
+                                 cp.parse_pair(spins, "--spins"), output)
+    click.echo(json.dumps(cp.json_summary(outcome.record, outcome.path)) if as_json
+               else cp.format_table(outcome.record, outcome.path))
     return 0
 
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
-@calculation_options
+@with_options(*CALCULATION_OPTIONS)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("runs/batch"), show_default=True, help="Folder for the records.")
 @click.option("--shard", default=None,
@@ -175,30 +224,26 @@ def interaction(obj: dict, dimer: Path, split: int | None, charges: str | None,
               help="Treat every XYZ input as a dimer (split from its comment line).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
 @click.pass_obj
-def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, basis: str,
-          auxbasis: str | None, frozen_core: bool, backend: str, precision: str | None,
-          fused_energy: bool, memory: int | None, scf_method: str, threads: int | None,
-          check: bool, dimers: bool, as_json: bool) -> int:
+def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, dimers: bool,
+          as_json: bool, **options) -> int:
     """Run many molecules (XYZ files, globs or manifests), one record each in --out.
 
     A manifest has one molecule per line, `path.xyz [dfmp2 run options]`; '#' starts a comment.
     A line with `--split N` (and `--charges a,b`, `--spins a,b`) is a dimer for a counterpoise
-    interaction-energy job.
-    Complete records are skipped, so a rerun finishes an interrupted batch.
+    interaction-energy job. A line that cannot run is recorded as failed and the rest run.
+    Complete records of the same inputs are skipped, so a rerun finishes an interrupted batch.
     """
     from dfmp2 import batch as batch_job
     items = batch_job.collect_items(list(inputs), {"run": run, "interaction": interaction},
                                     dimers)
-    shard_k_n = batch_job.parse_shard(shard)
-    base = job.RunSettings(molecule=Path(), basis=basis, auxbasis=auxbasis,
-                           frozen_core=frozen_core, backend=backend, precision=precision,
-                           fused_energy=fused_energy, memory=memory, scf_method=scf_method,
-                           threads=threads, check=check, command=obj["command"])
+    launch = distributed.launch_from(os.environ)
+    shard_k_n = batch_job.parse_shard(shard, os.environ, launch.rank, launch.size)
+    base = RunSettings(molecule=Path(), command=obj["command"], **options,
+                       **environment_settings())
     rows = batch_job.run_batch(items, base, out_dir, shard_k_n)
     csv_path, json_path = batch_job.write_summaries(rows, out_dir, shard_k_n)
-    if distributed.rank() == 0:
-        click.echo(json.dumps(rows, default=str) if as_json else
-                   f"{batch_job.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
+    click.echo(json.dumps(rows, default=str) if as_json else
+               f"{batch_job.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
     failed = [row for row in rows if row["status"] == "failed"]
     if failed:
         names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)
@@ -208,28 +253,21 @@ def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, 
 
 @cli.command()
 @click.argument("molecule", type=XYZ_FILE)
-@click.option("--basis", default="cc-pvdz", show_default=True)
-@click.option("--auxbasis", default=None, help="Default: the MP2-fit partner of --basis.")
-@click.option("--precision", type=click.Choice(kernels.PRECISIONS), default="fp64",
-              show_default=True)
-@click.option("--frozen-core", is_flag=True)
-@click.option("--fused-energy", is_flag=True)
-@click.option("--memory", type=MemorySize(), default=None)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Timed repeats; medians are reported (the machine may be shared).")
-@click.option("--threads", type=click.IntRange(min=1), default=None)
 @click.option("--skip-pyscf", is_flag=True, help="Time dfmp2 only.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Benchmark record (default: runs/bench-<molecule>-<basis>-<precision>.h5).")
 @click.option("--json", "as_json", is_flag=True)
-def bench(molecule: Path, basis: str, auxbasis: str | None, precision: str, frozen_core: bool,
-          fused_energy: bool, memory: int | None, repeat: int, threads: int | None,
-          skip_pyscf: bool, output: Path | None, as_json: bool) -> int:
+@click.pass_obj
+def bench(obj: dict, molecule: Path, repeat: int, skip_pyscf: bool, as_json: bool,
+          **options) -> int:
     """Time PySCF's DFMP2 and dfmp2's MP2 stage on the same SCF orbitals."""
-    from dfmp2 import bench_run
-    summary, text = bench_run.run_bench(molecule, basis, auxbasis, precision, frozen_core,
-                                        fused_energy, memory, repeat, threads, skip_pyscf,
-                                        output)
+    from dfmp2 import benchmark
+    settings = RunSettings(molecule=molecule, command=obj["command"], **options,
+                           **environment_settings())
+    summary, text = benchmark.run_bench(settings, repeat, skip_pyscf)
     click.echo(json.dumps(summary) if as_json else text)
     return 0
 
@@ -242,6 +280,7 @@ def bench(molecule: Path, basis: str, auxbasis: str | None, precision: str, froz
               help="Compare with the first record, or with PySCF recomputed from each record's "
                    "settings.")
 @click.option("--json", "as_json", is_flag=True)
+@VERBOSE
 def compare(records: tuple[Path, ...], reference: str, as_json: bool) -> int:
     """Energies of run records side by side, with differences."""
     from dfmp2 import compare as comparison
@@ -258,19 +297,35 @@ def compare(records: tuple[Path, ...], reference: str, as_json: bool) -> int:
     return 0
 
 
+def _raise_interrupted(signum: int, frame) -> None:
+    raise Interrupted(f"terminated by signal {signal.Signals(signum).name}; what was finished "
+                      "is in the record, and rerunning the same command resumes it",
+                      128 + signum)
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
-    """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures."""
+    """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures,
+    128 + N after signal N."""
     args = sys.argv[1:] if argv is None else list(argv)
+    logging.basicConfig(level=logging.WARNING, format="dfmp2: %(levelname)s: %(message)s",
+                        stream=sys.stderr)
+    os.environ.setdefault(NKI_PLATFORM_ENV, "trn1")
+    handled = (signal.SIGTERM, signal.SIGINT)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, _raise_interrupted) for s in handled} if in_main_thread else {}
     try:
         code = cli.main(args=args, prog_name=prog_name or "dfmp2", standalone_mode=False,
                         obj={"command": shlex.join(["dfmp2", *args])})
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("Error: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_SIGINT)
     except click.ClickException as exc:
         click.echo(f"Error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except Dfmp2Error as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,16 +1,20 @@
-"""`dfmp2 compare`: energies of several run records side by side, or against PySCF."""
+"""`dfmp2 compare`: energies of several run records side by side, or against PySCF.
+
+Against PySCF, each record's calculation is defined again from its stored inputs through the
+same path as ``dfmp2 run`` (molecule, core potentials, RHF or UHF, auxiliary basis, frozen
+core), then PySCF converges its own SCF and runs its own DF-MP2 on it.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyscf import scf
-
-from dfmp2.errors import InputError
-from dfmp2.molecule import build_molecule, parse_xyz
-from dfmp2.record import Node, read_record
-from dfmp2.reference import pyscf_dfmp2_energy
-from dfmp2.scf import CONV_TOL, CONV_TOL_GRAD
+from dfmp2.calculation import define_calculation, request_from_inputs
+from dfmp2.errors import InputError, RunFailure
+from dfmp2.pyscf_check import pyscf_dfmp2_energy
+from dfmp2.record import (COMPLETE, Mp2Section, Node, ScfSection, read_inputs, read_record,
+                          status)
+from dfmp2.scf import run_scf
 
 
 @dataclass
@@ -24,28 +28,29 @@ class Row:
 
 
 def record_row(path: Path, root: Node) -> Row:
-    if root.attrs.get("status") != "complete" or "mp2" not in root.groups:
-        raise InputError(f"{path} is not a complete run record (status "
-                         f"{root.attrs.get('status')!r})")
-    inputs = root.groups["input"].attrs
-    return Row(str(path), inputs["basis"], inputs["auxbasis"], root.groups["scf"].attrs["e_tot"],
-               root.groups["mp2"].attrs["e_corr"], root.groups["mp2"].attrs["e_tot"])
+    energies, scf = Mp2Section.read(root), ScfSection.read(root)
+    if status(root) != COMPLETE or energies is None or scf is None:
+        raise InputError(f"{path} is not a complete run record (status {status(root)!r})")
+    inputs = read_inputs(root)
+    return Row(str(path), inputs.basis if inputs else "-", inputs.auxbasis if inputs else "-",
+               scf.e_tot, energies.e_corr, energies.e_tot)
 
 
 def pyscf_row(path: Path, root: Node) -> Row:
-    """PySCF from scratch with the record's settings: its own SCF, then its DFMP2."""
-    inputs = root.groups["input"].attrs
-    mol = build_molecule(parse_xyz(inputs["xyz"], source=str(path)), inputs["basis"],
-                         int(inputs["charge"]), int(inputs["spin"]))
-    mf = scf.RHF(mol)
-    if inputs["scf"] == "df":
-        mf = mf.density_fit()
-    mf.conv_tol, mf.conv_tol_grad, mf.verbose = CONV_TOL, CONV_TOL_GRAD, 0
-    mf.kernel()
-    auxbasis = inputs["auxbasis"]
-    reference = pyscf_dfmp2_energy(mf, int(inputs["frozen"]), auxbasis)
-    return Row(f"pyscf ({path.name})", inputs["basis"], auxbasis, float(mf.e_tot),
-               reference.e_corr, float(mf.e_tot) + reference.e_corr)
+    """PySCF from scratch with the record's calculation: its own SCF, then its DF-MP2."""
+    inputs = read_inputs(root)
+    if inputs is None:
+        raise InputError(f"{path} has no /input group, so its calculation cannot be "
+                         "recomputed with PySCF; compare it with another record instead")
+    geometry, request = request_from_inputs(inputs)
+    calc = define_calculation(geometry, request)
+    reference = run_scf(calc.mol, calc.scf_method, calc.reference, calc.jk_spec(),
+                        calc.jk_name())
+    if not reference.converged:
+        raise RunFailure(f"PySCF's SCF for {path} did not converge")
+    energies = pyscf_dfmp2_energy(reference.mf, calc.nfrozen, calc.auxbasis.spec)
+    return Row(f"pyscf ({path.name})", inputs.basis, calc.auxbasis.name, reference.e_tot,
+               energies.e_corr, reference.e_tot + energies.e_corr)
 
 
 def compare(paths: list[Path], reference: str | None) -> list[tuple[Row, Row | None]]:

@@ -6,6 +6,7 @@ and an occupied block of B is a column slice.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -15,6 +16,7 @@ import torch
 from pyscf import gto, lib
 from pyscf.df import incore
 
+from dfmp2.b_store import ScratchArea, ScratchB, open_store
 from dfmp2.errors import RunFailure
 from dfmp2.metric import FitMetric
 
@@ -65,65 +67,106 @@ class ThreeIndexBlocks:
         return torch.from_numpy(square)
 
 
+def orbital_signature(c_occ: np.ndarray, c_vir: np.ndarray, metric: FitMetric) -> str:
+    """A fingerprint of what B is made of: the active orbitals and the fit."""
+    digest = hashlib.sha256()
+    for array in (c_occ, c_vir, metric.factor.numpy()):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update(f"{metric.kind}:{metric.naux}:{metric.naux_fit}".encode())
+    return digest.hexdigest()
+
+
 def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
-                         orbitals: list[tuple[np.ndarray, np.ndarray]], metric: FitMetric, kern,
-                         max_block_bytes: int, store_factory,
+                         orbitals: list[tuple[np.ndarray, np.ndarray]], metric: FitMetric,
+                         kernel_set, max_block_bytes: int, scratch: ScratchArea | None,
                          timings: dict[str, float] | None = None) -> list:
     """B = L^-1 (Q|ia) in fp64 (naux_fit, nocc*nvir) for each (C_occ, C_vir) spin channel, in
-    stores ``store_factory`` opens. Each integral block is computed once for all channels."""
-    clock = time.perf_counter
+    memory or (with ``scratch``) in scratch files. Each integral block is computed once for all
+    channels. A finished B that a killed run left in ``scratch`` for the same orbitals is
+    reused; anything else found there is removed first."""
     timings = timings if timings is not None else {}
+    signatures = [orbital_signature(c_occ, c_vir, metric) for c_occ, c_vir in orbitals]
+    if scratch is not None:
+        reused = [ScratchB.reopen_complete(scratch.path(n), (metric.naux_fit,
+                                                            c_occ.shape[1] * c_vir.shape[1]),
+                                           signature)
+                  for n, ((c_occ, c_vir), signature) in enumerate(zip(orbitals, signatures))]
+        if all(store is not None for store in reused):
+            timings.update({"integrals": 0.0, "transform": 0.0, "fit": 0.0})
+            return reused
+        for store in reused:
+            if store is not None:
+                store.close()
+        scratch.remove_leftovers()
+
+    opened = []
+
+    def store(channel: int, naux: int, ncols: int, raw: bool = False):
+        opened.append(open_store(naux, ncols,
+                                 None if scratch is None else scratch.path(channel, raw)))
+        return opened[-1]
+
+    clock = time.perf_counter
     nao = mol.nao_nr()
     channels = [(torch.from_numpy(np.ascontiguousarray(c_occ)),
                  torch.from_numpy(np.ascontiguousarray(c_vir))) for c_occ, c_vir in orbitals]
-    raws = [store_factory(metric.naux, occ.shape[1] * vir.shape[1]) for occ, vir in channels]
+    in_place = metric.kind == "cholesky"
+    try:
+        raws = [store(n, metric.naux, occ.shape[1] * vir.shape[1], raw=not in_place)
+                for n, (occ, vir) in enumerate(channels)]
+        per_function = max(build_bytes_per_aux_function(nao, occ.shape[1], vir.shape[1])
+                           for occ, vir in channels)
+        integrals = ThreeIndexBlocks(mol, auxmol, max(1, max_block_bytes // per_function))
+        log.info("three-index integrals in %d auxiliary blocks", len(integrals.blocks))
+        t_ints = t_transform = 0.0
+        for shell0, shell1, p0, p1 in integrals.blocks:
+            t0 = clock()
+            lpq = integrals.block(shell0, shell1, p1 - p0)
+            t1 = clock()
+            npart = p1 - p0
+            for (occ, vir), raw in zip(channels, raws):
+                nocc, nvir = occ.shape[1], vir.shape[1]
+                # (P|i nu) = C_occ^T (P|mu nu) for every P, then one GEMM over all (P, i) rows.
+                half = kernel_set.gemm(occ.T, lpq).reshape(npart * nocc, nao)
+                raw.write_rows(p0, p1, kernel_set.gemm(half, vir).reshape(npart, nocc * nvir))
+            t_ints += t1 - t0
+            t_transform += clock() - t1
+        del integrals
+        timings["integrals"] = t_ints
+        timings["transform"] = t_transform
 
-    per_function = max(build_bytes_per_aux_function(nao, occ.shape[1], vir.shape[1])
-                       for occ, vir in channels)
-    integrals = ThreeIndexBlocks(mol, auxmol, max(1, max_block_bytes // per_function))
-    log.info("three-index integrals in %d auxiliary blocks", len(integrals.blocks))
-    t_ints = t_transform = 0.0
-    for shell0, shell1, p0, p1 in integrals.blocks:
         t0 = clock()
-        lpq = integrals.block(shell0, shell1, p1 - p0)
-        t1 = clock()
-        npart = p1 - p0
-        for (occ, vir), raw in zip(channels, raws):
-            nocc, nvir = occ.shape[1], vir.shape[1]
-            # (P|i nu) = C_occ^T (P|mu nu) for every P, then one GEMM over all (P, i) rows.
-            half = kern.gemm(occ.T, lpq).reshape(npart * nocc, nao)
-            raw.write_rows(p0, p1, kern.gemm(half, vir).reshape(npart, nocc * nvir))
-        t_ints += t1 - t0
-        t_transform += clock() - t1
-    del integrals
-    timings["integrals"] = t_ints
-    timings["transform"] = t_transform
-
-    t0 = clock()
-    fitted = [fit(raw, metric, kern, max_block_bytes, store_factory, vir.shape[1])
-              for raw, (_, vir) in zip(raws, channels)]
-    timings["fit"] = clock() - t0
+        fitted = []
+        for n, (raw, (_, vir)) in enumerate(zip(raws, channels)):
+            target = raw if in_place else store(n, metric.naux_fit, raw.shape[1])
+            fitted.append(target)
+            fit(raw, target, metric, kernel_set, max_block_bytes, vir.shape[1])
+            target.mark_complete(signatures[n])
+        timings["fit"] = clock() - t0
+    except BaseException:
+        for item in opened:
+            item.close()
+        raise
+    if not in_place:
+        for raw in raws:
+            raw.close()
     return fitted
 
 
-def fit(raw, metric: FitMetric, kern, max_block_bytes: int, store_factory, nvir: int):
+def fit(raw, fitted, metric: FitMetric, kernel_set, max_block_bytes: int, nvir: int) -> None:
     """Solve L B = Y column chunk by column chunk (or B = factor^T Y for an eigen metric)."""
     nov = raw.shape[1]
     columns = max(1, max_block_bytes // (2 * FP64_BYTES * metric.naux))
-    fitted = raw if metric.kind == "cholesky" else store_factory(metric.naux_fit, nov)
     for c0 in range(0, nov, columns):
         c1 = min(nov, c0 + columns)
         block = raw.read_columns(c0, c1)
         if metric.kind == "cholesky":
-            block = kern.trsm(metric.factor, block, out=block)
+            block = kernel_set.trsm(metric.factor, block, out=block)
         else:
-            block = kern.gemm(metric.factor.T, block)
+            block = kernel_set.gemm(metric.factor.T, block)
         # One sum per chunk finds any NaN or Inf (they propagate) at a fraction of the cost of
         # an elementwise isfinite over the whole of B.
         if not math.isfinite(float(block.sum())):
             raise RunFailure(f"non-finite values in the fitted tensor B for occupied orbitals "
                              f"{c0 // nvir}..{(c1 - 1) // nvir} (columns {c0}:{c1})")
         fitted.write_columns(c0, c1, block)
-    if fitted is not raw:
-        raw.close()
-    return fitted

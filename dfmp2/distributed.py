@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as torch_dist
@@ -21,33 +21,39 @@ import torch.distributed as torch_dist
 from dfmp2.errors import RunFailure
 
 log = logging.getLogger(__name__)
-# How long a collective may wait for a rank before the job is declared broken.
-COLLECTIVE_TIMEOUT = dt.timedelta(seconds=int(os.environ.get("DFMP2_DIST_TIMEOUT", "300")))
+DEFAULT_TIMEOUT_SECONDS = 300
 DEFAULT_MASTER_PORT = "29500"
 # A diagonal (syrk) block pair costs about half an off-diagonal one.
 DIAGONAL_COST = 0.5
 
 
-def slurm_to_torch_env() -> None:
-    """Map an `srun` task's Slurm variables onto torch.distributed's when torchrun is absent."""
-    if "RANK" in os.environ or "SLURM_PROCID" not in os.environ:
-        return
-    if int(os.environ.get("SLURM_NTASKS", "1")) < 2:
-        return
-    os.environ["RANK"] = os.environ["SLURM_PROCID"]
-    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-    os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
-    os.environ.setdefault("MASTER_ADDR", os.environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"))
-    os.environ.setdefault("MASTER_PORT", DEFAULT_MASTER_PORT)
+@dataclass(frozen=True)
+class Launch:
+    """How this process was started: its rank among ``size`` ranks and where rank 0 listens.
+    Built from the launcher's environment variables by :func:`launch_from` at the command
+    line (torchrun's RANK/WORLD_SIZE/MASTER_*, or an ``srun`` task's SLURM_* variables)."""
+
+    rank: int = 0
+    size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: str = DEFAULT_MASTER_PORT
+    timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
 
 
-def launched_world_size() -> int:
-    slurm_to_torch_env()
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+def launch_from(environ: Mapping[str, str]) -> Launch:
+    """The launch described by ``environ``: torchrun's variables, else a multi-task Slurm step
+    (``srun``), else a single process. ``DFMP2_DIST_TIMEOUT`` bounds every collective."""
+    timeout = int(environ.get("DFMP2_DIST_TIMEOUT", str(DEFAULT_TIMEOUT_SECONDS)))
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return Launch(int(environ["RANK"]), int(environ["WORLD_SIZE"]),
+                      environ.get("MASTER_ADDR", "127.0.0.1"),
+                      environ.get("MASTER_PORT", DEFAULT_MASTER_PORT), timeout)
+    if "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
+        return Launch(int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"]),
+                      environ.get("MASTER_ADDR",
+                                  environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")),
+                      environ.get("MASTER_PORT", DEFAULT_MASTER_PORT), timeout)
+    return Launch(timeout_seconds=timeout)
 
 
 @dataclass
@@ -57,7 +63,6 @@ class World:
     size: int = 1
     rank: int = 0
     backend: str = "none"
-    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def is_root(self) -> bool:
@@ -97,18 +102,20 @@ def _guard(call, what: str) -> None:
                          f"unreachable ({first[:160]})") from None
 
 
-def init_world() -> World:
-    """Join the process group when launched by torchrun or srun with more than one task."""
-    size = launched_world_size()
-    if size < 2:
+def init_world(launch: Launch) -> World:
+    """Join the process group of a launch with more than one rank."""
+    if launch.size < 2:
         return World()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     try:
-        torch_dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+        torch_dist.init_process_group(
+            backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+            rank=launch.rank, world_size=launch.size,
+            timeout=dt.timedelta(seconds=launch.timeout_seconds))
     except (RuntimeError, ValueError) as exc:
         raise RunFailure(f"cannot join the distributed job ({exc}); launch with torchrun or "
                          "srun, with MASTER_ADDR/MASTER_PORT reachable") from None
-    world = World(size, torch_dist.get_rank(), backend)
+    world = World(launch.size, torch_dist.get_rank(), backend)
     log.info("rank %d of %d (%s)", world.rank, world.size, backend)
     return world
 

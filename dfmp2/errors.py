@@ -17,3 +17,12 @@ class RunFailure(Dfmp2Error):
     """The calculation ran but could not produce a trustworthy result (exit status 1)."""
 
     exit_code = 1
+
+
+class Interrupted(RunFailure):
+    """The run was stopped by a signal (SIGTERM from a batch scheduler, or Ctrl-C). What it
+    finished is in the record, which a later run resumes."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

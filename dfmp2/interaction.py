@@ -3,27 +3,32 @@
 Five calculations: the dimer, each monomer in the full dimer basis (the partner's atoms as
 ghosts carrying orbital and auxiliary functions but no charge or electrons), and each monomer
 in its own basis for the uncorrected value. E_int(CP) = E(AB) - E(A in AB) - E(B in AB).
+All five go into one record, one subtree each, laid out like a run record.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
-import time
 from pathlib import Path
 
-import numpy as np
-
-from dfmp2 import job
-from dfmp2.errors import InputError, RunFailure
-from dfmp2.molecule import Geometry, read_xyz
-from dfmp2.record import INTERACTION_SCHEMA, Node
+from dfmp2 import pipeline
+from dfmp2.b_store import ScratchArea
+from dfmp2.calculation import define_calculation
+from dfmp2.checkpoint import set_aside
+from dfmp2.errors import InputError
+from dfmp2.record import (COMPLETE, INTERACTION_SCHEMA, CalculationInputs, InteractionInputs,
+                          Mp2Section, Node, ScfSection, calculation_node, interaction_value,
+                          read_inputs, read_interaction, read_record, schema,
+                          stale_temporaries, status, write_interaction)
+from dfmp2.settings import RunSettings
+from dfmp2.xyz import Geometry, read_xyz
 
 # Hartree to kcal/mol (CODATA 2018: 1 Eh = 4.3597447222071e-18 J; N_A; 4184 J/kcal).
 KCAL_PER_HARTREE = 627.5094740631
 SPLIT_IN_COMMENT = re.compile(r"monomer A\s*=\s*first\s+(\d+)\s+atoms", re.IGNORECASE)
 CALCULATIONS = ("dimer", "monomer_a_cp", "monomer_b_cp", "monomer_a", "monomer_b")
-ENERGIES = {"scf": ("scf", "e_tot"), "mp2": ("mp2", "e_tot"), "scs": ("mp2", "e_tot_scs"),
-            "sos": ("mp2", "e_tot_sos")}
+KINDS = ("scf", "mp2", "scs", "sos")
 
 
 def parse_pair(text: str | None, option: str) -> tuple[int, int]:
@@ -34,16 +39,6 @@ def parse_pair(text: str | None, option: str) -> tuple[int, int]:
     except ValueError:
         raise InputError(f"{option} {text!r}: write two integers as a,b (e.g. 0,0)") from None
     return a, b
-
-
-def subset(geometry: Geometry, atoms: range) -> Geometry:
-    """The monomer alone: its atoms only, as if read from its own XYZ file."""
-    symbols = tuple(geometry.symbols[n] for n in atoms)
-    coords = geometry.coords[list(atoms)]
-    text = f"{len(symbols)}\n{geometry.comment}\n" + "".join(
-        f"{s} {x:.10f} {y:.10f} {z:.10f}\n" for s, (x, y, z) in zip(symbols, coords))
-    return Geometry(symbols, np.array(coords), geometry.comment, None, None, text,
-                    geometry.source)
 
 
 def resolve_split(geometry: Geometry, split: int | None) -> int:
@@ -59,86 +54,134 @@ def resolve_split(geometry: Geometry, split: int | None) -> int:
     return split
 
 
-def run_interaction(settings: job.RunSettings, split: int | None, charges: tuple[int, int],
-                    spins: tuple[int, int], output: Path | None) -> tuple[Node, Path]:
-    t_start = time.perf_counter()
-    path = output or job.DEFAULT_OUTPUT_DIR / (f"{Path(settings.molecule).stem}-"
-                                              f"{settings.basis.lower()}-interaction.h5")
-    job.check_output_path(path)
+def _energy(node: Node, kind: str) -> float:
+    scf, energies = ScfSection.read(node), Mp2Section.read(node)
+    return {"scf": scf.e_tot, "mp2": energies.e_tot, "scs": energies.e_tot_scs,
+            "sos": energies.e_tot_sos}[kind]
+
+
+def interaction_energies(root: Node) -> dict[str, tuple[float, float]]:
+    """Per kind, (counterpoise-corrected, uncorrected) interaction energy in Eh."""
+    def energy(name: str, kind: str) -> float:
+        return _energy(calculation_node(root, name), kind)
+
+    return {kind: (energy("dimer", kind) - energy("monomer_a_cp", kind)
+                   - energy("monomer_b_cp", kind),
+                   energy("dimer", kind) - energy("monomer_a", kind) - energy("monomer_b", kind))
+            for kind in KINDS}
+
+
+def _reusable(path: Path, inputs: dict[str, CalculationInputs]) -> Node | None:
+    """A complete interaction record at ``path`` computed with the same inputs."""
+    if not path.exists():
+        return None
+    try:
+        previous = read_record(path)
+    except InputError:
+        return None
+    if schema(previous) != INTERACTION_SCHEMA or status(previous) != COMPLETE:
+        return None
+    for name, expected in inputs.items():
+        stored = read_inputs(calculation_node(previous, name))
+        if stored is None or stored.differing(expected, CalculationInputs.REUSE_FIELDS):
+            return None
+    return previous
+
+
+def keep_complete_record(path: Path) -> None:
+    """A complete record about to be replaced is moved aside instead (a finished result is
+    never lost); temporaries of an interrupted write are removed."""
+    for tmp in stale_temporaries(path):
+        tmp.unlink(missing_ok=True)
+    if not path.exists():
+        return
+    try:
+        previous = read_record(path)
+    except InputError:
+        return
+    if status(previous) == COMPLETE:
+        set_aside(path, previous)
+
+
+def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int],
+                    spins: tuple[int, int], output: Path | None,
+                    reuse_complete: bool = False) -> pipeline.RunOutcome:
+    path = output or settings.output_path("-interaction")
+    pipeline.check_output_path(path)
     geometry = read_xyz(settings.molecule)
     split = resolve_split(geometry, split)
     atoms_a, atoms_b = range(split), range(split, geometry.natoms)
-    env = job.resolve_environment(settings, path)
+    env = pipeline.resolve_environment(settings, path)
     per_molecule = dataclasses.replace(settings, resume=False)
     plans = {
         "dimer": (geometry, sum(charges), sum(spins), frozenset()),
         "monomer_a_cp": (geometry, charges[0], spins[0], frozenset(atoms_b)),
         "monomer_b_cp": (geometry, charges[1], spins[1], frozenset(atoms_a)),
-        "monomer_a": (subset(geometry, atoms_a), charges[0], spins[0], frozenset()),
-        "monomer_b": (subset(geometry, atoms_b), charges[1], spins[1], frozenset()),
+        "monomer_a": (geometry.subset(atoms_a), charges[0], spins[0], frozenset()),
+        "monomer_b": (geometry.subset(atoms_b), charges[1], spins[1], frozenset()),
     }
     calcs = {}
     for name, (geom, charge, spin, ghosts) in plans.items():
         try:
-            calcs[name] = job.prepare(geom, per_molecule, env, charge, spin, ghosts)
+            calcs[name] = define_calculation(
+                geom, pipeline.request_of(per_molecule, charge, spin, ghosts))
         except InputError as exc:
             hint = str(exc).replace("need --spin (2S", "need --spins a,b (2S per monomer")
             raise InputError(f"{name.replace('_', ' ')}: {hint}") from None
+    pipeline.check_feasible(calcs["dimer"], per_molecule, env)
+    inputs = {name: pipeline.run_inputs(calc, per_molecule, env) for name, calc in calcs.items()}
 
-    root = job.new_record(settings, env, INTERACTION_SCHEMA)
-    root.group("input").attrs.update({"xyz": geometry.text, "source": str(settings.molecule),
-                                      "split": split, "charges": list(charges),
-                                      "spins": list(spins), "basis": settings.basis,
-                                      "frozen_core": settings.frozen_core})
-    for name in CALCULATIONS:
-        node = root.group(name)
-        node.group("input").attrs.update(calcs[name].inputs)
-        try:
-            job.compute(calcs[name], per_molecule, env, node)
-        except RunFailure as exc:
-            job.finish_record(root, path, "failed", t_start, env.kern, error=f"{name}: {exc}")
-            raise RunFailure(f"{name.replace('_', ' ')}: {exc} (record {path})") from None
-    root.group("interaction").attrs.update(interaction_energies(root))
-    job.finish_record(root, path, "complete", t_start, env.kern)
-    return root, path
+    with pipeline.RecordSession(path, env) as session:
+        previous = _reusable(path, inputs) if reuse_complete else None
+        if previous is not None:
+            return pipeline.RunOutcome(previous, path, 0, reused=True)
+        keep_complete_record(path)
+        root = pipeline.new_run_record(settings, env, INTERACTION_SCHEMA)
+        InteractionInputs(geometry.text, str(settings.molecule), split, json.dumps(charges),
+                          json.dumps(spins), settings.basis, settings.frozen_core).write(root)
+
+        def work() -> int:
+            for name in CALCULATIONS:
+                node = calculation_node(root, name)
+                inputs[name].write(node)
+                scratch = ScratchArea(env.scratch_dir, f"{path.name}.{name}")
+                try:
+                    pipeline.calculate(calcs[name], per_molecule, env, node, None, scratch)
+                except InputError as exc:
+                    raise InputError(f"{name.replace('_', ' ')}: {exc}") from None
+            write_interaction(root, interaction_energies(root), KCAL_PER_HARTREE)
+            session.finish(root, COMPLETE)
+            return 0
+
+        pipeline.guarded(session, root, work)
+    return pipeline.RunOutcome(root, path, 0)
 
 
-def _energy(root: Node, calc: str, kind: str) -> float:
-    group, key = ENERGIES[kind]
-    return float(root.groups[calc].groups[group].attrs[key])
-
-
-def interaction_energies(root: Node) -> dict[str, float]:
-    values = {}
-    for kind in ENERGIES:
-        dimer = _energy(root, "dimer", kind)
-        cp = dimer - _energy(root, "monomer_a_cp", kind) - _energy(root, "monomer_b_cp", kind)
-        nocp = dimer - _energy(root, "monomer_a", kind) - _energy(root, "monomer_b", kind)
-        values.update({f"e_int_{kind}_cp": cp, f"e_int_{kind}_nocp": nocp,
-                       f"e_int_{kind}_cp_kcal": cp * KCAL_PER_HARTREE,
-                       f"e_int_{kind}_nocp_kcal": nocp * KCAL_PER_HARTREE,
-                       f"bsse_{kind}": nocp - cp})
-    return values
+def batch_values(root: Node) -> dict:
+    """The batch summary's columns for an interaction record."""
+    dimer = calculation_node(root, "dimer")
+    return {"e_scf": ScfSection.read(dimer).e_tot, "e_corr": Mp2Section.read(dimer).e_corr,
+            "e_tot": Mp2Section.read(dimer).e_tot,
+            "e_int_mp2_cp": interaction_value(read_interaction(root), "mp2", True)}
 
 
 def format_table(root: Node, path: Path) -> str:
-    values = root.groups["interaction"].attrs
+    values = read_interaction(root)
     lines = [f"{'calculation':<16} {'E(SCF) / Eh':>18} {'E(MP2) / Eh':>18} {'E(SCS) / Eh':>18}"]
     for name in CALCULATIONS:
-        lines.append(f"{name:<16} {_energy(root, name, 'scf'):18.10f} "
-                     f"{_energy(root, name, 'mp2'):18.10f} {_energy(root, name, 'scs'):18.10f}")
+        node = calculation_node(root, name)
+        lines.append(f"{name:<16} {_energy(node, 'scf'):18.10f} "
+                     f"{_energy(node, 'mp2'):18.10f} {_energy(node, 'scs'):18.10f}")
     lines += ["", f"{'interaction':<16} {'CP / Eh':>16} {'CP kcal/mol':>12} "
                   f"{'no CP / Eh':>16} {'no CP kcal/mol':>15}"]
     for kind, label in (("scf", "SCF"), ("mp2", "MP2"), ("scs", "SCS-MP2"), ("sos", "SOS-MP2")):
-        lines.append(f"{label:<16} {values[f'e_int_{kind}_cp']:16.10f} "
-                     f"{values[f'e_int_{kind}_cp_kcal']:12.4f} "
-                     f"{values[f'e_int_{kind}_nocp']:16.10f} "
-                     f"{values[f'e_int_{kind}_nocp_kcal']:15.4f}")
+        lines.append(f"{label:<16} {interaction_value(values, kind, True):16.10f} "
+                     f"{interaction_value(values, kind, True, kcal=True):12.4f} "
+                     f"{interaction_value(values, kind, False):16.10f} "
+                     f"{interaction_value(values, kind, False, kcal=True):15.4f}")
     lines.append(f"\nrecord written to {path}")
     return "\n".join(lines)
 
 
 def json_summary(root: Node, path: Path) -> dict:
-    values = root.groups["interaction"].attrs
-    return {**{key: float(value) for key, value in values.items()}, "record": str(path),
-            "status": root.attrs["status"]}
+    return {**read_interaction(root), "record": str(path), "status": status(root)}

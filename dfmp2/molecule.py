@@ -1,159 +1,32 @@
-"""XYZ input: parsing, validation with one-line errors, and the PySCF molecule."""
+"""The PySCF molecule of a geometry: charge and spin, basis set and effective core potentials."""
 from __future__ import annotations
 
-import math
+import logging
+import os
 import re
 import warnings
-from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 from pyscf import gto
 from pyscf.data import elements
 
 from dfmp2.errors import InputError
+from dfmp2.xyz import Geometry
 
-MIN_DISTANCE_ANGSTROM = 0.1
-MAX_COORDINATE_ANGSTROM = 1.0e4
-KNOWN_SYMBOLS = {symbol.upper(): symbol for symbol in elements.ELEMENTS[1:]}
-CHARGE_PATTERN = re.compile(r"\bcharge\s*=\s*([+-]?\d+)\b", re.IGNORECASE)
-MULTIPLICITY_PATTERN = re.compile(r"\bmultiplicity\s*=\s*(\d+)\b", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """A parsed XYZ file: symbols, coordinates in Angstrom, the comment's charge/multiplicity."""
-
-    symbols: tuple[str, ...]
-    coords: np.ndarray
-    comment: str
-    charge: int | None
-    multiplicity: int | None
-    text: str
-    source: str
-
-    @property
-    def natoms(self) -> int:
-        return len(self.symbols)
-
-    def pyscf_atoms(self, ghosts: frozenset[int] = frozenset()
-                    ) -> list[tuple[str, tuple[float, float, float]]]:
-        """PySCF atoms; those in ``ghosts`` carry basis functions but no charge or electrons."""
-        return [(f"ghost-{symbol}" if n in ghosts else symbol, tuple(xyz))
-                for n, (symbol, xyz) in enumerate(zip(self.symbols, self.coords.tolist()))]
-
-
-def read_xyz(path: str | Path) -> Geometry:
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path} is a directory, not an XYZ file") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not a text XYZ file (it is not valid UTF-8)") from None
-    return parse_xyz(text, source=str(path))
-
-
-def _parse_symbol(token: str, where: str) -> str:
-    if re.fullmatch(r"\d+", token):
-        z = int(token)
-        hint = f" ('{elements.ELEMENTS[z]}')" if 0 < z < len(elements.ELEMENTS) else ""
-        raise InputError(f"{where}: '{token}' is an atomic number; write the element symbol{hint}")
-    canonical = KNOWN_SYMBOLS.get(token.upper())
-    if canonical is None:
-        raise InputError(f"{where}: unknown element '{token}'")
-    if token != canonical:
-        raise InputError(f"{where}: element symbol '{token}' is not in standard case; "
-                         f"write '{canonical}'")
-    return canonical
-
-
-def _parse_coordinate(token: str, where: str) -> float:
-    try:
-        value = float(token)
-    except ValueError:
-        raise InputError(f"{where}: coordinate '{token}' is not a number") from None
-    if not math.isfinite(value):
-        raise InputError(f"{where}: coordinate '{token}' is not finite")
-    if abs(value) > MAX_COORDINATE_ANGSTROM:
-        raise InputError(f"{where}: coordinate {token} Angstrom is beyond "
-                         f"{MAX_COORDINATE_ANGSTROM:g} Angstrom; check the units")
-    return value
-
-
-def _comment_int(pattern: re.Pattern, comment: str) -> int | None:
-    match = pattern.search(comment)
-    return int(match.group(1)) if match else None
-
-
-def parse_xyz(text: str, source: str = "<input>") -> Geometry:
-    """Parse standard XYZ text (count, comment, ``Symbol x y z`` lines in Angstrom)."""
-    if "\x00" in text:
-        raise InputError(f"{source} is not a text XYZ file (it contains NUL bytes)")
-    lines = text.splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()
-    if not lines:
-        raise InputError(f"{source} is empty; an XYZ file starts with the number of atoms")
-    try:
-        natoms = int(lines[0].strip())
-    except ValueError:
-        raise InputError(f"{source}, line 1: expected the number of atoms, "
-                         f"found {lines[0].strip()[:40]!r}") from None
-    if natoms < 1:
-        raise InputError(f"{source}, line 1: the number of atoms must be at least 1")
-    comment = lines[1] if len(lines) > 1 else ""
-    atom_lines = lines[2:]
-    if len(atom_lines) != natoms:
-        raise InputError(f"{source}: line 1 announces {natoms} atoms but "
-                         f"{len(atom_lines)} atom lines follow")
-    symbols, coords = [], []
-    for number, line in enumerate(atom_lines, start=3):
-        where = f"{source}, line {number}"
-        fields = line.split()
-        if len(fields) != 4:
-            raise InputError(f"{where}: expected 'Symbol x y z', found {line.strip()[:60]!r}")
-        symbols.append(_parse_symbol(fields[0], where))
-        coords.append([_parse_coordinate(token, where) for token in fields[1:]])
-    coords_array = np.asarray(coords, dtype=float)
-    _check_distances(symbols, coords_array, source)
-    return Geometry(tuple(symbols), coords_array, comment.strip(),
-                    _comment_int(CHARGE_PATTERN, comment),
-                    _comment_int(MULTIPLICITY_PATTERN, comment), text, source)
-
-
-def _check_distances(symbols: list[str], coords: np.ndarray, source: str) -> None:
-    if len(symbols) < 2:
-        return
-    diff = coords[:, None, :] - coords[None, :, :]
-    dist = np.sqrt(np.einsum("ijk,ijk->ij", diff, diff))
-    np.fill_diagonal(dist, np.inf)
-    i, j = np.unravel_index(np.argmin(dist), dist.shape)
-    if dist[i, j] < MIN_DISTANCE_ANGSTROM:
-        a, b = sorted((int(i), int(j)))
-        raise InputError(f"{source}: atoms {a + 1} ({symbols[a]}) and {b + 1} ({symbols[b]}) are "
-                         f"{dist[i, j]:.3f} Angstrom apart (minimum {MIN_DISTANCE_ANGSTROM})")
+log = logging.getLogger(__name__)
+NO_ECP = "none"
 
 
 def resolve_charge_spin(geometry: Geometry, charge: int | None, spin: int | None,
-                        ghosts: frozenset[int] = frozenset()) -> tuple[int, int]:
+                        ghosts: frozenset[int] = frozenset(),
+                        ecp_electrons: int = 0) -> tuple[int, int]:
     """Charge and spin (2S, PySCF's convention): flags win over the comment line. Ghost atoms
-    bring no nuclear charge."""
+    bring no nuclear charge; electrons replaced by core potentials are not counted."""
     if charge is None:
         charge = geometry.charge if geometry.charge is not None else 0
-    if spin is None:
-        multiplicity = geometry.multiplicity
-        if multiplicity is not None and multiplicity < 1:
-            raise InputError(f"{geometry.source}: multiplicity must be at least 1")
-        spin = multiplicity - 1 if multiplicity is not None else None
+    if spin is None and geometry.multiplicity is not None:
+        spin = geometry.multiplicity - 1
     nuclear = sum(elements.charge(symbol) for n, symbol in enumerate(geometry.symbols)
-                  if n not in ghosts)
+                  if n not in ghosts) - ecp_electrons
     nelectron = nuclear - charge
     if nelectron < 1:
         raise InputError(f"charge {charge:+d} leaves {nelectron} electrons "
@@ -172,13 +45,59 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None, spin: int | None
     return charge, spin
 
 
+def element_ecp(name: str, symbol: str) -> list | None:
+    """The effective core potential ``name`` defines for ``symbol`` (PySCF's data), or None.
+
+    Looks only in PySCF's bundled basis library, where a basis such as def2-SVP, LANL2DZ or
+    cc-pVDZ-PP keeps its core potentials next to its orbital functions."""
+    files = gto.basis.ALIAS.get(gto.basis._format_basis_name(name))
+    if files is None:
+        return None
+    for file in (files,) if isinstance(files, str) else files:
+        path = os.path.join(gto.basis._BASIS_DIR, file)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                data = gto.basis.load_ecp(path, symbol)
+        except Exception:  # PySCF raises several types for "no ECP for this element"
+            continue
+        if data:
+            return data
+    return None
+
+
+def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[str, str]:
+    """Element -> ECP name. By default a basis brings its own core potentials (def2-* from Rb
+    on, LANL2DZ, cc-pVnZ-PP ...), as PySCF does with ``ecp=basis``; ``none`` runs all-electron;
+    any other name is an ECP set that must cover at least one element of the molecule."""
+    present = sorted(set(symbols), key=elements.charge)
+    if ecp is not None and ecp.strip().lower() == NO_ECP:
+        carried = [s for s in present if element_ecp(basis, s)]
+        if carried:
+            log.warning("--ecp none: %s run all-electron in %s, a basis made for core "
+                        "potentials there", ", ".join(carried), basis)
+        return {}
+    name = basis if ecp is None else ecp.strip()
+    if not name:
+        raise InputError("--ecp needs a name, e.g. def2-svp, or 'none'")
+    chosen = {symbol: name for symbol in present if element_ecp(name, symbol)}
+    if ecp is not None and not chosen:
+        raise InputError(f"ECP '{ecp}' has no core potential for any of "
+                         f"{', '.join(present)}; choose another --ecp or 'none'")
+    return chosen
+
+
 def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
+                   ecp: dict[str, str] | None = None,
                    ghosts: frozenset[int] = frozenset()) -> gto.Mole:
     """The PySCF molecule; an unknown basis or one lacking an element is an InputError."""
+    if not basis.strip():
+        raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
     mol = gto.Mole()
     mol.atom = geometry.pyscf_atoms(ghosts)
     mol.unit = "Angstrom"
     mol.basis = basis
+    mol.ecp = {symbol: element_ecp(name, symbol) for symbol, name in (ecp or {}).items()}
     mol.charge = charge
     mol.spin = spin
     mol.verbose = 0
@@ -187,7 +106,7 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mol.build(parse_arg=False, dump_input=False)
-    except (RuntimeError, KeyError, ValueError) as exc:
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
         raise InputError(_basis_message(basis, exc, geometry.symbols)) from None
     return mol
 

@@ -21,19 +21,17 @@ IN_CORE_MAX_SHARE = 0.5
 
 @dataclass(frozen=True)
 class BlockPlan:
+    """How the MP2 stage runs: occupied orbitals per energy block, whether B lives out of core,
+    the fused or plain energy kernel, and the memory each part may use."""
+
     occ_block: int
     nblocks: int
     out_of_core: bool
+    fused: bool
     b_bytes: int
     energy_bytes: int
     build_block_bytes: int
     budget: int
-
-    def as_attrs(self) -> dict[str, int | bool]:
-        return {"occ_block": self.occ_block, "occ_blocks": self.nblocks,
-                "out_of_core": self.out_of_core, "b_bytes": self.b_bytes,
-                "energy_bytes": self.energy_bytes, "build_block_bytes": self.build_block_bytes,
-                "budget_bytes": self.budget}
 
 
 def energy_block_bytes(occ_block: int, nvir: int, naux: int, itemsize: int, fused: bool,
@@ -85,6 +83,6 @@ def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int
         occ_block = 1
         while occ_block < nocc and fits(occ_block + 1) and enough_pairs(occ_block + 1):
             occ_block += 1
-    return BlockPlan(occ_block, -(-max(nocc, 1) // occ_block), out_of_core, b_bytes,
+    return BlockPlan(occ_block, -(-max(nocc, 1) // occ_block), out_of_core, fused, b_bytes,
                      energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core),
                      max(build_minimum, min(MAX_BUILD_BLOCK_BYTES, budget - resident)), budget)

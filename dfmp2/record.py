@@ -1,22 +1,44 @@
-"""HDF5 run records: a tree of groups with attributes and datasets, written atomically."""
+"""HDF5 run records: the only module that knows their layout.
+
+A record is a tree of :class:`Node` (attributes, datasets, child groups) written whole and
+atomically: a temporary file beside the target, then a rename. Other modules read and write
+it through the typed sections and functions below and never spell a group or attribute name.
+
+Layout of a run record (schema ``dfmp2.run/1``): root attributes ``schema``, ``status``,
+``created``, ``command`` (``error`` when failed, ``resumed``), and the groups ``/input``,
+``/versions``, ``/backend``, ``/scf``, ``/sizes``, ``/plan``, ``/checkpoint``, ``/mp2``,
+``/timings``, ``/reference`` (with ``--check``) and ``/distributed`` (several ranks).
+An interaction record holds one such tree per calculation plus ``/interaction``; a benchmark
+record holds ``/bench`` and ``/runs``.
+"""
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import errno
 import json
 import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import h5py
 import numpy as np
 
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, RunFailure
 
 SCHEMA = "dfmp2.run/1"
 BENCH_SCHEMA = "dfmp2.bench/1"
 INTERACTION_SCHEMA = "dfmp2.interaction/1"
 KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA)
+
+RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
+
+
+class RecordWriteError(RunFailure):
+    """The record (or its temporary file) could not be written: a full disk, a quota, a
+    vanished folder."""
 
 
 @dataclass
@@ -34,6 +56,8 @@ class Node:
             node = node.groups.setdefault(part, Node())
         return node
 
+
+# ---------------------------------------------------------------------------------- files
 
 def _attr_value(value: Any) -> Any:
     if isinstance(value, (dict, list, tuple)):
@@ -55,19 +79,43 @@ def _write_node(group: h5py.Group, node: Node) -> None:
 
 
 def write_record(path: str | Path, root: Node) -> Path:
-    """Write the whole record to a temporary file beside ``path``, then rename it into place."""
+    """Write the whole record to a temporary file beside ``path``, then rename it into place.
+    Any failure removes the temporary file and leaves the previous record untouched."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
+    tmp_name = None
     try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        os.close(fd)
         with h5py.File(tmp_name, "w") as h5:
             _write_node(h5, root)
         os.replace(tmp_name, path)
+    except OSError as exc:
+        _remove_quietly(tmp_name)
+        raise RecordWriteError(f"cannot write the run record {path}: {_reason(exc)}") from None
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        _remove_quietly(tmp_name)
         raise
     return path
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{os.strerror(exc.errno)}; free some space or choose another folder"
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _remove_quietly(name: str | None) -> None:
+    if name:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def stale_temporaries(path: Path) -> list[Path]:
+    """Temporary files an interrupted write of ``path`` left behind."""
+    return list(path.parent.glob(f".{path.name}.*.tmp"))
 
 
 def _read_node(group: h5py.Group) -> Node:
@@ -84,7 +132,7 @@ def _read_node(group: h5py.Group) -> Node:
 
 
 def read_record(path: str | Path) -> Node:
-    """Read a run record; anything that is not one is an InputError naming the file."""
+    """Read a record; anything that is not one is an InputError naming the file."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such record")
@@ -105,3 +153,409 @@ def is_record_file(path: str | Path) -> bool:
     except InputError:
         return False
     return True
+
+
+# ---------------------------------------------------------------------------------- root
+
+def new_record(schema: str, command: str, versions: dict[str, str]) -> Node:
+    root = Node(attrs={"schema": schema, "status": RUNNING,
+                       "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "command": command})
+    root.group("versions").attrs.update(versions)
+    return root
+
+
+def schema(root: Node) -> str | None:
+    return root.attrs.get("schema")
+
+
+def status(root: Node) -> str | None:
+    return root.attrs.get("status")
+
+
+def error(root: Node) -> str | None:
+    return root.attrs.get("error")
+
+
+def created(root: Node) -> str | None:
+    return root.attrs.get("created")
+
+
+def set_status(root: Node, value: str, error_text: str | None = None) -> None:
+    root.attrs["status"] = value
+    if error_text:
+        root.attrs["error"] = error_text
+    else:
+        root.attrs.pop("error", None)
+
+
+def set_resumed(node: Node, resumed: bool) -> None:
+    node.attrs["resumed"] = resumed
+
+
+# ------------------------------------------------------------------------------- sections
+
+class Section:
+    """A group whose attributes are the fields of a dataclass."""
+
+    group_name: ClassVar[str]
+
+    def write(self, node: Node) -> None:
+        node.group(self.group_name).attrs.update(dataclasses.asdict(self))
+
+    @classmethod
+    def read(cls, node: Node):
+        """The section in ``node``, or None when the group is absent. Attributes a record of
+        an older version lacks take their defaults."""
+        group = node.groups.get(cls.group_name)
+        if group is None:
+            return None
+        values = {}
+        for item in dataclasses.fields(cls):
+            if item.name in group.attrs:
+                values[item.name] = _from_attr(group.attrs[item.name], item.type)
+            elif item.default is dataclasses.MISSING:
+                return None
+        return cls(**values)
+
+
+def _from_attr(value: Any, annotation: str) -> Any:
+    if annotation == "bool":
+        return bool(value)
+    if annotation == "int":
+        return int(value)
+    if annotation == "float":
+        return float(value)
+    return value
+
+
+@dataclass(frozen=True)
+class CalculationInputs(Section):
+    """``/input``: what was computed and how. Two kinds of comparison use it: a resumed run
+    must share ``RESUME_FIELDS`` with the interrupted one (its checkpoint depends on nothing
+    else), and a complete record stands for a new request only when ``REUSE_FIELDS`` match
+    (every option that changes a stored number)."""
+
+    group_name: ClassVar[str] = "input"
+    RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
+        "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
+        "jk_auxbasis", "reference", "frozen", "backend", "precision", "fused_energy")
+    REUSE_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
+        "scs_os", "scs_ss", "allow_unconverged", "check")
+
+    xyz: str
+    source: str
+    basis: str
+    auxbasis: str
+    auxbasis_option: str = "default"
+    ecp: str = "{}"
+    jk_auxbasis: str = "none"
+    charge: int = 0
+    spin: int = 0
+    ghost_atoms: str = "[]"
+    scf: str = "df"
+    reference: str = "rhf"
+    frozen: int = 0
+    backend: str = "torch"
+    precision: str = "fp64"
+    fused_energy: bool = False
+    scs_os: float = 1.2
+    scs_ss: float = 1.0 / 3.0
+    allow_unconverged: bool = False
+    check: bool = False
+    memory_bytes: int = 0
+    threads: int = 0
+    scratch: str = ""
+
+    def differing(self, other: "CalculationInputs", names: tuple[str, ...]) -> list[str]:
+        return [name for name in names if getattr(self, name) != getattr(other, name)]
+
+
+def read_inputs(node: Node) -> CalculationInputs | None:
+    return CalculationInputs.read(node)
+
+
+@dataclass(frozen=True)
+class BackendFacts(Section):
+    """``/backend``: which kernels ran where (the call counts are added by
+    :func:`write_kernel_ledger`)."""
+
+    group_name: ClassVar[str] = "backend"
+    backend: str
+    precision: str
+    device: str
+    fused_energy: bool
+
+
+def write_kernel_ledger(node: Node, calls: dict[tuple[str, str], int], fallbacks: int,
+                        fallback_reasons: list[str], report: dict[str, Any]) -> None:
+    """Call counts as ``calls.<kernel>.<executor>``, fallbacks, and the backend's own facts
+    (on NKI: mode, signatures, launches and the estimated trn1 time)."""
+    group = node.group(BackendFacts.group_name)
+    group.attrs.update({f"calls.{kernel}.{executor}": int(n)
+                        for (kernel, executor), n in sorted(calls.items())})
+    group.attrs["executors"] = sorted({executor for _, executor in calls})
+    group.attrs["fallbacks"] = fallbacks
+    group.attrs["fallback_reasons"] = fallback_reasons
+    group.attrs.update(report)
+
+
+@dataclass(frozen=True)
+class KernelLedger:
+    """What :func:`read_kernel_ledger` gives back."""
+
+    backend: str | None
+    precision: str | None
+    device: str | None
+    fused_energy: bool | None
+    fallbacks: int | None
+    calls: dict[str, int]
+    nki_mode: str | None
+    signatures: int | None
+    estimate: dict | None
+
+
+def read_kernel_ledger(node: Node) -> KernelLedger | None:
+    group = node.groups.get(BackendFacts.group_name)
+    if group is None:
+        return None
+    attrs = group.attrs
+    estimate = attrs.get("estimate")
+    if isinstance(estimate, str):
+        estimate = json.loads(estimate) if estimate not in ("none", "") else None
+    return KernelLedger(attrs.get("backend"), attrs.get("precision"), attrs.get("device"),
+                        attrs.get("fused_energy"), attrs.get("fallbacks"),
+                        {k[len("calls."):]: int(v) for k, v in attrs.items()
+                         if k.startswith("calls.")},
+                        attrs.get("nki_mode"), attrs.get("signatures"), estimate or None)
+
+
+@dataclass(frozen=True)
+class ScfSection(Section):
+    """``/scf``: the reference, with its orbitals as datasets."""
+
+    group_name: ClassVar[str] = "scf"
+    e_tot: float
+    converged: bool
+    cycles: int
+    method: str
+    reference: str
+    jk_auxbasis: str
+
+
+@dataclass(frozen=True)
+class StoredOrbitals:
+    mo_energy: np.ndarray
+    mo_occ: np.ndarray
+    mo_coeff: np.ndarray
+
+
+def write_scf(node: Node, section: ScfSection, orbitals: StoredOrbitals) -> None:
+    section.write(node)
+    node.group(ScfSection.group_name).datasets.update(dataclasses.asdict(orbitals))
+
+
+def read_scf(node: Node) -> tuple[ScfSection, StoredOrbitals | None] | None:
+    section = ScfSection.read(node)
+    if section is None:
+        return None
+    datasets = node.groups[ScfSection.group_name].datasets
+    if not all(name in datasets for name in ("mo_energy", "mo_occ", "mo_coeff")):
+        return section, None
+    return section, StoredOrbitals(np.asarray(datasets["mo_energy"]),
+                                   np.asarray(datasets["mo_occ"]),
+                                   np.asarray(datasets["mo_coeff"]))
+
+
+@dataclass(frozen=True)
+class Sizes(Section):
+    """``/sizes``: orbital and auxiliary dimensions (``nocc`` and ``nvir`` are alpha's for UHF,
+    whose beta counts are ``nocc_beta`` and ``nvir_beta``)."""
+
+    group_name: ClassVar[str] = "sizes"
+    nao: int
+    naux: int
+    naux_fit: int
+    nocc: int
+    nvir: int
+    nfrozen: int
+    natoms: int
+    nocc_beta: int = -1
+    nvir_beta: int = -1
+
+    def write(self, node: Node) -> None:
+        values = dataclasses.asdict(self)
+        if self.nocc_beta < 0:
+            del values["nocc_beta"], values["nvir_beta"]
+        node.group(self.group_name).attrs.update(values)
+
+
+@dataclass(frozen=True)
+class PlanSection(Section):
+    """``/plan``: the occupied blocks, where B lives and the memory budget."""
+
+    group_name: ClassVar[str] = "plan"
+    occ_block: int
+    occ_blocks: int
+    out_of_core: bool
+    b_bytes: int
+    energy_bytes: int
+    build_block_bytes: int
+    budget_bytes: int
+    metric: str
+
+
+@dataclass(frozen=True)
+class Mp2Section(Section):
+    """``/mp2``: MP2, SCS-MP2 (with its scales) and SOS-MP2 energies, plus the parts they were
+    formed from (closed shell: direct and exchange; UHF: the two same-spin halves)."""
+
+    group_name: ClassVar[str] = "mp2"
+    e_corr: float
+    e_os: float
+    e_ss: float
+    e_scs: float
+    e_sos: float
+    e_tot: float
+    e_tot_scs: float
+    e_tot_sos: float
+    scs_os_scale: float
+    scs_ss_scale: float
+    sos_os_scale: float
+    direct: float = float("nan")
+    exchange: float = float("nan")
+    e_ss_alpha: float = float("nan")
+    e_ss_beta: float = float("nan")
+
+    def write(self, node: Node) -> None:
+        values = {k: v for k, v in dataclasses.asdict(self).items()
+                  if not (isinstance(v, float) and v != v)}
+        node.group(self.group_name).attrs.update(values)
+
+
+@dataclass(frozen=True)
+class CheckSection(Section):
+    """``/reference``: PySCF's DF-MP2 on the same orbitals (``--check``)."""
+
+    group_name: ClassVar[str] = "reference"
+    program: str
+    e_corr: float
+    e_os: float
+    e_ss: float
+    e_tot: float
+    delta_e_corr: float
+    tolerance: float
+    passed: bool
+    seconds: float
+
+
+def write_timings(node: Node, seconds: dict[str, float]) -> None:
+    """``/timings``: seconds per stage (``scf``, ``mp2``, ``total`` and finer stages)."""
+    node.group("timings").attrs.update(seconds)
+
+
+def read_timings(node: Node) -> dict[str, float]:
+    group = node.groups.get("timings")
+    return {} if group is None else {k: float(v) for k, v in group.attrs.items()}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """``/checkpoint``: the occupied block size and every finished block pair's weighted
+    (direct, exchange) sums, keyed (spin case, i0, i1, j0, j1)."""
+
+    occ_block: int | None
+    pairs: dict[tuple[int, ...], tuple[float, float]]
+
+
+PAIR_KEY_LENGTH = 5
+
+
+def write_checkpoint(node: Node, checkpoint: Checkpoint) -> None:
+    group = node.group("checkpoint")
+    if checkpoint.occ_block is not None:
+        group.attrs["occ_block"] = checkpoint.occ_block
+    keys = sorted(checkpoint.pairs)
+    group.datasets["pairs"] = np.array(keys, dtype=np.int64).reshape(-1, PAIR_KEY_LENGTH)
+    group.datasets["sums"] = np.array([checkpoint.pairs[k] for k in keys],
+                                      dtype=float).reshape(-1, 2)
+
+
+def read_checkpoint(node: Node) -> Checkpoint | None:
+    group = node.groups.get("checkpoint")
+    if group is None:
+        return None
+    occ_block = group.attrs.get("occ_block")
+    keys = group.datasets.get("pairs", np.empty((0, PAIR_KEY_LENGTH)))
+    sums = group.datasets.get("sums", np.empty((0, 2)))
+    return Checkpoint(None if occ_block is None else int(occ_block),
+                      {tuple(int(v) for v in key): (float(s[0]), float(s[1]))
+                       for key, s in zip(keys, sums)})
+
+
+def write_distributed(node: Node, world_size: int, backend: str,
+                      ranks: dict[int, tuple[list, float]]) -> None:
+    """``/distributed``: each rank's block pairs and busy seconds."""
+    group = node.group("distributed")
+    group.attrs.update({"world_size": world_size, "backend": backend})
+    for rank, (pairs, seconds) in ranks.items():
+        group.attrs[f"rank{rank}.pairs"] = pairs
+        group.attrs[f"rank{rank}.seconds"] = seconds
+
+
+# ------------------------------------------------------------------------ interaction
+
+def calculation_node(root: Node, name: str) -> Node:
+    """The subtree of one calculation of an interaction record (``dimer``, ``monomer_a_cp``
+    ...), laid out like a run record."""
+    return root.group(name)
+
+
+def calculation_names(root: Node) -> list[str]:
+    return [name for name, child in root.groups.items() if Mp2Section.group_name in child.groups
+            or ScfSection.group_name in child.groups]
+
+
+@dataclass(frozen=True)
+class InteractionInputs(Section):
+    group_name: ClassVar[str] = "input"
+    xyz: str
+    source: str
+    split: int
+    charges: str
+    spins: str
+    basis: str
+    frozen_core: bool
+
+
+def write_interaction(root: Node, energies: dict[str, tuple[float, float]],
+                      kcal_per_hartree: float) -> None:
+    """``/interaction``: for each kind (scf, mp2, scs, sos) the counterpoise-corrected and
+    uncorrected interaction energies in Eh and kcal/mol, and the BSSE."""
+    group = root.group("interaction")
+    for kind, (cp, nocp) in energies.items():
+        group.attrs.update({f"e_int_{kind}_cp": cp, f"e_int_{kind}_nocp": nocp,
+                            f"e_int_{kind}_cp_kcal": cp * kcal_per_hartree,
+                            f"e_int_{kind}_nocp_kcal": nocp * kcal_per_hartree,
+                            f"bsse_{kind}": nocp - cp})
+
+
+def read_interaction(root: Node) -> dict[str, float] | None:
+    """Every ``/interaction`` value by its name (``e_int_mp2_cp`` ...), as the JSON output
+    gives them."""
+    group = root.groups.get("interaction")
+    return None if group is None else {k: float(v) for k, v in group.attrs.items()}
+
+
+def interaction_value(values: dict[str, float], kind: str, corrected: bool,
+                      kcal: bool = False) -> float:
+    return values[f"e_int_{kind}_{'cp' if corrected else 'nocp'}{'_kcal' if kcal else ''}"]
+
+
+# ----------------------------------------------------------------------------- bench
+
+def write_bench(root: Node, summary: dict[str, Any], runs: dict[str, np.ndarray],
+                stage_timings: list[dict[str, float]]) -> None:
+    root.group("bench").attrs.update(summary)
+    root.group("runs").datasets.update(runs)
+    root.group("runs").attrs["stage_timings"] = stage_timings

@@ -1,73 +1,85 @@
-"""Readable text for a run record: the summary `run` prints and `show` prints."""
+"""Readable views of a run record: the summary `run` and `show` print, the `--json` object,
+and a dump of everything."""
 from __future__ import annotations
-
-import json
 
 import numpy as np
 
-from dfmp2.record import Node
+from dfmp2.record import (CheckSection, Mp2Section, Node, ScfSection, Sizes, error,
+                          read_inputs, read_kernel_ledger, read_timings, status)
 
-ENERGY_ROWS = (("E(SCF)", "scf", "e_tot"), ("E_OS", "mp2", "e_os"), ("E_SS", "mp2", "e_ss"),
-               ("E_corr", "mp2", "e_corr"), ("E_SCS", "mp2", "e_scs"),
-               ("E_SOS", "mp2", "e_sos"), ("E_tot", "mp2", "e_tot"),
-               ("E_tot(SCS)", "mp2", "e_tot_scs"), ("E_tot(SOS)", "mp2", "e_tot_sos"))
 TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "reference",
                 "total")
 
 
-def _get(root: Node, group: str, key: str):
-    node = root.groups.get(group)
-    return None if node is None else node.attrs.get(key)
+def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None) -> list[tuple[str, float]]:
+    rows = []
+    if scf is not None:
+        rows.append(("E(SCF)", scf.e_tot))
+    if energies is not None:
+        rows += [("E_OS", energies.e_os), ("E_SS", energies.e_ss), ("E_corr", energies.e_corr),
+                 ("E_SCS", energies.e_scs), ("E_SOS", energies.e_sos),
+                 ("E_tot", energies.e_tot), ("E_tot(SCS)", energies.e_tot_scs),
+                 ("E_tot(SOS)", energies.e_tot_sos)]
+    return rows
 
 
 def summary(root: Node) -> str:
-    inputs = root.groups.get("input", Node()).attrs
-    lines = [f"dfmp2 run record: status {root.attrs.get('status')}"]
-    if inputs:
-        lines.append(f"  molecule {inputs.get('source')}  basis {inputs.get('basis')}  "
-                     f"auxbasis {inputs.get('auxbasis')}  charge {inputs.get('charge')}  "
-                     f"spin {inputs.get('spin')}  frozen {inputs.get('frozen')}")
-    sizes = root.groups.get("sizes")
-    if sizes:
-        lines.append("  sizes    " + "  ".join(f"{k} {sizes.attrs[k]}" for k in
-                                               ("nao", "naux", "nocc", "nvir", "nfrozen")))
-    backend = root.groups.get("backend")
-    if backend:
-        b = backend.attrs
-        calls = ", ".join(f"{k[len('calls.'):]}={v}" for k, v in b.items()
-                          if k.startswith("calls."))
-        lines.append(f"  backend  {b.get('backend')} {b.get('precision')} on {b.get('device')}"
-                     f"  fused_energy {b.get('fused_energy')}  fallbacks {b.get('fallbacks')}")
-        if calls:
-            lines.append(f"  calls    {calls}")
-        if "signatures" in b:
-            lines.append(f"  NKI      mode {b.get('nki_mode')}  distinct signatures "
-                         f"{b.get('signatures')}")
-        if "estimate" in b:
-            estimate = (json.loads(b["estimate"]) if isinstance(b["estimate"], str)
-                        else dict(b["estimate"]))
-            if estimate:
-                lines.append(f"  {estimate.get('label', 'estimate')}: "
-                             f"{estimate.get('overlapped_seconds', float('nan')):.3e} s")
-    if "error" in root.attrs:
-        lines.append(f"  error    {root.attrs['error']}")
+    inputs = read_inputs(root)
+    lines = [f"dfmp2 run record: status {status(root)}"]
+    if inputs is not None:
+        lines.append(f"  molecule {inputs.source}  basis {inputs.basis}  "
+                     f"auxbasis {inputs.auxbasis}  charge {inputs.charge}  "
+                     f"spin {inputs.spin}  frozen {inputs.frozen}")
+        if inputs.ecp not in ("{}", ""):
+            lines.append(f"  ECP      {inputs.ecp}")
+    sizes = Sizes.read(root)
+    if sizes is not None:
+        lines.append(f"  sizes    nao {sizes.nao}  naux {sizes.naux}  nocc {sizes.nocc}  "
+                     f"nvir {sizes.nvir}  nfrozen {sizes.nfrozen}")
+    ledger = read_kernel_ledger(root)
+    if ledger is not None:
+        lines.append(f"  backend  {ledger.backend} {ledger.precision} on {ledger.device}"
+                     f"  fused_energy {ledger.fused_energy}  fallbacks {ledger.fallbacks}")
+        if ledger.calls:
+            lines.append("  calls    " + ", ".join(f"{k}={v}" for k, v in ledger.calls.items()))
+        if ledger.signatures is not None:
+            lines.append(f"  NKI      mode {ledger.nki_mode}  distinct signatures "
+                         f"{ledger.signatures}")
+        if ledger.estimate:
+            lines.append(f"  {ledger.estimate.get('label', 'estimate')}: "
+                         f"{ledger.estimate.get('overlapped_seconds', float('nan')):.3e} s")
+    if error(root):
+        lines.append(f"  error    {error(root)}")
     lines.append("")
-    for label, group, key in ENERGY_ROWS:
-        value = _get(root, group, key)
-        if value is not None:
-            lines.append(f"  {label:<10} {value:20.10f} Eh")
-    reference = root.groups.get("reference")
-    if reference:
-        r = reference.attrs
-        verdict = "PASS" if r["passed"] else "FAIL"
-        lines.append(f"  PySCF DFMP2 E_corr {r['e_corr']:.10f} Eh   dE = {r['delta_e_corr']:.2e} "
-                     f"Eh (tolerance {r['tolerance']:.0e}): {verdict}")
-    timings = root.groups.get("timings")
+    for label, value in _energy_rows(ScfSection.read(root), Mp2Section.read(root)):
+        lines.append(f"  {label:<10} {value:20.10f} Eh")
+    check = CheckSection.read(root)
+    if check is not None:
+        verdict = "PASS" if check.passed else "FAIL"
+        lines.append(f"  PySCF DFMP2 E_corr {check.e_corr:.10f} Eh   dE = "
+                     f"{check.delta_e_corr:.2e} Eh (tolerance {check.tolerance:.0e}): {verdict}")
+    timings = read_timings(root)
     if timings:
         lines.append("")
-        parts = [f"{k} {timings.attrs[k]:.2f}s" for k in TIMING_ORDER if k in timings.attrs]
+        parts = [f"{k} {timings[k]:.2f}s" for k in TIMING_ORDER if k in timings]
         lines.append("  timings  " + "  ".join(parts))
     return "\n".join(lines)
+
+
+def json_summary(root: Node, path: str) -> dict:
+    """The ``--json`` object of ``dfmp2 run``."""
+    energies, scf = Mp2Section.read(root), ScfSection.read(root)
+    ledger = read_kernel_ledger(root)
+    summary = {"e_scf": scf.e_tot, "e_corr": energies.e_corr, "e_os": energies.e_os,
+               "e_ss": energies.e_ss, "e_scs": energies.e_scs, "e_sos": energies.e_sos,
+               "e_tot": energies.e_tot, "record": path, "status": status(root),
+               "backend": ledger.backend, "precision": ledger.precision,
+               "fallbacks": ledger.fallbacks}
+    check = CheckSection.read(root)
+    if check is not None:
+        summary.update({"reference_e_corr": check.e_corr, "delta_e_corr": check.delta_e_corr,
+                        "check_passed": check.passed})
+    return summary
 
 
 def _format_value(value) -> str:

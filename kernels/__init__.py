@@ -21,28 +21,41 @@ Energy sums are returned as Python floats accumulated in fp64.
 """
 from __future__ import annotations
 
-from kernels.accounting import KERNEL_NAMES, KernelAccounting
+from kernels.accounting import KernelAccounting, NkiRequired
 from kernels.torch_backend import TorchKernels, resolve_device
 
 BACKENDS = ("auto", "torch", "nki")
 PRECISIONS = ("fp64", "fp32")
 
 
-def load(backend: str = "torch", precision: str = "fp64", device: str | None = None,
-         accounting: KernelAccounting | None = None):
-    """Build the kernel set for ``backend`` (``auto``, ``torch`` or ``nki``)."""
+def load(backend: str = "torch", precision: str | None = None, device: str | None = None,
+         accounting: KernelAccounting | None = None, nki_mode: str | None = None,
+         require_nki: bool = False):
+    """Build the kernel set for ``backend`` (``auto``, ``torch`` or ``nki``).
+
+    ``precision`` defaults to fp64 on torch and fp32 on NKI; fp64 on NKI is refused (the
+    NeuronCore has no fp64). ``nki_mode`` forces an NKI execution mode (hardware, simulator or
+    interpreter); with ``require_nki`` a failing NKI kernel raises instead of falling back to
+    torch.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if precision not in PRECISIONS:
+    if precision is not None and precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     accounting = accounting if accounting is not None else KernelAccounting()
     if backend == "auto":
         from kernels.nki.launcher import trainium_present
         backend = "nki" if trainium_present() else "torch"
     if backend == "nki":
+        if precision == "fp64":
+            raise ValueError("the nki backend computes in fp32 only (Trainium has no fp64); "
+                             "drop --precision fp64 or use --backend torch")
+        from kernels.nki.launcher import Launcher
         from kernels.nki_backend import NkiKernels
-        return NkiKernels(accounting=accounting, device=resolve_device(device))
-    return TorchKernels(precision=precision, device=resolve_device(device), accounting=accounting)
+        return NkiKernels(accounting=accounting, device=resolve_device(device),
+                          launcher=Launcher(nki_mode), require_nki=require_nki)
+    return TorchKernels(precision=precision or "fp64", device=resolve_device(device),
+                        accounting=accounting)
 
 
-__all__ = ["load", "KernelAccounting", "KERNEL_NAMES", "BACKENDS", "PRECISIONS"]
+__all__ = ["load", "KernelAccounting", "NkiRequired", "BACKENDS", "PRECISIONS"]

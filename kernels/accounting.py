@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-KERNEL_NAMES = ("gemm", "syrk", "trsm", "mp2_energy")
+
+
+class NkiRequired(RuntimeError):
+    """An NKI kernel failed where falling back to torch is forbidden (``require_nki``)."""
 
 
 @dataclass

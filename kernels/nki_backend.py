@@ -23,18 +23,17 @@ accounting (never silently); with ``DFMP2_REQUIRE_NKI=1`` it raises instead.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import Callable
 
 import numpy as np
 import torch
 
-from kernels.accounting import KernelAccounting
+from kernels.accounting import KernelAccounting, NkiRequired
 from kernels.nki.launcher import Launcher
 from kernels.torch_backend import TorchKernels, resolve_device
 
-REQUIRE_ENV = "DFMP2_REQUIRE_NKI"
+
 
 TILE = 128
 # Canonical sizes: 128 times these factors (ratio <= 1.5 between neighbours).
@@ -118,7 +117,9 @@ class NkiKernels:
     backend = "nki"
 
     def __init__(self, accounting: KernelAccounting | None = None,
-                 device: torch.device | None = None, launcher: Launcher | None = None) -> None:
+                 device: torch.device | None = None, launcher: Launcher | None = None,
+                 require_nki: bool = False) -> None:
+        self.require_nki = require_nki
         self.accounting = accounting if accounting is not None else KernelAccounting()
         self.device = device if device is not None else resolve_device(None)
         self.launcher = launcher if launcher is not None else Launcher()
@@ -134,15 +135,15 @@ class NkiKernels:
 
     def _run(self, kernel: str, nki_call: Callable, torch_call: Callable):
         """Run ``nki_call``; on failure warn, count a fallback and run ``torch_call`` (which
-        records itself under the torch executor), unless DFMP2_REQUIRE_NKI=1."""
+        records itself under the torch executor), unless NKI is required."""
         try:
             result = nki_call()
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            if os.environ.get(REQUIRE_ENV, "") == "1":
-                raise RuntimeError(
-                    f"NKI kernel {kernel} failed on {self.executor} and {REQUIRE_ENV}=1 forbids "
-                    f"the torch fallback: {reason}") from exc
+            if self.require_nki:
+                raise NkiRequired(
+                    f"NKI kernel {kernel} failed on {self.executor} and NKI is required "
+                    f"(DFMP2_REQUIRE_NKI=1), so there is no torch fallback: {reason}") from exc
             warnings.warn(f"NKI kernel {kernel} failed on {self.executor}; falling back to torch "
                           f"fp32: {reason}", RuntimeWarning, stacklevel=3)
             self.accounting.record_fallback(kernel, reason)

@@ -40,24 +40,19 @@ def test_fp32_within_microhartree(water_dimer_scf):
 def test_kernel_calls_follow_the_block_structure(water_dimer_scf):
     pt = DFMP2(water_dimer_scf, frozen=2, occ_block=3)
     pt.kernel()
-    calls = pt.kern.accounting.as_attrs()
+    calls = pt.kernel_set.accounting.as_attrs()
     # 8 active occupied orbitals in blocks of 3: blocks 3,3,2 -> 3 diagonal and 3 off-diagonal.
     assert calls["calls.syrk.torch-cpu"] == 3
     assert calls["calls.mp2_energy.torch-cpu"] == 6
 
 
 def test_out_of_core_matches_in_memory(water_dimer_scf, tmp_path):
-    from dfmp2.mp2 import default_auxbasis, kernel
-    import kernels
-
     def run(force: bool, fused: bool) -> float:
-        kern = kernels.load("torch", "fp64")
-        result = kernel(water_dimer_scf.mol, water_dimer_scf.mo_energy, water_dimer_scf.mo_coeff,
-                        water_dimer_scf.mo_occ, 2, default_auxbasis(water_dimer_scf.mol), kern,
-                        budget=2 * 10**9, fused=fused, occ_block=3, show_progress=False,
-                        scratch_dir=tmp_path, force_out_of_core=force)
-        assert result.plan.out_of_core is force
-        return result.energies.e_corr
+        pt = DFMP2(water_dimer_scf, frozen=2, memory=2 * 10**9, fused_energy=fused,
+                   occ_block=3, scratch_dir=tmp_path)
+        e_corr = pt.kernel(force_out_of_core=force)
+        assert pt.result.plan.out_of_core is force
+        return e_corr
 
     in_memory = run(False, False)
     assert abs(run(True, False) - in_memory) <= 1e-10

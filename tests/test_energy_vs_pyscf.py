@@ -5,7 +5,8 @@ import pytest
 from pyscf.data import elements
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
-from dfmp2.job import RunSettings, run
+from dfmp2.pipeline import run
+from dfmp2.settings import RunSettings
 
 CASES = [
     ("water", "sto-3g", False),

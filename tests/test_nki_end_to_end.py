@@ -11,7 +11,8 @@ from conftest import molecule_path
 
 @pytest.fixture(scope="module")
 def torch_energies():
-    from dfmp2.job import RunSettings, run
+    from dfmp2.pipeline import run
+    from dfmp2.settings import RunSettings
 
     def energy(name: str, tmp) -> float:
         outcome = run(RunSettings(molecule=molecule_path(name), backend="torch", output=tmp,

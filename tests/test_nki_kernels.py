@@ -336,7 +336,6 @@ def test_opposite_spin_failure_falls_back_or_raises(nk, monkeypatch):
     b_row, b_col, dr, dc = os_inputs(2, 3, 5, 4, 16, 6)
     ref = TorchKernels(precision="fp64", device=CPU).mp2_energy_os_fused(b_row, b_col, dr, dc,
                                                                           5, 4)
-    monkeypatch.delenv("DFMP2_REQUIRE_NKI", raising=False)
     with pytest.warns(RuntimeWarning, match="mp2_energy"):
         e = nk.mp2_energy_os_fused(b_row, b_col, dr, dc, 5, 4)
     assert e == pytest.approx(ref, rel=1e-5)
@@ -345,7 +344,7 @@ def test_opposite_spin_failure_falls_back_or_raises(nk, monkeypatch):
     assert nk.accounting.fallbacks == 2
     assert nk.accounting.calls[("mp2_energy", "torch-cpu")] == 2
     assert nk.accounting.calls[("mp2_energy", nk.executor)] == 0
-    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    nk.require_nki = True
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(RuntimeError, match="mp2_energy.*simulated kernel failure"):
@@ -423,8 +422,6 @@ def test_ladder_is_canonical():
 
 # ------------------------------------------------------------------------------ fallback, modes
 def test_forced_failure_warns_and_falls_back(nk, monkeypatch):
-    monkeypatch.delenv("DFMP2_REQUIRE_NKI", raising=False)
-
     def broken(*args, **kwargs):
         raise RuntimeError("simulated kernel failure")
 
@@ -446,7 +443,7 @@ def test_forced_failure_warns_and_falls_back(nk, monkeypatch):
 
 
 def test_require_nki_raises_instead_of_falling_back(nk, monkeypatch):
-    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    nk.require_nki = True
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated kernel failure")
@@ -461,24 +458,20 @@ def test_require_nki_raises_instead_of_falling_back(nk, monkeypatch):
     assert sum(nk.accounting.calls.values()) == 0
 
 
-def test_mode_selection(monkeypatch):
-    monkeypatch.setenv("DFMP2_NKI_MODE", "bogus")
+def test_mode_selection():
     with pytest.raises(nki_launcher.NkiUnavailable):
-        nki_launcher.detect_mode()
+        nki_launcher.Launcher("bogus")
     if not HARDWARE:
-        monkeypatch.setenv("DFMP2_NKI_MODE", "hardware")
         with pytest.raises(nki_launcher.NkiUnavailable, match="hardware"):
-            nki_launcher.Launcher()
+            nki_launcher.Launcher("hardware")
         with pytest.raises(nki_launcher.NkiUnavailable):
-            kernels.load(backend="nki", device="cpu")
-    monkeypatch.delenv("DFMP2_NKI_MODE")
+            kernels.load(backend="nki", device="cpu", nki_mode="hardware")
     assert nki_launcher.trainium_present() == nki_launcher.hardware_status()[0]
     expected = "nki" if HARDWARE else "torch"
     assert kernels.load(backend="auto", device="cpu").backend == expected
 
 
-def test_load_nki_backend_and_report(monkeypatch):
-    monkeypatch.delenv("DFMP2_NKI_MODE", raising=False)
+def test_load_nki_backend_and_report():
     ks = kernels.load(backend="nki", device="cpu")
     assert (ks.backend, ks.precision, ks.dtype) == ("nki", "fp32", torch.float32)
     assert ks.executor in ("nki-hardware", "nki-simulator", "nki-interpreter")
@@ -502,10 +495,8 @@ def test_load_nki_backend_and_report(monkeypatch):
 # --------------------------------------------------------------------------- real Trainium only
 @pytest.mark.neuron
 @pytest.mark.skipif(not HARDWARE, reason="needs a Trainium NeuronCore (torch-neuronx + torch_xla)")
-def test_hardware_kernels_run_on_the_neuron_core(monkeypatch):
-    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
-    monkeypatch.setenv("DFMP2_NKI_MODE", "hardware")
-    ks = kernels.load(backend="nki", device="cpu")
+def test_hardware_kernels_run_on_the_neuron_core():
+    ks = kernels.load(backend="nki", device="cpu", nki_mode="hardware", require_nki=True)
     assert ks.executor == "nki-hardware"
     g = rng(4)
     a = torch.randn(300, 513, dtype=torch.float64, generator=g)

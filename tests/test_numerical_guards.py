@@ -8,8 +8,10 @@ import pytest
 import kernels
 from conftest import molecule_path, pyscf_df_rhf, pyscf_molecule
 from dfmp2.errors import RunFailure
-from dfmp2.job import RunSettings, run
-from dfmp2.mp2 import default_auxbasis, kernel
+from dfmp2.pipeline import run
+from dfmp2.settings import RunSettings
+from dfmp2 import mp2
+from dfmp2.auxbasis import ri_basis
 
 
 @pytest.fixture(scope="module")
@@ -17,10 +19,13 @@ def water_scf():
     return pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz"))
 
 
-def _kernel(mf, kern, mo_energy=None):
-    return kernel(mf.mol, mf.mo_energy if mo_energy is None else mo_energy, mf.mo_coeff,
-                  mf.mo_occ, 0, default_auxbasis(mf.mol), kern, budget=10**9, fused=False,
-                  occ_block=2, show_progress=False)
+def _kernel(mf, kernel_set, mo_energy=None):
+    orbitals = mp2.Orbitals(mf.mo_energy if mo_energy is None else mo_energy, mf.mo_coeff,
+                            mf.mo_occ)
+    fit = mp2.fit_basis(mf.mol, ri_basis(mf.mol, None))
+    plan = mp2.plan_for(orbitals, fit, mf.mol.nao_nr(), kernel_set, 10**9, False, 2)
+    return mp2.kernel(mf.mol, orbitals, fit, kernel_set, plan,
+                      mp2.Execution(show_progress=False))
 
 
 def test_nan_from_the_energy_kernel_names_the_block(water_scf, monkeypatch):

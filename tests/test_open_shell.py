@@ -9,7 +9,8 @@ from pyscf.data import elements
 from pyscf.mp import dfump2
 
 from conftest import molecule_path, pyscf_molecule
-from dfmp2.job import RunSettings, run
+from dfmp2.pipeline import run
+from dfmp2.settings import RunSettings
 
 OPEN_SHELL = [("hydroxyl", 1), ("methyl", 1), ("amino", 1), ("oxygen", 2), ("methylene", 2)]
 

@@ -67,7 +67,8 @@ def test_sigkill_mid_energy_then_resume(tmp_path):
 @pytest.fixture
 def interrupted_water(tmp_path):
     """A water record as an interrupted run leaves it: SCF and a checkpoint, status running."""
-    from dfmp2.job import RunSettings, run
+    from dfmp2.pipeline import run
+    from dfmp2.settings import RunSettings
     record = tmp_path / "water.h5"
     run(RunSettings(molecule=molecule_path("water"), backend="torch", output=record,
                     occ_block=1, show_progress=False))

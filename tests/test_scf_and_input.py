@@ -8,7 +8,8 @@ from pyscf import scf
 
 import dfmp2.scf
 from conftest import molecule_path, pyscf_dfmp2_reference, pyscf_molecule
-from dfmp2.molecule import parse_xyz, resolve_charge_spin
+from dfmp2.molecule import resolve_charge_spin
+from dfmp2.xyz import parse_xyz
 
 WATER_CATION_COMMENT = "3\ncharge=2 multiplicity=1\nO 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
 

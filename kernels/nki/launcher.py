@@ -1,14 +1,15 @@
 """Run an NKI kernel on Trainium (torch_xla), the real NKI simulator, or the project's interpreter.
 
-Modes, auto-detected in this order (``DFMP2_NKI_MODE=hardware|simulator|interpreter`` forces one
-and it is an error when the forced mode is unavailable):
+Modes, auto-detected in this order unless ``Launcher(mode)`` forces one (the command line takes
+it from ``DFMP2_NKI_MODE``); a forced mode that is unavailable is an error:
 
 - ``hardware``: torch-neuronx and torch_xla import and the XLA device is a NeuronCore. Arrays
   move to ``torch_xla.device()``, the ``@nki.jit`` kernel is called on them (a custom call
   compiled into a NEFF, cached by the Neuron persistent cache), and ``xm.mark_step()`` runs
   after every kernel so XLA never fuses two kernels into one graph.
-- ``simulator``: the real ``nki`` package imports: ``nki.simulate(kernel)(*arrays)`` with
-  ``NEURON_PLATFORM_TARGET_OVERRIDE=trn1`` (the simulator otherwise targets trn3).
+- ``simulator``: the real ``nki`` package imports: ``nki.simulate(kernel)(*arrays)``; it needs
+  ``NEURON_PLATFORM_TARGET_OVERRIDE=trn1`` in the environment (the simulator otherwise targets
+  trn3), which the command line sets.
 - ``interpreter``: ``kernels.nki.interpreter.simulate`` (always available when the real ``nki``
   is absent); a :class:`~kernels.nki.interpreter.Profile` accumulates instruction counts and an
   estimated trn1 time over every launch.
@@ -29,7 +30,8 @@ import numpy as np
 MODES = ("hardware", "simulator", "interpreter")
 EXECUTORS = {"hardware": "nki-hardware", "simulator": "nki-simulator",
              "interpreter": "nki-interpreter"}
-MODE_ENV = "DFMP2_NKI_MODE"
+# The real simulator targets trn3 unless this says otherwise; the command line sets it.
+PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 
 # kernel name -> (module under kernels.nki, function name)
 KERNELS = {
@@ -99,15 +101,7 @@ _STATUS = {"hardware": hardware_status, "simulator": real_nki_status,
 
 
 def detect_mode() -> str:
-    """The mode to use: forced by DFMP2_NKI_MODE, else the first available of MODES."""
-    forced = os.environ.get(MODE_ENV, "").strip().lower()
-    if forced:
-        if forced not in MODES:
-            raise NkiUnavailable(f"{MODE_ENV}={forced!r}: choose one of {', '.join(MODES)}")
-        ok, reason = _STATUS[forced]()
-        if not ok:
-            raise NkiUnavailable(f"{MODE_ENV}={forced} but that mode is unavailable: {reason}")
-        return forced
+    """The first available of MODES."""
     reasons = []
     for mode in MODES:
         ok, reason = _STATUS[mode]()
@@ -157,8 +151,9 @@ class Launcher:
             if not interpreter.install():
                 raise NkiUnavailable("the interpreter could not be installed as `nki`")
             self.profile = interpreter.Profile()
-        elif mode == "simulator":
-            os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = "trn1"
+        elif mode == "simulator" and os.environ.get(PLATFORM_ENV) != "trn1":
+            raise NkiUnavailable(f"the NKI simulator would target trn3: set {PLATFORM_ENV}=trn1 "
+                                 "(dfmp2's command line does)")
         else:
             import torch_xla
             self._device = torch_xla.device()

@@ -1,0 +1,134 @@
+"""One calculation, fully resolved before any work: molecule, reference, fitting bases, frozen
+orbitals, and every check that needs no SCF.
+
+``run``, ``compare``, ``bench``, ``batch`` and ``interaction`` all define their calculations
+here, so the molecule, its core potentials, the reference (RHF or UHF) and the auxiliary
+basis are the same whichever command asks.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyscf import gto
+from pyscf.data import elements
+
+from dfmp2.auxbasis import AuxBasis, jk_basis, make_auxmol, ri_basis
+from dfmp2.errors import InputError
+from dfmp2.molecule import NO_ECP, build_molecule, element_ecp, resolve_charge_spin, resolve_ecp
+from dfmp2.record import CalculationInputs
+from dfmp2.scf import resolve_reference
+from dfmp2.xyz import Geometry, parse_xyz
+
+
+@dataclass(frozen=True)
+class CalculationRequest:
+    """The options that define what is computed (not where or how fast)."""
+
+    basis: str = "cc-pvdz"
+    auxbasis: str | None = None
+    ecp: str | None = None
+    charge: int | None = None
+    spin: int | None = None
+    reference: str = "auto"
+    frozen_core: bool = False
+    frozen: int | None = None
+    scf_method: str = "df"
+    ghosts: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Calculation:
+    """A molecule ready for the SCF and MP2 (ghost atoms allowed)."""
+
+    geometry: Geometry
+    mol: gto.Mole
+    reference: str
+    scf_method: str
+    auxbasis: AuxBasis
+    jk_auxbasis: AuxBasis | None
+    ecp: dict[str, str]
+    nfrozen: int
+    ghosts: frozenset[int]
+
+    @property
+    def nocc(self) -> tuple[int, int]:
+        """Occupied orbitals (alpha, beta) of the reference, frozen ones included."""
+        nalpha, nbeta = self.mol.nelec
+        return int(nalpha), int(nbeta)
+
+    def jk_spec(self) -> str | dict | None:
+        return self.jk_auxbasis.spec if self.jk_auxbasis else None
+
+    def jk_name(self) -> str:
+        return self.jk_auxbasis.name if self.jk_auxbasis else "none"
+
+    def auxbasis_functions(self) -> int:
+        return make_auxmol(self.mol, self.auxbasis).nao_nr()
+
+    def inputs(self, source: str) -> CalculationInputs:
+        return CalculationInputs(
+            xyz=self.geometry.text, source=source, basis=self.mol.basis,
+            auxbasis=self.auxbasis.name, auxbasis_option=self.auxbasis.option,
+            ecp=json.dumps(self.ecp, sort_keys=True), charge=int(self.mol.charge),
+            spin=int(self.mol.spin), ghost_atoms=json.dumps(sorted(self.ghosts)),
+            scf=self.scf_method, jk_auxbasis=self.jk_name(),
+            reference=self.reference, frozen=self.nfrozen)
+
+
+def ecp_core_electrons(geometry: Geometry, ecp: dict[str, str],
+                       ghosts: frozenset[int]) -> int:
+    return sum(int(element_ecp(ecp[symbol], symbol)[0])
+               for n, symbol in enumerate(geometry.symbols)
+               if symbol in ecp and n not in ghosts)
+
+
+def define_calculation(geometry: Geometry, request: CalculationRequest) -> Calculation:
+    """Resolve charge, spin, core potentials, reference, bases and frozen orbitals, refusing
+    anything that cannot run before the SCF is started."""
+    if request.frozen_core and request.frozen is not None:
+        raise InputError("give either --frozen-core or --frozen N, not both")
+    if not request.basis.strip():
+        raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
+    ecp = resolve_ecp(request.basis, request.ecp, geometry.symbols)
+    charge, spin = resolve_charge_spin(geometry, request.charge, request.spin, request.ghosts,
+                                       ecp_core_electrons(geometry, ecp, request.ghosts))
+    mol = build_molecule(geometry, request.basis, charge, spin, ecp, request.ghosts)
+    reference = resolve_reference(request.reference, spin)
+    auxbasis = ri_basis(mol, request.auxbasis)
+    jk_auxbasis = jk_basis(mol) if request.scf_method == "df" else None
+    nfrozen = int(elements.chemcore(mol)) if request.frozen_core else (request.frozen or 0)
+    calc = Calculation(geometry, mol, reference, request.scf_method, auxbasis, jk_auxbasis, ecp,
+                       nfrozen, request.ghosts)
+    _check_frozen(calc)
+    return calc
+
+
+def _check_frozen(calc: Calculation) -> None:
+    """Every spin channel must keep at least one active occupied orbital (the closed shell's
+    only channel, or both channels of UHF), and a virtual one."""
+    nalpha, nbeta = calc.nocc
+    counts = [nalpha] if calc.reference == "rhf" else [nalpha, nbeta]
+    if calc.nfrozen > min(counts) or calc.nfrozen >= max(counts):
+        available = f"{nalpha} occupied" if len(counts) == 1 else f"{nalpha} alpha and {nbeta} beta"
+        raise InputError(f"cannot freeze {calc.nfrozen} of {available} orbitals; "
+                         "lower --frozen")
+    if calc.mol.nao_nr() <= nalpha:
+        raise InputError("the basis has no virtual orbitals: MP2 needs a larger basis")
+
+
+def request_from_inputs(inputs: CalculationInputs) -> tuple[Geometry, CalculationRequest]:
+    """The calculation a record describes, to be defined again (e.g. to recompute it with
+    PySCF): its resolved values become the options."""
+    ecp = json.loads(inputs.ecp) if inputs.ecp else {}
+    names = sorted(set(ecp.values()))
+    if len(names) > 1:
+        raise InputError(f"record uses several core-potential sets ({', '.join(names)}); "
+                         "dfmp2 defines one per calculation")
+    request = CalculationRequest(
+        basis=inputs.basis,
+        auxbasis=None if inputs.auxbasis_option == "default" else inputs.auxbasis_option,
+        ecp=names[0] if names else NO_ECP, charge=inputs.charge, spin=inputs.spin,
+        reference=inputs.reference, frozen=inputs.frozen, scf_method=inputs.scf,
+        ghosts=frozenset(json.loads(inputs.ghost_atoms)))
+    return parse_xyz(inputs.xyz, source=inputs.source), request

@@ -1,0 +1,367 @@
+"""One calculation from options to record: input -> reference -> plan -> MP2 -> record.
+
+:func:`run` is ``dfmp2 run`` (and each molecule of ``dfmp2 batch``); :func:`calculate` is the
+SCF and MP2 of one :class:`~dfmp2.calculation.Calculation` into one record node, shared with
+``dfmp2 interaction``. Each stage is handed what it needs and returns what it made.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyscf
+import torch
+
+import dfmp2
+import kernels
+from dfmp2 import mp2
+from dfmp2.b_store import ScratchArea
+from dfmp2.calculation import Calculation, CalculationRequest, define_calculation
+from dfmp2.checkpoint import (RESUME, REUSE, PreviousRun, RecordSaver, examine_previous,
+                              resumable_pairs, stored_occ_block)
+from dfmp2.distributed import World
+from dfmp2.energy import PairLedger, SOS_OS_DEFAULT
+from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
+from dfmp2.memory import default_budget
+from dfmp2.planner import plan_blocks
+from dfmp2.pyscf_check import TOLERANCE, pyscf_dfmp2_energy
+from dfmp2.record import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, BackendFacts,
+                          CalculationInputs, CheckSection, Mp2Section, Node, PlanSection, Sizes,
+                          is_record_file, new_record, read_inputs, read_record, read_scf,
+                          set_resumed,
+                          set_status, write_distributed, write_kernel_ledger, write_record,
+                          write_scf, write_timings)
+from dfmp2.record_lock import RecordLock
+from dfmp2.scf import ScfResult, check_scf_memory, restored_scf, run_scf
+from dfmp2.settings import DEFAULT_OUTPUT_DIR, RunSettings
+from dfmp2.xyz import read_xyz
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOutcome:
+    record: Node
+    path: Path
+    exit_code: int
+    reused: bool = False
+
+
+def check_output_path(path: Path, resume: bool = False) -> None:
+    """Refuse, before any work, an output we could not write or would clobber."""
+    if path.is_dir():
+        raise InputError(f"output {path} is a directory; give a file name such as {path}/run.h5")
+    if path.exists() and not is_record_file(path):
+        if resume:
+            raise InputError(f"cannot resume from {path}: it is not a readable dfmp2 run record")
+        raise InputError(f"output {path} exists and is not a dfmp2 run record; "
+                         "choose another -o path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if parent == DEFAULT_OUTPUT_DIR and not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+    if not parent.is_dir():
+        raise InputError(f"output folder {parent} does not exist; create it or choose another -o")
+    try:
+        probe_fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError:
+        raise InputError(f"output folder {parent} is not writable; choose another -o") from None
+    os.close(probe_fd)
+    os.unlink(probe)
+
+
+def apply_threads(threads: int | None) -> int:
+    """Use ``threads`` (default: every core available to us) in torch and PySCF alike."""
+    count = threads if threads else len(os.sched_getaffinity(0))
+    if count < 1:
+        raise InputError("--threads must be at least 1")
+    torch.set_num_threads(count)
+    pyscf.lib.num_threads(count)
+    return count
+
+
+def versions() -> dict[str, str]:
+    return {"dfmp2": dfmp2.__version__, "pyscf": pyscf.__version__, "torch": str(torch.__version__),
+            "numpy": np.__version__, "h5py": h5py.__version__,
+            "python": platform.python_version()}
+
+
+@dataclass
+class Environment:
+    """What a job resolves once: the kernel set, memory budget, threads and scratch folder."""
+
+    kernel_set: object
+    budget: int
+    threads: int
+    scratch_dir: Path
+    world: World = field(default_factory=World)
+
+
+def resolve_environment(settings: RunSettings, record_path: Path,
+                        world: World | None = None) -> Environment:
+    try:
+        kernel_set = kernels.load(settings.backend, settings.precision,
+                                  nki_mode=settings.nki_mode, require_nki=settings.require_nki)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    scratch_dir = Path(settings.scratch) if settings.scratch else record_path.parent
+    if not scratch_dir.is_dir() or not os.access(scratch_dir, os.W_OK | os.X_OK):
+        raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
+                         "choose another with --scratch")
+    threads = apply_threads(settings.threads)
+    budget = settings.memory if settings.memory is not None else default_budget()
+    return Environment(kernel_set, budget, threads, scratch_dir, world or World())
+
+
+def request_of(settings: RunSettings, charge: int | None, spin: int | None,
+               ghosts: frozenset[int] = frozenset()) -> CalculationRequest:
+    return CalculationRequest(basis=settings.basis, auxbasis=settings.auxbasis, ecp=settings.ecp,
+                              charge=charge, spin=spin, reference=settings.reference,
+                              frozen_core=settings.frozen_core, frozen=settings.frozen,
+                              scf_method=settings.scf_method, ghosts=ghosts)
+
+
+def check_feasible(calc: Calculation, settings: RunSettings, env: Environment) -> None:
+    """Refuse, before the SCF, a budget too small for the SCF or for one MP2 block (sizes from
+    the electron count: the SCF does not change them)."""
+    nao = calc.mol.nao_nr()
+    check_scf_memory(nao, calc.reference, env.budget)
+    counts = [calc.nocc[0]] if calc.reference == "rhf" else list(calc.nocc)
+    sizes = [(n - calc.nfrozen, nao - n) for n in counts]
+    itemsize = torch.tensor([], dtype=env.kernel_set.dtype).element_size()
+    plan_blocks(sizes, calc.auxbasis_functions(), nao, itemsize, env.budget,
+                settings.fused_energy, settings.occ_block,
+                force_out_of_core=env.world.size > 1)
+
+
+def run_inputs(calc: Calculation, settings: RunSettings, env: Environment) -> CalculationInputs:
+    return replace(calc.inputs(str(settings.molecule)), backend=env.kernel_set.backend,
+                   precision=env.kernel_set.precision, fused_energy=settings.fused_energy,
+                   scs_os=settings.scs_os, scs_ss=settings.scs_ss,
+                   allow_unconverged=settings.allow_unconverged, check=settings.check,
+                   memory_bytes=env.budget, threads=env.threads, scratch=str(env.scratch_dir))
+
+
+def new_run_record(settings: RunSettings, env: Environment, schema: str = SCHEMA) -> Node:
+    root = new_record(schema, settings.command, versions())
+    BackendFacts(env.kernel_set.backend, env.kernel_set.precision, str(env.kernel_set.device),
+                 settings.fused_energy).write(root)
+    return root
+
+
+@dataclass(frozen=True)
+class CalculationOutcome:
+    scf: ScfResult
+    mp2: mp2.Mp2Result
+
+
+def obtain_reference(calc: Calculation, env: Environment,
+                     previous: Node | None) -> ScfResult:
+    """Rank 0's SCF (restored from an interrupted run's record when there is one) on every
+    rank; the other ranks get the orbitals, not the PySCF object."""
+    world = env.world
+    result = None
+    if world.is_root:
+        stored = read_scf(previous) if previous is not None else None
+        if stored is not None and stored[1] is not None:
+            result = restored_scf(calc.mol, stored[0], stored[1], calc.jk_spec())
+        else:
+            result = run_scf(calc.mol, calc.scf_method, calc.reference, calc.jk_spec(),
+                             calc.jk_name(), env.budget)
+    if world.size == 1:
+        return result
+    section, orbitals = world.broadcast(None if result is None else
+                                        (result.section, result.orbitals),
+                                        "sharing the SCF orbitals")
+    return result if result is not None else ScfResult(section, orbitals)
+
+
+def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
+              saver: RecordSaver | None, scratch: ScratchArea,
+              previous: Node | None = None) -> CalculationOutcome:
+    """SCF and DF-MP2 of one calculation into ``node``. With a ``saver`` the record is saved
+    after the SCF and after every block pair, and the work of ``previous`` (an interrupted
+    run) is reused instead of recomputed."""
+    world = env.world
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    scf_result = obtain_reference(calc, env, previous)
+    timings["scf"] = time.perf_counter() - t0
+    set_resumed(node, previous is not None)
+    write_scf(node, scf_result.section, scf_result.orbitals)
+    write_timings(node, timings)
+    if saver is not None and world.is_root:
+        saver.save()
+    if not scf_result.converged and not settings.allow_unconverged:
+        raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
+                         "rerun with --allow-unconverged to accept it")
+
+    t_mp2 = time.perf_counter()
+    orbitals = mp2.Orbitals(scf_result.orbitals.mo_energy, scf_result.orbitals.mo_coeff,
+                            scf_result.orbitals.mo_occ, calc.nfrozen)
+    fit = mp2.fit_basis(calc.mol, calc.auxbasis)
+    timings["metric"] = time.perf_counter() - t_mp2
+    plan = finished = None
+    if world.is_root:
+        plan = mp2.plan_for(orbitals, fit, calc.mol.nao_nr(), env.kernel_set, env.budget,
+                            settings.fused_energy,
+                            settings.occ_block or stored_occ_block(previous), world.size)
+        finished = resumable_pairs(previous, plan)
+    plan, finished = world.broadcast((plan, finished), "sharing the block plan")
+    ledger = PairLedger(finished)
+    if saver is not None and world.is_root:
+        saver.start_pairs(plan.occ_block, finished)
+        ledger.on_finish = saver.add_pair
+    result = mp2.kernel(calc.mol, orbitals, fit, env.kernel_set, plan,
+                        mp2.Execution(world, scratch, ledger, settings.show_progress))
+    timings["mp2"] = time.perf_counter() - t_mp2 + timings["metric"]
+    timings.update(result.timings)
+    write_timings(node, timings)
+    nocc, nvir = result.nocc, result.nvir
+    Sizes(result.nao, result.naux, result.naux_fit, nocc[0], nvir[0], result.nfrozen,
+          calc.mol.natm, *( (nocc[1], nvir[1]) if result.open_shell else ())).write(node)
+    PlanSection(plan.occ_block, plan.nblocks, plan.out_of_core, plan.b_bytes, plan.energy_bytes,
+                plan.build_block_bytes, plan.budget, result.metric_kind).write(node)
+    mp2_section(result, scf_result.e_tot, settings).write(node)
+    if world.size > 1:
+        write_distributed(node, world.size, world.backend, result.ranks)
+    return CalculationOutcome(scf_result, result)
+
+
+def mp2_section(result: mp2.Mp2Result, e_scf: float, settings: RunSettings) -> Mp2Section:
+    """MP2, SCS-MP2 (with its scale factors) and SOS-MP2 (1.3 E_OS)."""
+    energies = result.energies
+    e_scs = energies.e_scs(settings.scs_os, settings.scs_ss)
+    return Mp2Section(energies.e_corr, energies.e_os, energies.e_ss, e_scs, energies.e_sos(),
+                      e_scf + energies.e_corr, e_scf + e_scs, e_scf + energies.e_sos(),
+                      settings.scs_os, settings.scs_ss, SOS_OS_DEFAULT, **energies.components)
+
+
+def run_check(calc: Calculation, outcome: CalculationOutcome, precision: str,
+              node: Node) -> bool:
+    """``--check``: PySCF's DF-MP2 on the same orbitals, auxiliary basis and frozen core."""
+    reference = pyscf_dfmp2_energy(outcome.scf.mf, calc.nfrozen, calc.auxbasis.spec)
+    tolerance = TOLERANCE[precision]
+    delta = outcome.mp2.energies.e_corr - reference.e_corr
+    passed = abs(delta) <= tolerance
+    CheckSection(f"pyscf {pyscf.__version__} DFMP2/DFUMP2 (with_t2=False)", reference.e_corr,
+                 reference.e_os, reference.e_ss, outcome.scf.e_tot + reference.e_corr, delta,
+                 tolerance, passed, reference.seconds).write(node)
+    write_timings(node, {"reference": reference.seconds})
+    return passed
+
+
+class RecordSession:
+    """A record this process writes: locked for the whole run, saved as it goes, and ended
+    ``complete``, ``failed`` or ``interrupted`` whatever happens, with no temporary file left.
+    On ranks other than 0 it only runs the body."""
+
+    def __init__(self, path: Path, env: Environment) -> None:
+        self.path, self.env = path, env
+        self.lock = RecordLock(path) if env.world.is_root else None
+        self.t_start = time.perf_counter()
+
+    def __enter__(self) -> "RecordSession":
+        if self.lock is not None:
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def finish(self, root: Node, state: str, error: str | None = None) -> None:
+        set_status(root, state, error)
+        accounting = self.env.kernel_set.accounting
+        write_kernel_ledger(root, dict(accounting.calls), accounting.fallbacks,
+                            list(accounting.fallback_reasons), self.env.kernel_set.report())
+        write_timings(root, {"total": time.perf_counter() - self.t_start})
+        if self.env.world.is_root:
+            write_record(self.path, root)
+
+    def fail(self, root: Node, exc: BaseException) -> None:
+        """End the record after ``exc``, keeping the first error if the write fails too."""
+        state = INTERRUPTED if isinstance(exc, Interrupted) else FAILED
+        text = str(exc) if isinstance(exc, Dfmp2Error) else f"internal error: {exc!r}"
+        try:
+            self.finish(root, state, text)
+        except Dfmp2Error as write_error:
+            log.error("the record could not be marked %s: %s", state, write_error)
+
+
+def guarded(session: RecordSession, root: Node, work):
+    """Run ``work()``; any failure ends the record as failed (or interrupted) before it is
+    raised again, with the record's path in the message of user-facing errors."""
+    try:
+        return work()
+    except MemoryError:
+        error = RunFailure("out of memory; lower --memory so that dfmp2 plans for less, or "
+                           "use a machine with more")
+        session.fail(root, error)
+        raise RunFailure(f"{error} (record {session.path})") from None
+    except Dfmp2Error as exc:
+        session.fail(root, exc)
+        exc.args = (f"{exc} (record {session.path})",)
+        raise
+    except BaseException as exc:
+        session.fail(root, exc)
+        raise
+
+
+def run(settings: RunSettings, world: World | None = None,
+        reuse_complete: bool = False) -> RunOutcome:
+    """The whole job. The record is checkpointed after the SCF and after every block pair, and
+    a run restarted on the same record skips both. With a ``world`` of several ranks, rank 0
+    alone writes the record. With ``reuse_complete`` a complete record of the same inputs is
+    returned as it is (``batch`` reruns)."""
+    world = world or World()
+    path = settings.output_path()
+    check_output_path(path, settings.resume)
+    geometry = read_xyz(settings.molecule)
+    env = resolve_environment(settings, path, world)
+    calc = define_calculation(geometry, request_of(settings, settings.charge, settings.spin))
+    check_feasible(calc, settings, env)
+    inputs = run_inputs(calc, settings, env)
+    with RecordSession(path, env) as session:
+        previous = PreviousRun("fresh")
+        if world.is_root:
+            previous = examine_previous(path, SCHEMA, inputs, settings.resume, reuse_complete)
+        action = world.broadcast(previous.action, "sharing the resume decision")
+        if action == REUSE:
+            return RunOutcome(previous.record, path, 0, reused=True)
+        root = new_run_record(settings, env)
+        inputs.write(root)
+        saver = RecordSaver(path, root) if world.is_root else None
+        scratch = ScratchArea(env.scratch_dir, f"{path.name}.run")
+        resumed_from = previous.record if action == RESUME else None
+
+        def work() -> int:
+            if saver is not None:
+                saver.save()
+            outcome = calculate(calc, settings, env, root, saver, scratch, resumed_from)
+            passed = True
+            if settings.check and world.is_root:
+                passed = run_check(calc, outcome, env.kernel_set.precision, root)
+            session.finish(root, COMPLETE)
+            return 0 if passed else 1
+
+        exit_code = guarded(session, root, work)
+        if previous.superseded is not None and world.is_root:
+            drop_identical_copy(previous.superseded, inputs)
+    return RunOutcome(root, path, exit_code)
+
+
+def drop_identical_copy(superseded: Path, inputs: CalculationInputs) -> None:
+    """The set-aside complete record is redundant once a run of the same inputs completed."""
+    with contextlib.suppress(Dfmp2Error, OSError):
+        stored = read_inputs(read_record(superseded))
+        if stored is not None and not stored.differing(inputs, CalculationInputs.REUSE_FIELDS):
+            superseded.unlink()
+            log.info("removed %s: the new record holds the same calculation", superseded)

@@ -1,0 +1,50 @@
+"""What the user asked for: the options of one calculation, as given on the command line.
+
+Nothing here reads the environment: the command line (``dfmp2.cli``) turns environment
+variables into fields, so the library computes the same thing wherever it is called from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
+
+DEFAULT_OUTPUT_DIR = Path("runs")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    molecule: Path
+    basis: str = "cc-pvdz"
+    auxbasis: str | None = None
+    ecp: str | None = None
+    charge: int | None = None
+    spin: int | None = None
+    frozen_core: bool = False
+    frozen: int | None = None
+    backend: str = "auto"
+    precision: str | None = None
+    fused_energy: bool = False
+    memory: int | None = None
+    scf_method: str = "df"
+    reference: str = "auto"
+    scs_os: float = SCS_OS_DEFAULT
+    scs_ss: float = SCS_SS_DEFAULT
+    allow_unconverged: bool = False
+    check: bool = False
+    output: Path | None = None
+    threads: int | None = None
+    occ_block: int | None = None
+    scratch: Path | None = None
+    resume: bool = False
+    show_progress: bool | None = None
+    nki_mode: str | None = None
+    require_nki: bool = False
+    command: str = "dfmp2 (python API)"
+
+    def output_path(self, suffix: str = "") -> Path:
+        """``-o``, else ``runs/<molecule>-<basis><suffix>.h5``."""
+        if self.output is not None:
+            return Path(self.output)
+        return DEFAULT_OUTPUT_DIR / f"{Path(self.molecule).stem}-{self.basis.lower()}{suffix}.h5"

@@ -1,0 +1,218 @@
+"""XYZ input: parsing and validation with one-line errors.
+
+Standard XYZ: the atom count, a comment line, then ``Symbol x y z`` lines. The comment line may
+carry ``charge=N``, ``multiplicity=M`` and ``units=angstrom|bohr`` (``unit=`` too); any other
+words in it are ignored, but a value given to one of those three keys must be valid.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from pyscf.data import elements
+from pyscf.lib import param
+from scipy.spatial import cKDTree
+
+from dfmp2.errors import InputError
+
+MIN_DISTANCE_ANGSTROM = 0.1
+MAX_COORDINATE_ANGSTROM = 1.0e4
+KNOWN_SYMBOLS = {symbol.upper(): symbol for symbol in elements.ELEMENTS[1:]}
+# ``key=value`` in the comment line; the value runs to the next blank, comma or semicolon.
+COMMENT_FIELD = re.compile(r"\b(charge|multiplicity|units?)\s*=\s*([^\s,;]*)", re.IGNORECASE)
+ANGSTROM_PER_UNIT = {"angstrom": 1.0, "bohr": param.BOHR}
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A parsed XYZ file: symbols, coordinates in Angstrom, the comment's charge/multiplicity."""
+
+    symbols: tuple[str, ...]
+    coords: np.ndarray
+    comment: str
+    charge: int | None
+    multiplicity: int | None
+    text: str
+    source: str
+
+    @property
+    def natoms(self) -> int:
+        return len(self.symbols)
+
+    def pyscf_atoms(self, ghosts: frozenset[int] = frozenset()
+                    ) -> list[tuple[str, tuple[float, float, float]]]:
+        """PySCF atoms in Angstrom; those in ``ghosts`` carry basis functions but no charge or
+        electrons."""
+        return [(f"ghost-{symbol}" if n in ghosts else symbol, tuple(xyz))
+                for n, (symbol, xyz) in enumerate(zip(self.symbols, self.coords.tolist()))]
+
+    def subset(self, atoms: range) -> "Geometry":
+        """These atoms alone, as if read from their own XYZ file (in Angstrom, so the comment
+        loses its charge, multiplicity and units)."""
+        symbols = tuple(self.symbols[n] for n in atoms)
+        coords = self.coords[list(atoms)]
+        comment = " ".join(COMMENT_FIELD.sub("", self.comment).split())
+        text = f"{len(symbols)}\n{comment}\n" + "".join(
+            f"{s} {x:.10f} {y:.10f} {z:.10f}\n" for s, (x, y, z) in zip(symbols, coords))
+        return Geometry(symbols, np.array(coords), comment, None, None, text, self.source)
+
+
+def read_xyz(path: str | Path) -> Geometry:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path} is a directory, not an XYZ file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    return parse_xyz(decode_xyz(raw, str(path)), source=str(path))
+
+
+def decode_xyz(raw: bytes, source: str) -> str:
+    """UTF-8 text (a byte-order mark is dropped). Only the free-text comment line may hold
+    other bytes: it is then read as Latin-1, as editors on older systems write it."""
+    if raw.startswith(UTF8_BOM):
+        raw = raw[len(UTF8_BOM):]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    lines = raw.split(b"\n")
+    try:
+        decoded = [line.decode("utf-8") if n != 1 else _comment_text(line)
+                   for n, line in enumerate(lines)]
+    except UnicodeDecodeError:
+        raise InputError(f"{source} is not a text XYZ file (it is not valid UTF-8)") from None
+    return "\n".join(decoded)
+
+
+def _comment_text(line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return line.decode("latin-1")
+
+
+def _parse_symbol(token: str, where: str) -> str:
+    if re.fullmatch(r"\d+", token):
+        z = int(token)
+        hint = f" ('{elements.ELEMENTS[z]}')" if 0 < z < len(elements.ELEMENTS) else ""
+        raise InputError(f"{where}: '{token}' is an atomic number; write the element symbol{hint}")
+    canonical = KNOWN_SYMBOLS.get(token.upper())
+    if canonical is None:
+        raise InputError(f"{where}: unknown element '{token}'")
+    if token != canonical:
+        raise InputError(f"{where}: element symbol '{token}' is not in standard case; "
+                         f"write '{canonical}'")
+    return canonical
+
+
+def _parse_coordinate(token: str, where: str, angstrom_per_unit: float) -> float:
+    try:
+        value = float(token)
+    except ValueError:
+        raise InputError(f"{where}: coordinate '{token}' is not a number") from None
+    if not math.isfinite(value):
+        raise InputError(f"{where}: coordinate '{token}' is not finite")
+    angstrom = value * angstrom_per_unit
+    if abs(angstrom) > MAX_COORDINATE_ANGSTROM:
+        raise InputError(f"{where}: coordinate {token} is beyond "
+                         f"{MAX_COORDINATE_ANGSTROM:g} Angstrom; check the units")
+    return angstrom
+
+
+@dataclass(frozen=True)
+class CommentFields:
+    charge: int | None = None
+    multiplicity: int | None = None
+    angstrom_per_unit: float = 1.0
+
+
+def parse_comment(comment: str, source: str) -> CommentFields:
+    """``charge=N`` (an integer), ``multiplicity=M`` (an integer >= 1) and ``units=...``."""
+    values: dict[str, str] = {}
+    for match in COMMENT_FIELD.finditer(comment):
+        key = match.group(1).lower().rstrip("s")
+        if key in values:
+            raise InputError(f"{source}, line 2: '{key}' is given twice in the comment line")
+        values[key] = match.group(2)
+    charge = multiplicity = None
+    if "charge" in values:
+        charge = _comment_integer(values["charge"], "charge", source)
+    if "multiplicity" in values:
+        multiplicity = _comment_integer(values["multiplicity"], "multiplicity", source)
+        if multiplicity < 1:
+            raise InputError(f"{source}, line 2: multiplicity must be at least 1, "
+                             f"got {multiplicity}")
+    angstrom_per_unit = 1.0
+    if "unit" in values:
+        unit = values["unit"].lower()
+        if unit not in ANGSTROM_PER_UNIT:
+            raise InputError(f"{source}, line 2: units={values['unit']!r} is not understood; "
+                             "write units=angstrom or units=bohr")
+        angstrom_per_unit = ANGSTROM_PER_UNIT[unit]
+    return CommentFields(charge, multiplicity, angstrom_per_unit)
+
+
+def _comment_integer(text: str, key: str, source: str) -> int:
+    if not re.fullmatch(r"[+-]?\d+", text):
+        raise InputError(f"{source}, line 2: {key}={text!r} is not an integer")
+    return int(text)
+
+
+def parse_xyz(text: str, source: str = "<input>") -> Geometry:
+    """Parse XYZ text (count, comment, ``Symbol x y z`` lines); coordinates end in Angstrom."""
+    if "\x00" in text:
+        raise InputError(f"{source} is not a text XYZ file (it contains NUL bytes)")
+    text = text.removeprefix("\ufeff")
+    lines = text.splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        raise InputError(f"{source} is empty; an XYZ file starts with the number of atoms")
+    try:
+        natoms = int(lines[0].strip())
+    except ValueError:
+        raise InputError(f"{source}, line 1: expected the number of atoms, "
+                         f"found {lines[0].strip()[:40]!r}") from None
+    if natoms < 1:
+        raise InputError(f"{source}, line 1: the number of atoms must be at least 1")
+    comment = lines[1] if len(lines) > 1 else ""
+    fields = parse_comment(comment, source)
+    atom_lines = lines[2:]
+    if len(atom_lines) != natoms:
+        raise InputError(f"{source}: line 1 announces {natoms} atoms but "
+                         f"{len(atom_lines)} atom lines follow")
+    symbols, coords = [], []
+    for number, line in enumerate(atom_lines, start=3):
+        where = f"{source}, line {number}"
+        tokens = line.split()
+        if len(tokens) != 4:
+            raise InputError(f"{where}: expected 'Symbol x y z', found {line.strip()[:60]!r}")
+        symbols.append(_parse_symbol(tokens[0], where))
+        coords.append([_parse_coordinate(token, where, fields.angstrom_per_unit)
+                       for token in tokens[1:]])
+    coords_array = np.asarray(coords, dtype=float)
+    _check_distances(symbols, coords_array, source)
+    return Geometry(tuple(symbols), coords_array, comment.strip(), fields.charge,
+                    fields.multiplicity, text, source)
+
+
+def _check_distances(symbols: list[str], coords: np.ndarray, source: str) -> None:
+    """The closest pair of atoms, found with a k-d tree: O(N log N) time and O(N) memory, so
+    a file of many thousands of atoms is checked without an N x N distance matrix."""
+    if len(symbols) < 2:
+        return
+    distances, neighbours = cKDTree(coords).query(coords, k=2)
+    i = int(np.argmin(distances[:, 1]))
+    j = int(neighbours[i, 1])
+    if distances[i, 1] < MIN_DISTANCE_ANGSTROM:
+        a, b = sorted((i, j))
+        raise InputError(f"{source}: atoms {a + 1} ({symbols[a]}) and {b + 1} ({symbols[b]}) are "
+                         f"{distances[i, 1]:.3f} Angstrom apart (minimum {MIN_DISTANCE_ANGSTROM})")
