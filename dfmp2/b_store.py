@@ -1,4 +1,4 @@
-"""Where the fitted tensor B (naux, nocc*nvir) lives: in memory, or in an HDF5 scratch file.
+"""Where the fitted tensor B (naux, nocc*nvir) lives: in memory, or in a scratch file.
 
 Scratch files have names derived from the run record (:class:`ScratchArea`), so a run that was
 killed can find its own: a resumed run reuses a B that was finished and belongs to the same
@@ -8,22 +8,24 @@ the file, and a failed file is removed.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 from pathlib import Path
 
-import h5py
 import numpy as np
 import torch
 
 from dfmp2.errors import RunFailure
 
 log = logging.getLogger(__name__)
-# Column chunks of the scratch dataset: one occupied block of a typical molecule, so that the
+# Column chunks of the scratch file: one occupied block of a typical molecule, so that the
 # energy step reads whole chunks.
 SCRATCH_CHUNK_BYTES = 4 * 2**20
-DATASET = "b"
-SIGNATURE_ATTR = "orbital_signature"
+HEADER_BYTES = 4096
+FORMAT = "dfmp2.scratch-b/1"
+SIGNATURE = "orbital_signature"
+FP64_BYTES = 8
 
 
 class ScratchError(RunFailure):
@@ -38,17 +40,22 @@ def _disk_error(path: Path, exc: OSError) -> ScratchError:
 
 
 class ScratchArea:
-    """The scratch files of one calculation: ``<folder>/.<prefix>.b<channel>[.raw].h5``."""
+    """The scratch files of one calculation: ``<folder>/.<prefix>.b<channel>[.raw].bin`` for B
+    and ``<folder>/.<prefix>.jk.h5`` for the SCF's JK-fit tensor."""
 
     def __init__(self, folder: Path, prefix: str) -> None:
         self.folder = Path(folder)
         self.prefix = prefix
 
     def path(self, channel: int, raw: bool = False) -> Path:
-        return self.folder / f".{self.prefix}.b{channel}{'.raw' if raw else ''}.h5"
+        return self.folder / f".{self.prefix}.b{channel}{'.raw' if raw else ''}.bin"
+
+    def jk_path(self) -> Path:
+        return self.folder / f".{self.prefix}.jk.h5"
 
     def leftovers(self) -> list[Path]:
-        return sorted(self.folder.glob(f".{self.prefix}.b*.h5"))
+        return sorted(p for pattern in (f".{self.prefix}.b*.bin", f".{self.prefix}.jk.h5")
+                      for p in self.folder.glob(pattern))
 
     def remove_leftovers(self) -> None:
         for path in self.leftovers():
@@ -87,27 +94,41 @@ class InMemoryB:
 
 
 class ScratchB:
-    """B in an HDF5 scratch file, chunked by columns; deleted on close by its owner."""
+    """B in a scratch file, deleted on close by its owner.
+
+    The file is a 4 KiB JSON header followed by column chunks, each chunk a contiguous
+    (naux, chunk_cols) fp64 block: a block of columns (the energy step's read) and a block of
+    rows within a chunk (the integral build's write) are both contiguous. It is read and
+    written with plain ``pread``/``pwrite``, so a full disk is an ordinary error here (the
+    HDF5 library can crash the process when a write fails under it).
+    """
 
     location = "scratch"
 
-    def __init__(self, path: Path, file: h5py.File, owner: bool) -> None:
-        self.path, self.file, self.owner = Path(path), file, owner
-        self.dataset = file[DATASET]
+    def __init__(self, path: Path, fd: int, header: dict, owner: bool) -> None:
+        self.path, self.fd, self.owner = Path(path), fd, owner
+        self.header = header
+        self.naux, self.ncols = header["shape"]
+        self.chunk_cols = header["chunk_cols"]
 
     @classmethod
     def create(cls, path: Path, naux: int, ncols: int) -> "ScratchB":
         path.parent.mkdir(parents=True, exist_ok=True)
+        chunk_cols = max(1, min(ncols, SCRATCH_CHUNK_BYTES // (FP64_BYTES * naux)))
+        header = {"format": FORMAT, "shape": [naux, ncols], "chunk_cols": chunk_cols,
+                  SIGNATURE: None}
         try:
-            file = h5py.File(path, "w")
-            chunk_cols = max(1, min(ncols, SCRATCH_CHUNK_BYTES // (8 * naux)))
-            file.create_dataset(DATASET, shape=(naux, ncols), dtype="f8",
-                                chunks=(naux, chunk_cols))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         except OSError as exc:
-            path.unlink(missing_ok=True)
             raise _disk_error(path, exc) from None
+        store = cls(path, fd, header, owner=True)
+        try:
+            store._write_header()
+        except ScratchError:
+            store.close()
+            raise
         log.info("B (%d x %d) in scratch file %s", naux, ncols, path)
-        return cls(path, file, owner=True)
+        return store
 
     @classmethod
     def reopen_complete(cls, path: Path, shape: tuple[int, int],
@@ -117,81 +138,128 @@ class ScratchB:
         if not path.exists():
             return None
         try:
-            file = h5py.File(path, "r")
+            fd = os.open(path, os.O_RDONLY)
         except OSError:
-            log.info("scratch file %s is damaged; it will be rebuilt", path)
             path.unlink(missing_ok=True)
             return None
-        dataset = file.get(DATASET)
-        if (dataset is None or tuple(dataset.shape) != tuple(shape)
-                or dataset.attrs.get(SIGNATURE_ATTR) != signature):
-            file.close()
-            log.info("scratch file %s is unfinished or from other orbitals; it will be "
-                     "rebuilt", path)
+        header = _read_header(fd)
+        expected_size = HEADER_BYTES + FP64_BYTES * shape[0] * shape[1]
+        if (header is None or header.get("shape") != list(shape)
+                or header.get(SIGNATURE) != signature
+                or os.fstat(fd).st_size != expected_size):
+            os.close(fd)
+            log.info("scratch file %s is unfinished, damaged or from other orbitals; it will "
+                     "be rebuilt", path)
             path.unlink(missing_ok=True)
             return None
         log.info("reusing the fitted B in scratch file %s", path)
-        return cls(path, file, owner=True)
+        return cls(path, fd, header, owner=True)
 
     @classmethod
     def open_shared(cls, path: Path) -> "ScratchB":
         """Another rank's finished B, read-only; the rank that wrote it deletes it."""
         try:
-            return cls(path, h5py.File(path, "r"), owner=False)
+            fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise ScratchError(f"cannot read the shared scratch file {path}: "
                                f"{exc.strerror or exc}") from None
+        header = _read_header(fd)
+        if header is None:
+            os.close(fd)
+            raise ScratchError(f"the shared scratch file {path} is damaged")
+        return cls(path, fd, header, owner=False)
 
     @property
     def shape(self) -> tuple[int, int]:
-        return tuple(self.dataset.shape)
+        return self.naux, self.ncols
+
+    def _chunks(self, c0: int, c1: int):
+        """(chunk start column, chunk width, first and last column of [c0, c1) inside it)."""
+        first = c0 // self.chunk_cols * self.chunk_cols
+        for start in range(first, c1, self.chunk_cols):
+            width = min(self.chunk_cols, self.ncols - start)
+            yield start, width, max(c0, start) - start, min(c1, start + width) - start
+
+    def _offset(self, chunk_start: int) -> int:
+        return HEADER_BYTES + FP64_BYTES * self.naux * chunk_start
 
     def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
-        self._write(np.s_[p0:p1], rows)
+        values = np.ascontiguousarray(rows.numpy(), dtype=np.float64)
+        for start, width, _, _ in self._chunks(0, self.ncols):
+            block = np.ascontiguousarray(values[:, start:start + width])
+            self._pwrite(block, self._offset(start) + FP64_BYTES * p0 * width)
+
+    def write_columns(self, c0: int, c1: int, values: torch.Tensor) -> None:
+        values = values.numpy()
+        for start, width, lo, hi in self._chunks(c0, c1):
+            piece = values[:, start + lo - c0:start + hi - c0]
+            if lo == 0 and hi == width:
+                self._pwrite(np.ascontiguousarray(piece, dtype=np.float64), self._offset(start))
+            else:
+                chunk = self._read_chunk(start, width)
+                chunk[:, lo:hi] = piece
+                self._pwrite(chunk, self._offset(start))
 
     def read_columns(self, c0: int, c1: int) -> torch.Tensor:
-        out = np.empty((self.dataset.shape[0], c1 - c0))
+        out = np.empty((self.naux, c1 - c0))
+        for start, width, lo, hi in self._chunks(c0, c1):
+            chunk = self._read_chunk(start, width)
+            out[:, start + lo - c0:start + hi - c0] = chunk[:, lo:hi]
+        return torch.from_numpy(out)
+
+    def _read_chunk(self, start: int, width: int) -> np.ndarray:
+        nbytes = FP64_BYTES * self.naux * width
         try:
-            self.dataset.read_direct(out, np.s_[:, c0:c1])
+            data = os.pread(self.fd, nbytes, self._offset(start))
         except OSError as exc:
             raise ScratchError(f"cannot read the scratch file {self.path}: "
                                f"{exc.strerror or exc}") from None
-        return torch.from_numpy(out)
+        if len(data) != nbytes:
+            raise ScratchError(f"the scratch file {self.path} is shorter than B")
+        return np.frombuffer(data, dtype=np.float64).reshape(self.naux, width).copy()
 
-    def write_columns(self, c0: int, c1: int, values: torch.Tensor) -> None:
-        self._write(np.s_[:, c0:c1], values)
-
-    def _write(self, where, values: torch.Tensor) -> None:
+    def _pwrite(self, array: np.ndarray, offset: int) -> None:
+        data = memoryview(array).cast("B")
         try:
-            self.dataset[where] = values.numpy()
+            while data:
+                written = os.pwrite(self.fd, data, offset)
+                data, offset = data[written:], offset + written
         except OSError as exc:
             raise _disk_error(self.path, exc) from None
+
+    def _write_header(self) -> None:
+        text = json.dumps(self.header).encode()
+        self._pwrite(np.frombuffer(text.ljust(HEADER_BYTES), dtype=np.uint8), 0)
 
     def mark_complete(self, signature: str) -> None:
         """Say, durably, that B is finished for these orbitals (a killed run's successor may
         then reuse it)."""
         try:
-            self.dataset.attrs[SIGNATURE_ATTR] = signature
-            self.file.flush()
+            os.fsync(self.fd)
+            self.header[SIGNATURE] = signature
+            self._write_header()
+            os.fsync(self.fd)
         except OSError as exc:
             raise _disk_error(self.path, exc) from None
 
     def share(self) -> Path:
-        """Close the writer and reopen read-only, so that other ranks can open the file."""
-        self.file.close()
-        self.file = h5py.File(self.path, "r")
-        self.dataset = self.file[DATASET]
+        """The path other ranks open (read-only) once B is finished."""
         return self.path
 
     def close(self) -> None:
-        if self.file:
-            try:
-                self.file.close()
-            except OSError:
-                log.warning("closing the scratch file %s failed", self.path)
-            self.file = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         if self.owner:
             self.path.unlink(missing_ok=True)
+
+
+def _read_header(fd: int) -> dict | None:
+    try:
+        header = json.loads(os.pread(fd, HEADER_BYTES, 0).rstrip(b" ").decode())
+    except (OSError, ValueError):
+        return None
+    return header if isinstance(header, dict) and header.get("format") == FORMAT else None
 
 
 def open_store(naux: int, ncols: int, path: Path | None):

@@ -17,6 +17,7 @@ from pyscf import gto, lib
 from pyscf.df import incore
 
 from dfmp2.b_store import ScratchArea, ScratchB, open_store
+from dfmp2.disk import check_space
 from dfmp2.errors import RunFailure
 from dfmp2.metric import FitMetric
 
@@ -98,6 +99,9 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
             if store is not None:
                 store.close()
         scratch.remove_leftovers()
+        copies = 1 if metric.kind == "cholesky" else 2
+        check_space(scratch.folder, copies * FP64_BYTES * metric.naux * sum(
+            c_occ.shape[1] * c_vir.shape[1] for c_occ, c_vir in orbitals), "the fitted tensor B")
 
     opened = []
 

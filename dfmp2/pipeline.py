@@ -34,6 +34,7 @@ from dfmp2.memory import default_budget
 from dfmp2.planner import plan_blocks
 from dfmp2.pyscf_check import TOLERANCE, pyscf_dfmp2_energy
 from dfmp2.record import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, BackendFacts,
+                          RecordWriteError,
                           CalculationInputs, CheckSection, Mp2Section, Node, PlanSection, Sizes,
                           is_record_file, new_record, read_inputs, read_record, read_scf,
                           set_resumed,
@@ -162,7 +163,7 @@ class CalculationOutcome:
     mp2: mp2.Mp2Result
 
 
-def obtain_reference(calc: Calculation, env: Environment,
+def obtain_reference(calc: Calculation, env: Environment, scratch: ScratchArea,
                      previous: Node | None) -> ScfResult:
     """Rank 0's SCF (restored from an interrupted run's record when there is one) on every
     rank; the other ranks get the orbitals, not the PySCF object."""
@@ -174,7 +175,7 @@ def obtain_reference(calc: Calculation, env: Environment,
             result = restored_scf(calc.mol, stored[0], stored[1], calc.jk_spec())
         else:
             result = run_scf(calc.mol, calc.scf_method, calc.reference, calc.jk_spec(),
-                             calc.jk_name(), env.budget)
+                             calc.jk_name(), env.budget, scratch.jk_path())
     if world.size == 1:
         return result
     section, orbitals = world.broadcast(None if result is None else
@@ -192,7 +193,7 @@ def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: 
     world = env.world
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    scf_result = obtain_reference(calc, env, previous)
+    scf_result = obtain_reference(calc, env, scratch, previous)
     timings["scf"] = time.perf_counter() - t0
     set_resumed(node, previous is not None)
     write_scf(node, scf_result.section, scf_result.orbitals)
@@ -286,14 +287,25 @@ class RecordSession:
         if self.env.world.is_root:
             write_record(self.path, root)
 
-    def fail(self, root: Node, exc: BaseException) -> None:
-        """End the record after ``exc``, keeping the first error if the write fails too."""
+    def fail(self, root: Node, exc: BaseException) -> str | None:
+        """End the record after ``exc``. When the full record cannot be written (a full disk),
+        a small one that still says what happened is tried; returns why neither could be."""
         state = INTERRUPTED if isinstance(exc, Interrupted) else FAILED
         text = str(exc) if isinstance(exc, Dfmp2Error) else f"internal error: {exc!r}"
         try:
             self.finish(root, state, text)
-        except Dfmp2Error as write_error:
-            log.error("the record could not be marked %s: %s", state, write_error)
+        except Dfmp2Error:
+            try:
+                self.finish(without_datasets(root), state, text)
+            except Dfmp2Error as write_error:
+                return str(write_error)
+        return None
+
+
+def without_datasets(node: Node) -> Node:
+    """The record's attributes alone: what was run and how it ended, without the orbitals."""
+    return Node(attrs=dict(node.attrs),
+                groups={name: without_datasets(child) for name, child in node.groups.items()})
 
 
 def guarded(session: RecordSession, root: Node, work):
@@ -304,15 +316,23 @@ def guarded(session: RecordSession, root: Node, work):
     except MemoryError:
         error = RunFailure("out of memory; lower --memory so that dfmp2 plans for less, or "
                            "use a machine with more")
-        session.fail(root, error)
-        raise RunFailure(f"{error} (record {session.path})") from None
+        raise RunFailure(f"{error}{_record_note(session, root, error)}") from None
     except Dfmp2Error as exc:
-        session.fail(root, exc)
-        exc.args = (f"{exc} (record {session.path})",)
+        exc.args = (f"{exc}{_record_note(session, root, exc)}",)
         raise
     except BaseException as exc:
         session.fail(root, exc)
         raise
+
+
+def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
+    """`` (record PATH)``, or why the record could not say what happened."""
+    unwritten = session.fail(root, exc)
+    if unwritten is None:
+        return f" (record {session.path})"
+    if isinstance(exc, RecordWriteError):
+        return ""
+    return f" (record {session.path} not updated: {unwritten})"
 
 
 def run(settings: RunSettings, world: World | None = None,

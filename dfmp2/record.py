@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import errno
+import io
 import json
 import os
 import tempfile
@@ -78,17 +79,30 @@ def _write_node(group: h5py.Group, node: Node) -> None:
         _write_node(group.create_group(key), child)
 
 
+def record_image(root: Node) -> bytes:
+    """The record as HDF5 file bytes, built in memory."""
+    image = io.BytesIO()
+    with h5py.File(image, "w") as h5:
+        _write_node(h5, root)
+    return image.getvalue()
+
+
 def write_record(path: str | Path, root: Node) -> Path:
     """Write the whole record to a temporary file beside ``path``, then rename it into place.
-    Any failure removes the temporary file and leaves the previous record untouched."""
+
+    The HDF5 image is built in memory and written with plain system calls, so a full disk is
+    an ordinary error (the HDF5 library itself can crash the process when a write fails under
+    it). Any failure removes the temporary file and leaves the previous record untouched."""
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
+    image = record_image(root)
     tmp_name = None
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-        os.close(fd)
-        with h5py.File(tmp_name, "w") as h5:
-            _write_node(h5, root)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(image)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp_name, path)
     except OSError as exc:
         _remove_quietly(tmp_name)
@@ -201,7 +215,9 @@ class Section:
     group_name: ClassVar[str]
 
     def write(self, node: Node) -> None:
-        node.group(self.group_name).attrs.update(dataclasses.asdict(self))
+        """The fields as attributes; an optional field left at None is not written."""
+        node.group(self.group_name).attrs.update(
+            {k: v for k, v in dataclasses.asdict(self).items() if v is not None})
 
     @classmethod
     def read(cls, node: Node):
@@ -380,14 +396,8 @@ class Sizes(Section):
     nvir: int
     nfrozen: int
     natoms: int
-    nocc_beta: int = -1
-    nvir_beta: int = -1
-
-    def write(self, node: Node) -> None:
-        values = dataclasses.asdict(self)
-        if self.nocc_beta < 0:
-            del values["nocc_beta"], values["nvir_beta"]
-        node.group(self.group_name).attrs.update(values)
+    nocc_beta: int | None = None
+    nvir_beta: int | None = None
 
 
 @dataclass(frozen=True)
@@ -422,15 +432,10 @@ class Mp2Section(Section):
     scs_os_scale: float
     scs_ss_scale: float
     sos_os_scale: float
-    direct: float = float("nan")
-    exchange: float = float("nan")
-    e_ss_alpha: float = float("nan")
-    e_ss_beta: float = float("nan")
-
-    def write(self, node: Node) -> None:
-        values = {k: v for k, v in dataclasses.asdict(self).items()
-                  if not (isinstance(v, float) and v != v)}
-        node.group(self.group_name).attrs.update(values)
+    direct: float | None = None
+    exchange: float | None = None
+    e_ss_alpha: float | None = None
+    e_ss_beta: float | None = None
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pyscf import gto, scf
+from pyscf import df, gto, lib, scf
 
+from dfmp2.disk import check_space
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.memory import format_size
 from dfmp2.record import ScfSection, StoredOrbitals
@@ -32,6 +34,8 @@ FP64_BYTES = 8
 # vectors in a file once they are large. A lower bound, used to refuse hopeless budgets early.
 SCF_SQUARE_MATRICES = {"rhf": 10, "uhf": 16}
 BYTES_PER_MB = 10**6
+# PySCF keeps the JK-fit tensor in memory when it takes less than this share of max_memory.
+JK_IN_MEMORY_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -72,10 +76,17 @@ def check_scf_memory(nao: int, reference: str, budget: int) -> None:
                          "is needed; raise --memory or use a smaller basis")
 
 
+def jk_tensor_bytes(mol: gto.Mole, jk_auxbasis: str | dict) -> int:
+    """Size of PySCF's JK-fit three-index tensor (naux x nao(nao+1)/2 doubles)."""
+    nao = mol.nao_nr()
+    return df.addons.make_auxmol(mol, jk_auxbasis).nao_nr() * nao * (nao + 1) // 2 * FP64_BYTES
+
+
 def new_scf(mol: gto.Mole, method: str, reference: str, jk_auxbasis: str | dict | None,
-            budget: int | None = None) -> scf.hf.SCF:
+            budget: int | None = None, jk_file: Path | None = None) -> scf.hf.SCF:
     """The PySCF SCF object: UHF or RHF (never ROHF), density-fitted with ``jk_auxbasis``
-    unless ``method`` is ``conventional``, within ``budget`` bytes, at our thresholds."""
+    unless ``method`` is ``conventional``, within ``budget`` bytes, at our thresholds. A JK
+    tensor larger than PySCF keeps in memory goes to ``jk_file`` (checked for room first)."""
     mf = scf.UHF(mol) if reference == "uhf" else scf.RHF(mol)
     if method == "df":
         mf = mf.density_fit(auxbasis=jk_auxbasis)
@@ -84,23 +95,32 @@ def new_scf(mol: gto.Mole, method: str, reference: str, jk_auxbasis: str | dict 
     mf.max_cycle = MAX_CYCLE
     mf.verbose = 0
     if budget is not None:
-        mf.max_memory = budget / BYTES_PER_MB
-        if getattr(mf, "with_df", None) is not None:
-            mf.with_df.max_memory = mf.max_memory
+        # PySCF's max_memory bounds the whole process; ours bounds what the calculation adds.
+        mf.max_memory = lib.current_memory()[0] + budget / BYTES_PER_MB
+        with_df = getattr(mf, "with_df", None)
+        if with_df is not None:
+            with_df.max_memory = mf.max_memory
+            nbytes = jk_tensor_bytes(mol, jk_auxbasis)
+            if nbytes >= JK_IN_MEMORY_SHARE * budget and jk_file is not None:
+                check_space(jk_file.parent, nbytes, "the SCF's JK-fit tensor")
+                with_df._cderi_to_save = str(jk_file)
     return mf
 
 
 def release_integrals(mf: scf.hf.SCF) -> None:
-    """Drop the SCF's JK-fit three-index tensor (about 1 GB for (H2O)16): MP2 never uses it."""
+    """Drop the SCF's JK-fit three-index tensor (about 1 GB for (H2O)16), in memory or in its
+    file: MP2 never uses it."""
     with_df = getattr(mf, "with_df", None)
     if with_df is not None:
         with_df.reset()
+        if isinstance(with_df._cderi_to_save, str):
+            Path(with_df._cderi_to_save).unlink(missing_ok=True)
 
 
 def run_scf(mol: gto.Mole, method: str, reference: str, jk_auxbasis: str | dict | None,
-            jk_name: str, budget: int | None = None) -> ScfResult:
-    """Converge the reference; running out of memory inside PySCF is a RunFailure."""
-    mf = new_scf(mol, method, reference, jk_auxbasis, budget)
+            jk_name: str, budget: int | None = None, jk_file: Path | None = None) -> ScfResult:
+    """Converge the reference; running out of memory or disk inside PySCF is a RunFailure."""
+    mf = new_scf(mol, method, reference, jk_auxbasis, budget, jk_file)
     cycles = 0
 
     def count_cycle(envs: dict) -> None:
@@ -113,6 +133,10 @@ def run_scf(mol: gto.Mole, method: str, reference: str, jk_auxbasis: str | dict 
     except MemoryError:
         raise RunFailure(f"the SCF ran out of memory ({mol.nao_nr()} basis functions); raise "
                          "--memory if the machine has more, or use a smaller basis") from None
+    except OSError as exc:
+        release_integrals(mf)
+        raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
+                         f"{exc.strerror or exc}") from None
     log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", reference, method, e_tot,
              cycles, mf.converged)
     section = ScfSection(float(e_tot), bool(mf.converged), cycles, method, reference, jk_name)

@@ -1,6 +1,8 @@
 """Every bad input of `dfmp2 run`: exit status 2, one `Error:` line on stderr, no traceback."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import molecule_path
@@ -82,3 +84,99 @@ def test_output_that_is_not_a_record(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", target)
     _assert_one_line_error(result, "not a dfmp2 run record")
     assert target.read_text() == "my notes"
+
+
+def _no_scf(monkeypatch):
+    import dfmp2.pipeline
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the SCF ran although the input could be refused before it")
+    monkeypatch.setattr(dfmp2.pipeline, "run_scf", refuse)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--frozen", "1000"), "cannot freeze 1000"),
+    (("--memory", "100KB"), "memory budget"),
+])
+def test_impossible_requests_are_refused_before_the_scf(args, fragment, run_cli, tmp_path,
+                                                          monkeypatch):
+    _no_scf(monkeypatch)
+    result = run_cli("run", molecule_path("benzene"), *args, "--backend", "torch",
+                     "-o", tmp_path / "o.h5")
+    _assert_one_line_error(result, fragment)
+    assert not (tmp_path / "o.h5").exists()
+
+
+def _water_cluster(copies: int) -> str:
+    atoms = molecule_path("water_16").read_text().splitlines()[2:50]
+    lines = []
+    for copy in range(copies):
+        for line in atoms:
+            symbol, x, y, z = line.split()
+            lines.append(f"{symbol} {float(x) + 12.0 * copy:.6f} {y} {z}")
+    return f"{len(lines)}\n\n" + "\n".join(lines) + "\n"
+
+
+def test_a_thousand_atoms_in_one_gigabyte_is_refused_before_the_scf(run_cli, tmp_path,
+                                                                      monkeypatch):
+    _no_scf(monkeypatch)
+    path = tmp_path / "cluster.xyz"
+    path.write_text(_water_cluster(21))
+    result = run_cli("run", path, "--memory", "1GB", "--backend", "torch", "-o",
+                     tmp_path / "o.h5")
+    _assert_one_line_error(result, "too small for the SCF")
+
+
+def test_ten_thousand_atoms_end_in_one_error_line(run_cli, tmp_path, monkeypatch):
+    _no_scf(monkeypatch)
+    lines = "".join(f"He {x * 3.0:.1f} {y * 3.0:.1f} {z * 3.0:.1f}\n"
+                    for x in range(22) for y in range(22) for z in range(22))
+    path = tmp_path / "helium.xyz"
+    path.write_text("10000\n\n" + "".join(lines.splitlines(keepends=True)[:10000]))
+    result = run_cli("run", path, "--memory", "8GB", "--backend", "torch", "-o",
+                     tmp_path / "o.h5")
+    _assert_one_line_error(result, "too small for the SCF")
+
+
+def test_lithium_runs_with_a_generated_jk_fit(run_cli, tmp_path):
+    """cc-pVDZ-JKFIT has no lithium; PySCF's even-tempered set takes its place, as PySCF's
+    make_auxbasis does."""
+    from pyscf import df, gto, scf
+    from pyscf.mp import dfump2
+    mol = gto.M(atom="Li 0 0 0", basis="cc-pvdz", spin=1, verbose=0)
+    mf = scf.UHF(mol).density_fit(auxbasis=df.make_auxbasis(mol))
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-7
+    mf.kernel()
+    pt = dfump2.DFUMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
+    pt.verbose = 0
+    pt.kernel(with_t2=False)
+    path = tmp_path / "li.xyz"
+    path.write_text("1\nmultiplicity=2\nLi 0 0 0\n")
+    result = run_cli("run", path, "--backend", "torch", "--json", "-o", tmp_path / "li.h5")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert abs(summary["e_scf"] - mf.e_tot) <= 1e-9
+    assert abs(summary["e_corr"] - pt.e_corr) <= 1e-8
+
+
+def test_compare_on_a_record_without_inputs(run_cli, tmp_path):
+    import h5py
+    record = tmp_path / "w.h5"
+    assert run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                   "-o", record).code == 0
+    with h5py.File(record, "r+") as h5:
+        del h5["input"]
+    result = run_cli("compare", record, "--reference", "pyscf")
+    _assert_one_line_error(result, "has no /input group")
+
+
+def test_verbosity_is_accepted_on_every_subcommand(run_cli, tmp_path, caplog):
+    import logging
+    record = tmp_path / "w.h5"
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                     "-v", "-o", record)
+    assert result.code == 0, result.err
+    assert any(r.levelno == logging.INFO for r in caplog.records)
+    for command in (("show", record, "-v"), ("compare", record, "-vv")):
+        assert run_cli(*command).code == 0

@@ -55,7 +55,7 @@ def test_two_ranks_match_one_process(tmp_path):
         assert pairs[0] and pairs[1], "both ranks computed block pairs"
         assert len(pairs[0]) + len(pairs[1]) == 5 * 6 // 2
         assert h5["plan"].attrs["out_of_core"]
-    assert not list(tmp_path.glob(".dfmp2-scratch-*"))
+    assert not list(tmp_path.glob(".two.h5.*"))
 
 
 def _pairs_done(record) -> int:
@@ -117,3 +117,32 @@ def test_batch_under_torchrun_spreads_molecules(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (out / "summary-shard-0-of-2.csv").exists() and (out / "summary-shard-1-of-2.csv").exists()
     assert len(list(out.glob("*.h5"))) == 3
+
+
+def test_two_ranks_resume_with_a_new_block_size(tmp_path):
+    """A record interrupted with blocks of one orbital, resumed by two ranks with blocks of
+    two: the plan is reconciled with the checkpoint once, on rank 0, before either rank
+    starts, so no rank keeps pairs of the old blocks."""
+    record = tmp_path / "dimer.h5"
+    args = [molecule_path("water_dimer"), "--basis", "cc-pvdz", "--backend", "torch",
+            "--threads", "1", "--json"]
+    single = subprocess.run([python_exe(), "-m", "dfmp2", "run", *map(str, args), "--occ-block",
+                             "1", "-o", str(record)], capture_output=True, text=True,
+                            timeout=JOB_TIMEOUT_SECONDS, env=environment())
+    assert single.returncode == 0, single.stderr
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "running"
+        del h5["mp2"]
+        pairs, sums = h5["checkpoint/pairs"][:7], h5["checkpoint/sums"][:7]
+        del h5["checkpoint/pairs"], h5["checkpoint/sums"]
+        h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums
+    resumed = subprocess.run(torchrun(2, *args, "--occ-block", "2", "-o", record),
+                             capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+                             env=environment())
+    assert resumed.returncode == 0, resumed.stderr
+    line = [entry for entry in resumed.stdout.splitlines() if entry.strip()][0]
+    assert abs(json.loads(line)["e_corr"] - json.loads(single.stdout)["e_corr"]) <= 1e-10
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
+        assert h5["checkpoint"].attrs["occ_block"] == 2
+        assert len(h5["checkpoint/pairs"]) == 5 * 6 // 2

@@ -82,3 +82,57 @@ def test_scs_and_sos_arithmetic(run_cli, tmp_path):
                       "-o", tmp_path / "d.h5")
     d = json.loads(default.out)
     assert d["e_scs"] == pytest.approx(1.2 * d["e_os"] + d["e_ss"] / 3, abs=1e-14)
+
+
+def test_compare_against_pyscf_uses_the_records_uhf_reference(run_cli, tmp_path):
+    """compare --reference pyscf once built RHF (PySCF's ROHF for spin > 0): 48 mEh off."""
+    record = tmp_path / "oh.h5"
+    assert run_cli("run", molecule_path("hydroxyl"), "--backend", "torch", "--frozen-core",
+                   "-o", record).code == 0
+    result = run_cli("compare", record, "--reference", "pyscf", "--json")
+    assert result.code == 0, result.err
+    row = json.loads(result.out)[0]
+    assert abs(row["delta_e_corr"]) < 1e-8 and abs(row["delta_e_tot"]) < 1e-8
+    reference = pyscf_dfump2("hydroxyl", 1, frozen=1)
+    assert abs(row["e_corr"] - reference.e_corr) <= 1e-8
+
+
+def test_compare_recomputes_a_generated_auxiliary_basis(run_cli, tmp_path):
+    """Iodine has no def2-svp-ri partner in PySCF: the RI set is generated, and compare
+    rebuilds it from the record instead of reading it back from a string."""
+    from pathlib import Path
+    ch3i = Path(__file__).resolve().parent / "hostile" / "methyl_iodide.xyz"
+    record = tmp_path / "ch3i.h5"
+    assert run_cli("run", ch3i, "--basis", "def2-svp", "--frozen-core", "--backend", "torch",
+                   "-o", record).code == 0
+    result = run_cli("compare", record, "--reference", "pyscf", "--json")
+    assert result.code == 0, result.err
+    assert abs(json.loads(result.out)[0]["delta_e_tot"]) < 1e-8
+
+
+def test_bench_on_an_open_shell_is_uhf_on_both_sides(run_cli, tmp_path):
+    """bench once ran ROHF for PySCF and counted singly occupied orbitals as doubly occupied
+    for dfmp2, so both sides agreed on a wrong number."""
+    record = tmp_path / "bench.h5"
+    result = run_cli("bench", molecule_path("hydroxyl"), "--frozen-core", "--json", "-o",
+                     record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["reference"] == "uhf"
+    assert summary["abs_delta_e"] < 1e-8
+    reference = pyscf_dfump2("hydroxyl", 1, frozen=1)
+    import h5py
+    with h5py.File(record, "r") as h5:
+        assert abs(h5["runs/dfmp2_e_corr"][0] - reference.e_corr) <= 1e-8
+        assert h5.attrs["command"].startswith("dfmp2 bench ")
+        assert "--frozen-core" in h5.attrs["command"]
+
+
+def test_a_restricted_open_shell_reference_is_refused_by_the_mp2_stage():
+    from dfmp2 import mp2
+    from dfmp2.errors import RunFailure
+    mf = scf.RHF(pyscf_molecule("hydroxyl", "sto-3g", spin=1))
+    mf.verbose = 0
+    mf.kernel()
+    with pytest.raises(RunFailure, match="ROHF"):
+        mp2.Orbitals(mf.mo_energy, mf.mo_coeff, mf.mo_occ).channels()

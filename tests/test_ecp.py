@@ -1,0 +1,86 @@
+"""Effective core potentials: bases that carry them use them by default, as PySCF does with
+``ecp=basis``; the frozen core honours them; the record says which; --ecp overrides."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h5py
+import pytest
+from pyscf import df, gto, scf
+from pyscf.data import elements
+from pyscf.mp import dfmp2 as pyscf_dfmp2
+
+HOSTILE = Path(__file__).resolve().parent / "hostile"
+METHYL_IODIDE = HOSTILE / "methyl_iodide.xyz"
+
+
+def pyscf_ch3i(basis: str, ecp: str | None):
+    lines = METHYL_IODIDE.read_text().splitlines()
+    mol = gto.M(atom="\n".join(lines[2:]), basis=basis, ecp=ecp, verbose=0)
+    mf = scf.RHF(mol).density_fit()
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    mf.kernel()
+    assert mf.converged
+    pt = pyscf_dfmp2.DFMP2(mf, frozen=elements.chemcore(mol))
+    pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
+    pt.verbose = 0
+    pt.kernel(with_t2=False)
+    return mf, pt
+
+
+def test_def2_basis_brings_its_core_potential(run_cli, tmp_path):
+    mf, pt = pyscf_ch3i("def2-svp", "def2-svp")
+    record = tmp_path / "ch3i.h5"
+    result = run_cli("run", METHYL_IODIDE, "--basis", "def2-svp", "--frozen-core", "--check",
+                     "--backend", "torch", "--json", "-o", record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert abs(summary["e_scf"] - mf.e_tot) <= 1e-9
+    assert summary["e_scf"] == pytest.approx(-336.23, abs=0.01)
+    assert abs(summary["e_corr"] - pt.e_corr) <= 1e-8
+    assert summary["check_passed"]
+    with h5py.File(record, "r") as h5:
+        assert json.loads(h5["input"].attrs["ecp"]) == {"I": "def2-svp"}
+        assert h5["input"].attrs["frozen"] == 5
+        assert "even-tempered" in h5["input"].attrs["auxbasis"]
+        assert len(h5["input"].attrs["auxbasis"]) < 80
+
+
+def test_ecp_none_runs_all_electron_with_a_warning(run_cli, tmp_path, caplog):
+    result = run_cli("run", METHYL_IODIDE, "--basis", "def2-svp", "--ecp", "none",
+                     "--frozen-core", "--backend", "torch", "--json", "-o", tmp_path / "ae.h5")
+    assert result.code == 0, result.err
+    assert any("all-electron" in r.getMessage() and r.levelname == "WARNING"
+               for r in caplog.records)
+    summary = json.loads(result.out)
+    assert summary["e_scf"] < -2000
+    with h5py.File(tmp_path / "ae.h5", "r") as h5:
+        assert json.loads(h5["input"].attrs["ecp"]) == {}
+        assert h5["input"].attrs["frozen"] == 19
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--ecp", "cc-pvdz"), "has no core potential for any of"),
+    (("--ecp", ""), "--ecp needs a name"),
+])
+def test_bad_ecp_is_refused(args, fragment, run_cli, tmp_path):
+    result = run_cli("run", METHYL_IODIDE, "--basis", "def2-svp", *args, "--backend", "torch",
+                     "-o", tmp_path / "x.h5")
+    assert result.code == 2
+    assert result.err.startswith("Error:") and fragment in result.err
+    assert len(result.err.strip().splitlines()) == 1
+
+
+def test_explicit_ecp_name_on_another_basis(run_cli, tmp_path):
+    """An ECP set named by --ecp applies to the elements it covers (here lanl2dz on iodine
+    with the def2-svp basis): the same molecule PySCF builds with ecp={'I': 'lanl2dz'}."""
+    lines = METHYL_IODIDE.read_text().splitlines()
+    mol = gto.M(atom="\n".join(lines[2:]), basis="def2-svp", ecp={"I": "lanl2dz"}, verbose=0)
+    mf = scf.RHF(mol).density_fit()
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    mf.kernel()
+    result = run_cli("run", METHYL_IODIDE, "--basis", "def2-svp", "--ecp", "lanl2dz",
+                     "--backend", "torch", "--json", "-o", tmp_path / "l.h5")
+    assert result.code == 0, result.err
+    assert abs(json.loads(result.out)["e_scf"] - mf.e_tot) <= 1e-9

@@ -1,0 +1,296 @@
+"""What happens to records when things go wrong: full disks, two runs on one record, errors
+after the SCF, signals, and batch reruns with changed options."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import h5py
+import pytest
+
+from conftest import MOLECULES, molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, \
+    pyscf_molecule, python_exe
+from dfmp2.errors import InputError
+from dfmp2.record import read_record
+
+TIMEOUT_SECONDS = 180
+POLL_SECONDS = 0.02
+# The fitted B of water/cc-pVDZ: 84 auxiliary functions x 5 occupied x 19 virtual, fp64.
+WATER_B_BYTES = 84 * 5 * 19 * 8
+
+
+def dfmp2_command(*args) -> list[str]:
+    return [python_exe(), "-m", "dfmp2", *map(str, args)]
+
+
+def run_with_file_limit(limit: int, *args, cwd: Path) -> subprocess.CompletedProcess:
+    """``dfmp2 run`` where no file may grow beyond ``limit`` bytes (``ulimit -f``): writes past
+    it fail with EFBIG, exactly as writes on a full disk fail with ENOSPC."""
+    def limit_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run(dfmp2_command("run", *args), capture_output=True, text=True,
+                          cwd=cwd, preexec_fn=limit_files, timeout=TIMEOUT_SECONDS, check=False)
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Temporary, lock and scratch files a run left behind."""
+    return sorted(p.name for p in folder.iterdir()
+                  if p.name.startswith(".") and p.suffix in (".tmp", ".lock", ".bin", ".h5"))
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------- full disk
+
+WATER_OUT_OF_CORE = (molecule_path("water"), "--scf", "conventional", "--memory", "100KB",
+                     "--backend", "torch", "-o", "w.h5")
+
+
+def test_full_disk_at_the_first_record_write(tmp_path):
+    result = run_with_file_limit(4000, *WATER_OUT_OF_CORE, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "cannot write the run record w.h5: File too large" in one_error_line(result.stderr)
+    assert not (tmp_path / "w.h5").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_full_disk_while_writing_the_scratch_file(tmp_path):
+    """The free-space check passes (B itself fits), then the file's header tips it over."""
+    result = run_with_file_limit(WATER_B_BYTES + 64, *WATER_OUT_OF_CORE, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "cannot write the scratch file" in one_error_line(result.stderr)
+    root = read_record(tmp_path / "w.h5")
+    assert root.attrs["status"] == "failed" and "scratch file" in root.attrs["error"]
+    assert leftovers(tmp_path) == []
+
+
+def test_too_little_room_for_the_scratch_file_is_said_before_writing(tmp_path):
+    result = run_with_file_limit(40_000, *WATER_OUT_OF_CORE, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "not enough disk space" in one_error_line(result.stderr)
+    assert read_record(tmp_path / "w.h5").attrs["status"] == "failed"
+    assert leftovers(tmp_path) == []
+
+
+def test_full_disk_at_a_checkpoint_leaves_a_failed_record(tmp_path):
+    """The record after the SCF (with the orbitals) no longer fits; a smaller one saying
+    'failed' still does."""
+    args = (molecule_path("water"), "--scf", "conventional", "--backend", "torch", "-o", "w.h5")
+    first = run_with_file_limit(10**7, *args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    full_size = (tmp_path / "w.h5").stat().st_size
+    (tmp_path / "w.h5").unlink()
+    result = run_with_file_limit(full_size - 2000, *args, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "cannot write the run record" in one_error_line(result.stderr)
+    root = read_record(tmp_path / "w.h5")
+    assert root.attrs["status"] == "failed" and "File too large" in root.attrs["error"]
+    assert leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------- concurrent runs
+
+def _pairs_done(record: Path) -> int:
+    try:
+        checkpoint = read_record(record).groups.get("checkpoint")
+    except InputError:
+        return 0
+    return 0 if checkpoint is None else len(checkpoint.datasets.get("pairs", []))
+
+
+def _wait_for_pairs(proc: subprocess.Popen, record: Path, count: int) -> None:
+    deadline = time.monotonic() + TIMEOUT_SECONDS
+    while _pairs_done(record) < count and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+    assert proc.poll() is None, "the run finished before the test could act on it"
+
+
+# 55 block pairs of one orbital each, a record save after every one: a run slow enough to
+# be caught in the middle of its energy step, with a quick (conventional) SCF.
+DIMER = (molecule_path("water_dimer"), "--scf", "conventional", "--backend", "torch",
+         "--occ-block", "1", "--json")
+DIMER_PAIRS = 10 * 11 // 2
+
+
+def test_a_second_run_on_a_record_in_use_is_refused(tmp_path, run_cli):
+    record = tmp_path / "dimer.h5"
+    first = subprocess.Popen(dfmp2_command("run", *DIMER, "-o", record),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_pairs(first, record, 2)
+    second = run_cli("run", *DIMER, "-o", record)
+    assert second.code == 2
+    line = one_error_line(second.err)
+    assert "in use by another dfmp2 run" in line and str(first.pid) in line
+    out, err = first.communicate(timeout=TIMEOUT_SECONDS)
+    assert first.returncode == 0, err
+    assert read_record(record).attrs["status"] == "complete"
+    assert json.loads(out)["status"] == "complete"
+    assert leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------- signals and scratch
+
+OUT_OF_CORE = ("--memory", "800KB")
+
+
+def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path):
+    record = tmp_path / "dimer.h5"
+    args = (*DIMER, *OUT_OF_CORE, "-o", record)
+    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    _wait_for_pairs(proc, record, 3)
+    assert [p for p in leftovers(tmp_path) if p.endswith(".bin")], "B is not out of core"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "terminated by signal SIGTERM" in one_error_line(err)
+    killed = read_record(record)
+    assert killed.attrs["status"] == "interrupted"
+    done = len(killed.groups["checkpoint"].datasets["pairs"])
+    assert leftovers(tmp_path) == []
+
+    resumed = subprocess.run(dfmp2_command("run", *args), capture_output=True, text=True,
+                             cwd=tmp_path, timeout=TIMEOUT_SECONDS)
+    assert resumed.returncode == 0, resumed.stderr
+    root = read_record(record)
+    assert root.attrs["status"] == "complete" and root.attrs["resumed"]
+    assert len(root.groups["checkpoint"].datasets["pairs"]) == DIMER_PAIRS > done
+    fresh = subprocess.run(dfmp2_command("run", *DIMER, "-o", tmp_path / "fresh.h5"),
+                           capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+    assert abs(json.loads(resumed.stdout)["e_corr"] - json.loads(fresh.stdout)["e_corr"]) <= 1e-10
+    assert leftovers(tmp_path) == []
+
+
+def test_sigkill_leaves_scratch_that_the_resume_reuses_then_removes(tmp_path):
+    record = tmp_path / "dimer.h5"
+    args = (*DIMER, *OUT_OF_CORE, "-o", record)
+    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    _wait_for_pairs(proc, record, 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    left = leftovers(tmp_path)
+    assert any(p.endswith(".bin") for p in left) and ".dimer.h5.lock" in left
+
+    resumed = subprocess.run(dfmp2_command("run", *args, "-v"), capture_output=True,
+                             text=True, cwd=tmp_path, timeout=TIMEOUT_SECONDS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "reusing the fitted B" in resumed.stderr
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert h5["timings"].attrs["integrals"] == 0.0
+    assert leftovers(tmp_path) == []
+
+
+def test_a_damaged_scratch_file_is_rebuilt(tmp_path):
+    record = tmp_path / "dimer.h5"
+    args = (*DIMER, *OUT_OF_CORE, "-o", record)
+    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    _wait_for_pairs(proc, record, 3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    scratch = next(p for p in tmp_path.iterdir() if p.suffix == ".bin")
+    with open(scratch, "r+b") as handle:
+        handle.truncate(scratch.stat().st_size // 2)
+    resumed = subprocess.run(dfmp2_command("run", *args, "-v"), capture_output=True,
+                             text=True, cwd=tmp_path, timeout=TIMEOUT_SECONDS)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "it will be rebuilt" in resumed.stderr
+    with h5py.File(record, "r") as h5:
+        assert h5["timings"].attrs["integrals"] > 0.0
+    assert leftovers(tmp_path) == []
+
+
+# --------------------------------------------------------------- failures after the SCF
+
+def test_an_error_after_the_scf_marks_the_record_failed(tmp_path, run_cli, monkeypatch):
+    import dfmp2.mp2
+    record = tmp_path / "w.h5"
+    real = dfmp2.mp2.fit_basis
+    monkeypatch.setattr(dfmp2.mp2, "fit_basis",
+                        lambda *a: (_ for _ in ()).throw(InputError("injected after the SCF")))
+    failed = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record)
+    assert failed.code == 2 and "injected after the SCF" in one_error_line(failed.err)
+    root = read_record(record)
+    assert root.attrs["status"] == "failed" and "injected" in root.attrs["error"]
+    monkeypatch.setattr(dfmp2.mp2, "fit_basis", real)
+
+    other = run_cli("run", molecule_path("water"), "--backend", "torch", "--frozen", "1",
+                    "--json", "-o", record)
+    assert other.code == 0, other.err
+    replaced = read_record(record)
+    assert replaced.attrs["status"] == "complete" and not replaced.attrs["resumed"]
+    assert replaced.groups["input"].attrs["frozen"] == 1
+
+
+def test_a_failed_record_with_the_same_options_resumes_its_scf(tmp_path, run_cli, monkeypatch):
+    import dfmp2.mp2
+    record = tmp_path / "w.h5"
+    real = dfmp2.mp2.fit_basis
+    monkeypatch.setattr(dfmp2.mp2, "fit_basis",
+                        lambda *a: (_ for _ in ()).throw(InputError("injected")))
+    assert run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record).code == 2
+    monkeypatch.setattr(dfmp2.mp2, "fit_basis", real)
+    again = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record)
+    assert again.code == 0, again.err
+    assert read_record(record).attrs["resumed"]
+
+
+# ----------------------------------------------------------------------- batch reruns
+
+def test_batch_rerun_with_changed_options_recomputes_and_keeps_the_old_record(tmp_path,
+                                                                             run_cli):
+    manifest = tmp_path / "jobs.txt"
+    out = tmp_path / "out"
+    manifest.write_text(f"{MOLECULES / 'water.xyz'} --frozen-core\n")
+    first = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
+    assert first.code == 0, first.err
+    frozen = json.loads(first.out)[0]
+
+    manifest.write_text(f"{MOLECULES / 'water.xyz'}\n")
+    second = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
+    assert second.code == 0, second.err
+    row = json.loads(second.out)[0]
+    assert row["status"] == "complete"
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz")), 0)
+    assert abs(row["e_corr"] - reference.e_corr) <= 1e-8
+    assert abs(row["e_corr"] - frozen["e_corr"]) > 1e-4
+    kept = sorted(out.glob("water-cc-pvdz.superseded-*.h5"))
+    assert len(kept) == 1
+    old = read_record(kept[0])
+    assert old.groups["input"].attrs["frozen"] == 1
+    assert old.groups["mp2"].attrs["e_corr"] == pytest.approx(frozen["e_corr"], abs=1e-12)
+
+    third = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
+    assert json.loads(third.out)[0]["status"] == "complete (skipped)"
+    assert json.loads(third.out)[0]["e_corr"] == pytest.approx(row["e_corr"], abs=1e-12)
+
+
+def test_batch_runs_the_good_lines_of_a_manifest_with_bad_ones(tmp_path, run_cli):
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{MOLECULES / 'water.xyz'} --basis sto-3g\n"
+                        f"missing.xyz\n"
+                        f"{MOLECULES / 'ammonia.xyz'} --basis sto-3g --fast\n"
+                        f"{MOLECULES / 'methane.xyz'} --basis sto-3g\n")
+    out = tmp_path / "out"
+    result = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
+    assert result.code == 1
+    assert "2 of 4 molecules failed" in one_error_line(result.err)
+    rows = {Path(r["molecule"]).name: r for r in json.loads(result.out)}
+    assert rows["water.xyz"]["status"] == rows["methane.xyz"]["status"] == "complete"
+    assert "does not exist" in rows["missing.xyz"]["error"]
+    assert "line 3" in rows["ammonia.xyz"]["error"] and "--fast" in rows["ammonia.xyz"]["error"]
+    assert read_record(out / "missing-cc-pvdz.h5").attrs["status"] == "failed"

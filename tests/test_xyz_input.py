@@ -1,0 +1,81 @@
+"""The XYZ comment line is read strictly, units are honoured, and common encodings pass."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyscf.lib import param
+
+from conftest import molecule_path
+from dfmp2.errors import InputError
+from dfmp2.xyz import parse_xyz, read_xyz
+
+WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
+
+
+@pytest.mark.parametrize("comment,fragment", [
+    ("multiplicity=-1", "multiplicity must be at least 1"),
+    ("multiplicity=0", "multiplicity must be at least 1"),
+    ("multiplicity=two", "is not an integer"),
+    ("charge=1.5", "is not an integer"),
+    ("charge=+1e0", "is not an integer"),
+    ("charge=0 charge=1", "given twice"),
+    ("units=furlong", "units='furlong'"),
+])
+def test_invalid_comment_values_are_refused(comment, fragment):
+    with pytest.raises(InputError, match=fragment):
+        parse_xyz(f"3\n{comment}\n{WATER_ATOMS}")
+
+
+def test_valid_comment_values():
+    geometry = parse_xyz(f"3\nwater, charge=+1; multiplicity=2 units=Angstrom\n{WATER_ATOMS}")
+    assert (geometry.charge, geometry.multiplicity) == (1, 2)
+    assert geometry.coords[1, 1] == 0.757
+
+
+def test_bohr_coordinates_give_the_angstrom_energy(run_cli, tmp_path):
+    in_bohr = "".join(f"{s} " + " ".join(f"{float(v) / param.BOHR:.12f}" for v in rest) + "\n"
+                      for s, *rest in (line.split() for line in WATER_ATOMS.splitlines()))
+    bohr = tmp_path / "bohr.xyz"
+    bohr.write_text(f"3\nunits=bohr\n{in_bohr}")
+    angstrom = tmp_path / "angstrom.xyz"
+    angstrom.write_text(f"3\n\n{WATER_ATOMS}")
+    assert read_xyz(bohr).coords[1, 1] == pytest.approx(0.757, abs=1e-11)
+    energies = []
+    for path in (bohr, angstrom):
+        result = run_cli("run", path, "--basis", "sto-3g", "--backend", "torch", "--json",
+                         "-o", tmp_path / f"{path.stem}.h5")
+        assert result.code == 0, result.err
+        energies.append(json.loads(result.out)["e_tot"])
+    assert abs(energies[0] - energies[1]) <= 1e-9
+
+
+def test_byte_order_mark_and_latin1_comment_are_accepted(tmp_path):
+    bom = tmp_path / "bom.xyz"
+    bom.write_bytes(b"\xef\xbb\xbf" + f"3\ncharge=0\n{WATER_ATOMS}".encode())
+    assert read_xyz(bom).natoms == 3
+    latin1 = tmp_path / "latin1.xyz"
+    latin1.write_bytes(f"3\nwater at 25 \xb0C, charge=0\n{WATER_ATOMS}".encode("latin-1"))
+    geometry = read_xyz(latin1)
+    assert geometry.natoms == 3 and "\u00b0C" in geometry.comment
+
+
+def test_non_utf8_atom_lines_are_still_refused(tmp_path):
+    path = tmp_path / "bad.xyz"
+    path.write_bytes(b"3\n\nO 0 0 0\nH\xff 0 0.757 0.587\nH 0 -0.757 0.587\n")
+    with pytest.raises(InputError, match="not valid UTF-8"):
+        read_xyz(path)
+
+
+def test_ten_thousand_atoms_are_checked_without_a_dense_distance_matrix():
+    count = 10_000
+    lines = "".join(f"He {x * 3.0:.1f} {y * 3.0:.1f} {z * 3.0:.1f}\n"
+                    for x in range(22) for y in range(22) for z in range(22))
+    lines = "".join(lines.splitlines(keepends=True)[:count])
+    geometry = parse_xyz(f"{count}\n\n{lines}")
+    assert geometry.natoms == count
+
+
+def test_bundled_molecules_keep_parsing():
+    for name in ("water", "hydroxyl", "water_16"):
+        assert read_xyz(molecule_path(name)).natoms > 0
