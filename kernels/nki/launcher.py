@@ -7,9 +7,9 @@ it from ``DFMP2_NKI_MODE``); a forced mode that is unavailable is an error:
   move to ``torch_xla.device()``, the ``@nki.jit`` kernel is called on them (a custom call
   compiled into a NEFF, cached by the Neuron persistent cache), and ``xm.mark_step()`` runs
   after every kernel so XLA never fuses two kernels into one graph.
-- ``simulator``: the real ``nki`` package imports: ``nki.simulate(kernel)(*arrays)``; it needs
-  ``NEURON_PLATFORM_TARGET_OVERRIDE=trn1`` in the environment (the simulator otherwise targets
-  trn3), which the command line sets.
+- ``simulator``: the real ``nki`` package imports: ``nki.simulate(kernel)(*arrays)``. The
+  simulator targets trn3 unless ``NEURON_PLATFORM_TARGET_OVERRIDE=trn1`` is in the environment;
+  dfmp2's command line sets it, a program using this module directly must.
 - ``interpreter``: ``kernels.nki.interpreter.simulate`` (always available when the real ``nki``
   is absent); a :class:`~kernels.nki.interpreter.Profile` accumulates instruction counts and an
   estimated trn1 time over every launch.
@@ -20,7 +20,6 @@ through :meth:`Launcher.kernel` after the interpreter has been installed when it
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections import Counter
 from typing import Any
@@ -30,8 +29,6 @@ import numpy as np
 MODES = ("hardware", "simulator", "interpreter")
 EXECUTORS = {"hardware": "nki-hardware", "simulator": "nki-simulator",
              "interpreter": "nki-interpreter"}
-# The real simulator targets trn3 unless this says otherwise; the command line sets it.
-PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 
 # kernel name -> (module under kernels.nki, function name)
 KERNELS = {
@@ -151,9 +148,6 @@ class Launcher:
             if not interpreter.install():
                 raise NkiUnavailable("the interpreter could not be installed as `nki`")
             self.profile = interpreter.Profile()
-        elif mode == "simulator" and os.environ.get(PLATFORM_ENV) != "trn1":
-            raise NkiUnavailable(f"the NKI simulator would target trn3: set {PLATFORM_ENV}=trn1 "
-                                 "(dfmp2's command line does)")
         else:
             import torch_xla
             self._device = torch_xla.device()
