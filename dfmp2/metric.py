@@ -11,15 +11,20 @@ from pyscf import gto
 
 log = logging.getLogger(__name__)
 
-# Eigenvalues of J below this are treated as linear dependence (PySCF's DF-MP2 uses the same).
-LINDEP_THRESHOLD = 1e-10
+# Eigenvalues of J below these are treated as linear dependence, as PySCF does: 1e-10 for the
+# MP2 fit (THRESH_LINDEP, pyscf/mp/dfmp2.py), 1e-7 for the SCF's JK fit (LINEAR_DEP_THR,
+# pyscf/df/incore.py).
+MP2_LINDEP_THRESHOLD = 1e-10
+JK_LINDEP_THRESHOLD = 1e-7
+CONDITION_ITERATIONS = 30
 
 
 @dataclass
 class FitMetric:
     """J = L L^T (``cholesky``: ``factor`` is L) or, when J is not positive definite,
     J^-1 ~ U e^-1 U^T over eigenvalues above the threshold (``eigen``: ``factor`` = U e^-1/2,
-    naux x naux_fit). Either way B = L^-1 Y or B = factor^T Y, always in fp64."""
+    naux x naux_fit). Either way B = L^-1 Y or B = factor^T Y, always in fp64. ``condition``
+    is cond(J): exact for ``eigen``, LAPACK's estimate cond(L)^2 for ``cholesky``."""
 
     kind: str
     factor: torch.Tensor
@@ -28,20 +33,35 @@ class FitMetric:
     condition: float
 
 
-def build_metric(auxmol: gto.Mole) -> FitMetric:
+def build_metric(auxmol: gto.Mole, lindep: float = MP2_LINDEP_THRESHOLD) -> FitMetric:
     j2c = auxmol.intor("int2c2e", hermi=1)
     naux = j2c.shape[0]
     try:
         lower = scipy.linalg.cholesky(j2c, lower=True, check_finite=False)
     except scipy.linalg.LinAlgError:
         eigval, eigvec = np.linalg.eigh(j2c)
-        keep = eigval > LINDEP_THRESHOLD
+        keep = eigval > lindep
         condition = float(abs(eigval).max() / abs(eigval).min())
         log.warning("auxiliary metric is not positive definite (condition %.2e): keeping %d of "
                     "%d fit vectors", condition, int(keep.sum()), naux)
         factor = eigvec[:, keep] / np.sqrt(eigval[keep])
         return FitMetric("eigen", torch.from_numpy(np.ascontiguousarray(factor)), naux,
                          int(keep.sum()), condition)
-    diag = np.diag(lower)
-    condition = float((diag.max() / diag.min()) ** 2)
-    return FitMetric("cholesky", torch.from_numpy(lower), naux, naux, condition)
+    return FitMetric("cholesky", torch.from_numpy(lower), naux, naux,
+                     estimated_condition(j2c, lower))
+
+
+def estimated_condition(j2c: np.ndarray, lower: np.ndarray,
+                        iterations: int = CONDITION_ITERATIONS) -> float:
+    """cond(J) = lambda_max / lambda_min from power iteration on J and on J^-1 (through the
+    Cholesky factor): O(naux^2) per step where an eigensolver would cost O(naux^3)."""
+    rng = np.random.default_rng(0)
+    top = bottom = rng.standard_normal(j2c.shape[0])
+    for _ in range(iterations):
+        top = j2c @ top
+        top /= np.linalg.norm(top)
+        bottom = scipy.linalg.cho_solve((lower, True), bottom, check_finite=False)
+        bottom /= np.linalg.norm(bottom)
+    largest = float(top @ j2c @ top)
+    smallest = float(bottom @ j2c @ bottom)
+    return largest / smallest if smallest > 0 else float("inf")
