@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import types
@@ -9,7 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from kernels.nki.interpreter import Estimate, Profile, active, install, simulate
+from kernels.nki.interpreter import (Estimate, Profile, active, install, installed, simulate,
+                                     uninstall)
 
 if not install():
     pytest.skip("the real nki is installed: these tests target the interpreter",
@@ -225,4 +227,62 @@ def test_install_defers_to_a_real_nki(monkeypatch):
     monkeypatch.setitem(sys.modules, "nki", real)
     assert not active()
     assert install() is False
+    assert sys.modules["nki"] is real
+
+
+NKI_NAMES = ("nki", "nki.language", "nki.isa")
+
+
+@pytest.fixture
+def no_nki(monkeypatch):
+    """sys.modules without any nki module for the test; monkeypatch restores the stand-ins."""
+    for name in NKI_NAMES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+def test_uninstall_removes_what_install_added(no_nki):
+    assert install() is True and active()
+    assert importlib.import_module("nki.isa") is nisa
+    assert uninstall() is True
+    assert not active() and not any(name in sys.modules for name in NKI_NAMES)
+    assert uninstall() is False  # nothing left to undo
+
+
+def test_uninstall_puts_back_the_module_that_was_there(no_nki, monkeypatch):
+    placeholder = types.ModuleType("nki")  # importable but no jit: not the real nki
+    monkeypatch.setitem(sys.modules, "nki", placeholder)
+    assert install() is True and sys.modules["nki"] is not placeholder
+    assert uninstall() is True
+    assert sys.modules["nki"] is placeholder
+    assert "nki.language" not in sys.modules and "nki.isa" not in sys.modules
+
+
+def test_uninstall_leaves_a_name_someone_rebound(no_nki, monkeypatch):
+    install()
+    other = types.ModuleType("nki.isa")
+    monkeypatch.setitem(sys.modules, "nki.isa", other)
+    assert uninstall() is True
+    assert sys.modules["nki.isa"] is other and "nki" not in sys.modules
+
+
+def test_installed_scopes_the_stand_in_to_a_block(no_nki):
+    with installed() as now_active:
+        assert now_active and active()
+        assert importlib.import_module("nki.language") is nl
+    assert not active() and not any(name in sys.modules for name in NKI_NAMES)
+
+
+def test_installed_keeps_an_earlier_install():
+    assert active()
+    with installed() as now_active:
+        assert now_active
+    assert active() and sys.modules["nki.language"] is nl
+
+
+def test_installed_defers_to_a_real_nki(monkeypatch):
+    real = types.ModuleType("nki")
+    real.jit = lambda f: f
+    monkeypatch.setitem(sys.modules, "nki", real)
+    with installed() as now_active:
+        assert now_active is False
     assert sys.modules["nki"] is real

@@ -1,11 +1,12 @@
-"""Interpreter numerics: memory fill, RNE rounding of narrow types, PSUM accumulation, ops."""
+"""Interpreter numerics: memory fill, RNE rounding of narrow types, PSUM accumulation, ops, and
+the legal forms of NKI 0.3.0 that the interpreter once rejected."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kernels.nki.interpreter import install, simulate
+from kernels.nki.interpreter import Profile, install, simulate
 
 if not install():
     pytest.skip("the real nki is installed: these tests target the interpreter",
@@ -20,10 +21,9 @@ F32 = np.float32
 
 @nki.jit
 def fresh_memory(a):
+    """Outputs nothing writes (reading never-written SBUF / PSUM is a rule error instead)."""
     out_f = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
     out_i = nl.ndarray((4, 8), dtype=nl.int32, buffer=nl.shared_hbm)
-    nl.store(out_f, nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf))
-    nl.store(out_i, nl.ndarray((4, 8), dtype=nl.int32, buffer=nl.sbuf))
     return out_f, out_i
 
 
@@ -113,8 +113,8 @@ def psum_modes(a_t, b, mode):
     elif mode == "none":
         for _ in nl.affine_range(3):
             nisa.nc_matmul(ps, lhs, rhs)
-    elif mode == "partial":  # top half pre-written: it accumulates, bottom half is overwritten
-        nisa.memset(dst=ps[0:2, :], value=10.0)
+    elif mode == "partial":  # top half matmul-written: it accumulates, bottom half is overwritten
+        nisa.nc_matmul(ps[0:2, :], lhs[:, 0:2], rhs, accumulate=False)
         nisa.nc_matmul(ps, lhs, rhs)
     res = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=res, src=ps)
@@ -126,7 +126,7 @@ def psum_modes(a_t, b, mode):
     ("false", lambda p: p),
     ("explicit", lambda p: 2 * p),
     ("none", lambda p: 3 * p),
-    ("partial", lambda p: p + np.array([[10.0], [10.0], [0.0], [0.0]], F32)),
+    ("partial", lambda p: p + np.vstack([p[0:2], np.zeros_like(p[2:])])),
 ])
 def test_psum_accumulate_semantics(mode, expected):
     rng = np.random.default_rng(2)
@@ -215,7 +215,7 @@ def index_styles(a):
     i_f = nl.arange(8)[None, :]
     for b in nl.affine_range(2):
         t = nl.load(a[b, nl.ds(0, 4), 0:8])
-        u = nl.load(a[b][i_p, 8 + i_f])
+        u = nl.load(a[b, i_p, 8 + i_f])
         nl.store(out[b], nl.add(t, u))
     return out
 
@@ -253,3 +253,115 @@ def test_misc_ops():
     np.testing.assert_array_equal(copied, a)
     np.testing.assert_array_equal(filled, np.full((3, 4), 2, np.int32))
     np.testing.assert_allclose(product, a.T @ b)
+
+
+@nki.jit
+def subtract_reductions(a):
+    """tensor_reduce with nl.subtract (a legal reduction operator) over one and two axes."""
+    rows, mid = a.shape[0], a.shape[1]
+    x = nl.load(a)
+    over_last = nl.ndarray((rows, mid), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=over_last, op=nl.subtract, data=x, axis=2)
+    over_both = nl.ndarray((rows, 1, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=over_both, op=nl.subtract, data=x, axis=(1, 2), keepdims=True)
+    out_last = nl.ndarray((rows, mid), dtype=nl.float32, buffer=nl.shared_hbm)
+    out_both = nl.ndarray((rows, 1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out_last, over_last)
+    nl.store(out_both, over_both)
+    return out_last, out_both
+
+
+def test_tensor_reduce_subtract_folds_from_the_first_element():
+    a = np.random.default_rng(5).integers(-9, 10, (4, 3, 5)).astype(F32)
+    over_last, over_both = simulate(subtract_reductions)(a)
+    np.testing.assert_array_equal(over_last, a[:, :, 0] - a[:, :, 1:].sum(axis=2))
+    flat = a.reshape(4, -1)  # the reduced elements in row-major order
+    np.testing.assert_array_equal(over_both.reshape(4), flat[:, 0] - flat[:, 1:].sum(axis=1))
+
+
+@nki.jit
+def placed_tile(a):
+    """nl.ndarray(..., address=(partition_offset, free_offset)): explicit placement."""
+    out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf, address=(64, 4096))
+    nisa.dma_copy(dst=t, src=a)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_ndarray_accepts_an_address():
+    a = np.arange(64 * 8, dtype=F32).reshape(64, 8)
+    np.testing.assert_array_equal(simulate(placed_tile)(a), a)
+
+
+@nki.jit
+def copy_of_psum(a_t, b):
+    """nl.copy of a PSUM tile: a new tile in PSUM (NKI 0.3.0), made by one Scalar Engine
+    activation; only nisa.tensor_copy then brings it to SBUF."""
+    out = nl.ndarray((a_t.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    product = nl.matmul(nl.load(a_t), nl.load(b), transpose_x=True)
+    copied = nl.copy(product)
+    assert copied.buffer == nl.psum
+    res = nl.ndarray(copied.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=copied)
+    nl.store(out, res)
+    return out
+
+
+def test_nl_copy_of_a_psum_tile():
+    rng = np.random.default_rng(6)
+    a_t = rng.standard_normal((32, 16)).astype(F32)
+    b = rng.standard_normal((32, 24)).astype(F32)
+    profile = Profile()
+    np.testing.assert_allclose(simulate(copy_of_psum, profile=profile)(a_t, b), a_t.T @ b,
+                               rtol=1e-5, atol=1e-5)
+    assert profile.instructions["scalar"] == 1  # the copy is an activation(op=nl.copy)
+    assert profile.peak_psum_banks == 2
+
+
+@nki.jit
+def matmul_without_transpose_x(x, y):
+    """nl.matmul(x, y) = x @ y: the interpreter inserts the transpose of x, as NKI 0.3.0 does."""
+    out = nl.ndarray((x.shape[0], y.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    res = nl.ndarray((x.shape[0], y.shape[1]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=res, src=nl.matmul(nl.load(x), nl.load(y)))
+    nl.store(out, res)
+    return out
+
+
+def test_nl_matmul_without_transpose_x():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((64, 32)).astype(F32)
+    y = rng.standard_normal((32, 48)).astype(F32)
+    profile = Profile()
+    np.testing.assert_allclose(simulate(matmul_without_transpose_x, profile=profile)(x, y), x @ y,
+                               rtol=1e-5, atol=1e-5)
+    assert profile.transposes == 1  # the inserted Tensor Engine transpose of x
+    assert profile.instructions["tensor"] == 2 and profile.matmul_flops == 2 * 64 * 32 * 48
+
+
+@nki.jit
+def power_and_equal(a, b):
+    x, y = nl.load(a), nl.load(b)
+    results = (nl.power(x, y), nl.power(x, 2.0), nl.power(2.0, y), nl.equal(x, y),
+               nl.equal(x, 3.0, dtype=nl.uint8))
+    outs = []
+    for tile in results:
+        out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
+        nl.store(out, tile)
+        outs.append(out)
+    return tuple(outs)
+
+
+def test_nl_power_and_nl_equal():
+    a = np.array([[1.0, 2.0, 3.0], [4.0, 0.5, 3.0]], F32)
+    b = np.array([[2.0, 2.0, 0.5], [1.0, 3.0, 3.0]], F32)
+    profile = Profile()
+    power_tt, power_ts, power_st, equal_tt, equal_ts = simulate(power_and_equal, profile=profile)(a, b)
+    np.testing.assert_allclose(power_tt, a ** b, rtol=1e-6)
+    np.testing.assert_allclose(power_ts, a ** 2, rtol=1e-6)
+    np.testing.assert_allclose(power_st, 2.0 ** b, rtol=1e-6)
+    np.testing.assert_array_equal(equal_tt, (a == b).astype(F32))
+    assert equal_ts.dtype == np.uint8
+    np.testing.assert_array_equal(equal_ts, (a == 3.0).astype(np.uint8))
+    assert profile.instructions["gpsimd"] == 1  # tile ** tile runs on GpSimd (tensor_tensor notes)

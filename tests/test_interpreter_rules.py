@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -207,11 +211,6 @@ def k_matmul_shape(a, b):
 
 
 @nki.jit
-def k_nl_matmul(a, b):
-    nl.matmul(nl.load(a), nl.load(b))
-
-
-@nki.jit
 def k_transpose_limit(a):
     nl.transpose(nl.load(a))
 
@@ -382,13 +381,6 @@ def k_memset_type():
 
 
 @nki.jit
-def k_copy_from_psum():
-    ps = psum((128, 8))
-    nisa.memset(dst=ps, value=0.0)
-    nl.copy(ps)
-
-
-@nki.jit
 def k_hbm_operand(a):
     t = nl.load(a)
     nisa.tensor_tensor(dst=sbuf((128, 8)), data1=t, data2=a, op=nl.add)
@@ -397,6 +389,135 @@ def k_hbm_operand(a):
 @nki.jit
 def k_broadcast_shape(a):
     nl.broadcast_to(nl.load(a), shape=(4, 4))
+
+
+# ---- rules of NKI 0.3.0 source, slicing, engines and initialisation --------------------------
+
+def is_set(flag):
+    """A helper in a module written against NKI: traced with the kernel, so checked with it."""
+    return flag is not None
+
+
+@nki.jit
+def k_is(a, flag=None):
+    if flag is None:
+        return a
+    return a
+
+
+@nki.jit
+def k_is_in_helper(a):
+    if is_set(a):
+        return a
+    return a
+
+
+@nki.jit
+def k_nested_slice_tile(a):
+    t = nl.load(a)
+    nisa.memset(dst=t[0:64, :][0:32, :], value=0.0)
+
+
+@nki.jit
+def k_nested_slice_hbm(a):
+    nl.load(a[0:4][0:2, :])
+
+
+@nki.jit
+def k_accumulate_onto_memset(a, b):
+    ps = psum((64, 64))
+    nisa.memset(dst=ps, value=0.0)
+    nisa.nc_matmul(dst=ps, stationary=nl.load(a), moving=nl.load(b), accumulate=True)
+
+
+@nki.jit
+def k_accumulate_none_onto_copy(a, b):
+    ps = psum((64, 64))
+    nisa.tensor_copy(dst=ps, src=nl.load(b))
+    nisa.nc_matmul(dst=ps, stationary=nl.load(a), moving=nl.load(b))
+
+
+@nki.jit
+def k_gpsimd_copy_psum():
+    ps = psum((128, 8))
+    nisa.memset(dst=ps, value=0.0)
+    nisa.tensor_copy(dst=sbuf((128, 8)), src=ps, engine=nisa.engine.gpsimd)
+
+
+@nki.jit
+def k_gpsimd_tensor_tensor_psum(a):
+    ps = psum((128, 8))
+    nisa.memset(dst=ps, value=0.0)
+    nisa.tensor_tensor(dst=sbuf((128, 8)), data1=nl.load(a), data2=ps, op=nl.add,
+                       engine=nisa.engine.gpsimd)
+
+
+@nki.jit
+def k_gpsimd_memset_psum():
+    nisa.memset(dst=psum((128, 8)), value=0.0, engine=nisa.engine.gpsimd)
+
+
+@nki.jit
+def k_power_psum(a):
+    ps = psum((128, 8))
+    nisa.memset(dst=ps, value=2.0)
+    nl.power(ps, nl.load(a))  # nl.power runs on GpSimd by default
+
+
+@nki.jit
+def k_scalar_tensor_copy(a):
+    nisa.tensor_copy(dst=sbuf((128, 8)), src=nl.load(a), engine=nisa.engine.scalar)
+
+
+@nki.jit
+def k_scalar_memset():
+    nisa.memset(dst=nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf), value=0.0,
+                engine=nisa.engine.scalar)
+
+
+@nki.jit
+def k_hwdge_dtype(a):
+    t = nl.ndarray((4, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a, dge_mode=nisa.dge_mode.hwdge)
+
+
+@nki.jit
+def k_sbuf_uninitialized(a):
+    out = out_like((4, 8))
+    nl.store(out, nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf))
+    return out
+
+
+@nki.jit
+def k_sbuf_partly_written(a):
+    t = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t[0:4, 0:6], src=a)
+    nl.exp(t)
+
+
+@nki.jit
+def k_address_malformed():
+    nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.sbuf, address=(0,))
+
+
+@nki.jit
+def k_address_past_partitions():
+    nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.sbuf, address=(96, 0))
+
+
+@nki.jit
+def k_power_reduce(a):
+    nisa.tensor_reduce(dst=sbuf((128, 1)), op=nl.power, data=nl.load(a), axis=1)
+
+
+@nki.jit
+def k_equal_unbroadcast(a, b):
+    nl.equal(nl.load(a), nl.load(b))
+
+
+@nki.jit
+def k_equal_no_tile():
+    nl.equal(1.0, 1.0)
 
 
 # ---- kernel interface -----------------------------------------------------------------------
@@ -454,7 +575,6 @@ CASES = [
     (k_matmul_dst_sbuf, (arr(64, 64), arr(64, 64)), "matmul-buffer", "(64, 64)"),
     (k_matmul_dtype, (arr(64, 64), arr(64, 64)), "matmul-dtype", "(64, 64)"),
     (k_matmul_shape, (arr(64, 64), arr(32, 64)), "matmul-shape", "(32, 64)"),
-    (k_nl_matmul, (arr(64, 64), arr(64, 64)), "matmul-transpose-x", "(64, 64)"),
     (k_transpose_limit, (arr(128, 256),), "transpose-limit", "(128, 256)"),
     (k_transpose_buffer, (arr(64, 32),), "transpose-buffer", "(32, 64)"),
     (k_transpose_shape, (arr(32, 64),), "transpose-shape", "(64, 64)"),
@@ -484,9 +604,29 @@ CASES = [
     (k_reduce_axis, (arr(128, 4, 8),), "reduce-axis", "(128, 4, 8)"),
     (k_reduce_shape, (arr(128, 8),), "reduce-shape", "(128, 2)"),
     (k_memset_type, (), "memset-type", "(128, 8)"),
-    (k_copy_from_psum, (), "copy-from-psum", "(128, 8)"),
     (k_hbm_operand, (arr(128, 8),), "hbm-operand", "(128, 8)"),
     (k_broadcast_shape, (arr(2, 3),), "broadcast-shape", "(2, 3)"),
+    (k_is, (arr(4, 4),), "is-operator", "`is` in k_is"),
+    (k_is_in_helper, (arr(4, 4),), "is-operator", "`is not` in is_set"),
+    (k_nested_slice_tile, (arr(128, 8),), "nested-slice", "(64, 8)"),
+    (k_nested_slice_hbm, (arr(8, 8),), "nested-slice", "(4, 8)"),
+    (k_accumulate_onto_memset, (arr(64, 64), arr(64, 64)), "psum-accumulate-init", "(64, 64)"),
+    (k_accumulate_none_onto_copy, (arr(64, 64), arr(64, 64)), "psum-accumulate-init",
+     "accumulate=None"),
+    (k_gpsimd_copy_psum, (), "gpsimd-psum", "src (128, 8)"),
+    (k_gpsimd_tensor_tensor_psum, (arr(128, 8),), "gpsimd-psum", "data2 (128, 8)"),
+    (k_gpsimd_memset_psum, (), "gpsimd-psum", "dst (128, 8)"),
+    (k_power_psum, (arr(128, 8),), "gpsimd-psum", "data1 (128, 8)"),
+    (k_scalar_tensor_copy, (arr(128, 8),), "tensor-copy-engine", "scalar"),
+    (k_scalar_memset, (), "memset-engine", "scalar"),
+    (k_hwdge_dtype, (arr(4, 4),), "dma-hwdge-dtype", "nl.bfloat16"),
+    (k_sbuf_uninitialized, (arr(4, 8),), "sbuf-uninitialized", "(4, 8)"),
+    (k_sbuf_partly_written, (arr(4, 6),), "sbuf-uninitialized", "(4, 8)"),
+    (k_address_malformed, (), "address", "(0,)"),
+    (k_address_past_partitions, (), "address", "(64, 8)"),
+    (k_power_reduce, (arr(128, 8),), "unsupported-op", "nl.power"),
+    (k_equal_unbroadcast, (arr(1, 1), arr(128, 1)), "unbroadcast", "(128, 1)"),
+    (k_equal_no_tile, (), "operand-type", "nl.equal"),
     (k_return_sbuf, (arr(4, 4),), "output-buffer", "(4, 4)"),
     (k_return_private_hbm, (arr(4, 4),), "output-buffer", "(4, 4)"),
     (k_return_int, (arr(4, 4),), "output-type", "int"),
@@ -534,3 +674,46 @@ def test_rebinding_tiles_in_a_loop_frees_them():
 
     out = simulate(many_psum_tiles)(arr(4, 4))
     assert np.all(out == 0)
+
+
+def test_is_check_reaches_helper_modules_written_against_nki(tmp_path, monkeypatch):
+    """A kernel module calling helpers from another module, like kernels/nki/pair_reduction.py:
+    a helper module that imports nki is checked with the kernel; a plain Python one is not."""
+    (tmp_path / "rule_nki_helpers.py").write_text(textwrap.dedent("""
+        import nki.language as nl
+
+        def width(n):
+            return nl.tile_size.pmax if n is None else n
+    """))
+    (tmp_path / "rule_plain_helpers.py").write_text(textwrap.dedent("""
+        def width(n):
+            return 128 if n is None else n
+    """))
+    (tmp_path / "rule_kernels.py").write_text(textwrap.dedent("""
+        import nki
+        import nki.language as nl
+        import rule_nki_helpers
+        import rule_plain_helpers
+
+        @nki.jit
+        def via_nki_helper(a):
+            out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+            nl.store(out, nl.load(a[0:rule_nki_helpers.width(None), :]))
+            return out
+
+        @nki.jit
+        def via_plain_helper(a):
+            out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+            nl.store(out, nl.load(a[0:rule_plain_helpers.width(None), :]))
+            return out
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = ("rule_kernels", "rule_nki_helpers", "rule_plain_helpers")
+    try:
+        kernels = importlib.import_module("rule_kernels")
+        with pytest.raises(NKIRuleError, match=r"^\[is-operator\] `is` in width .*rule_nki_helpers"):
+            simulate(kernels.via_nki_helper)(arr(128, 4))
+        np.testing.assert_array_equal(simulate(kernels.via_plain_helper)(arr(128, 4)), arr(128, 4))
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)

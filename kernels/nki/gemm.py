@@ -43,25 +43,25 @@ def gemm_kernel(a_t, b):
 
     # The whole moving strip of b stays resident: tile k occupies columns k*N .. (k+1)*N.
     b_res = nl.ndarray((TILE_K, k_tiles * n_size), dtype=nl.float32, buffer=nl.sbuf)
-    for k in nl.affine_range(k_tiles):
+    for k in nl.static_range(k_tiles):
         nisa.dma_copy(dst=b_res[0:TILE_K, k * n_size:(k + 1) * n_size],
                       src=b[k * TILE_K:(k + 1) * TILE_K, 0:n_size])
 
-    for m in nl.affine_range(m_tiles):
+    for m in nl.static_range(m_tiles):
         acc = []
-        for n in nl.affine_range(n_tiles):
+        for n in nl.static_range(n_tiles):
             acc.append(nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
-        for k in nl.affine_range(k_tiles):
+        for k in nl.static_range(k_tiles):
             a_tile = nl.ndarray((TILE_K, TILE_M), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=a_tile,
                           src=a_t[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
-            for n in nl.affine_range(n_tiles):
+            for n in nl.static_range(n_tiles):
                 n0 = n * TILE_N
                 width = min(TILE_N, n_size - n0)
                 nisa.nc_matmul(dst=acc[n][0:TILE_M, 0:width], stationary=a_tile,
                                moving=b_res[0:TILE_K, k * n_size + n0:k * n_size + n0 + width],
                                accumulate=(k != 0))
-        for n in nl.affine_range(n_tiles):
+        for n in nl.static_range(n_tiles):
             n0 = n * TILE_N
             width = min(TILE_N, n_size - n0)
             c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)

@@ -57,12 +57,12 @@ def mp2_energy_kernel(t, denom_row, denom_col, lower_pairs):
     dcb = column_denominators(denom_col, n_col_orb, nvir, b_tiles)
     drs = row_denominators(denom_row, n_row_orb, nvir, a_tiles)
 
-    for i in nl.affine_range(n_row_orb):
-        for j in nl.affine_range(n_col_orb):
+    for i in nl.static_range(n_row_orb):
+        for j in nl.static_range(n_col_orb):
             if lower_pairs == 0 or j <= i:
                 # T_ij in SBUF: row tile at occupies columns at*nvir .. (at+1)*nvir.
                 t_sb = nl.ndarray((TILE_A, a_tiles * nvir), dtype=nl.float32, buffer=nl.sbuf)
-                for at in nl.affine_range(a_tiles):
+                for at in nl.static_range(a_tiles):
                     a0 = at * TILE_A
                     pa = min(TILE_A, nvir - a0)
                     nisa.dma_copy(dst=t_sb[0:pa, at * nvir:(at + 1) * nvir],

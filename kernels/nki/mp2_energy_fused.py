@@ -79,28 +79,28 @@ def mp2_energy_fused_kernel(b_row, b_col, denom_row, denom_col, lower_pairs):
         # one buffer each, reused by every orbital / pair (no double buffering of the big strips)
         brow = nl.ndarray((TILE_X, x_tiles * nvir), dtype=nl.float32, buffer=nl.sbuf)
         bcol = nl.ndarray((TILE_X, x_tiles * nvir), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.affine_range(n_row_orb):
+    for i in nl.static_range(n_row_orb):
         if resident:
-            for k in nl.affine_range(x_tiles):
+            for k in nl.static_range(x_tiles):
                 nisa.dma_copy(dst=brow[0:TILE_X, k * nvir:(k + 1) * nvir],
                               src=b_row[k * TILE_X:(k + 1) * TILE_X, i * nvir:(i + 1) * nvir])
-        for j in nl.affine_range(n_col_orb):
+        for j in nl.static_range(n_col_orb):
             if lower_pairs == 0 or j <= i:
                 if resident:
-                    for k in nl.affine_range(x_tiles):
+                    for k in nl.static_range(x_tiles):
                         nisa.dma_copy(dst=bcol[0:TILE_X, k * nvir:(k + 1) * nvir],
                                       src=b_col[k * TILE_X:(k + 1) * TILE_X,
                                                 j * nvir:(j + 1) * nvir])
 
                 # T_ij in SBUF: row tile at occupies columns at*nvir .. (at+1)*nvir.
                 t_sb = nl.ndarray((TILE_A, a_tiles * nvir), dtype=nl.float32, buffer=nl.sbuf)
-                for at in nl.affine_range(a_tiles):
+                for at in nl.static_range(a_tiles):
                     a0 = at * TILE_A
                     pa = min(TILE_A, nvir - a0)
                     acc = []
-                    for bt in nl.affine_range(b_tiles):
+                    for bt in nl.static_range(b_tiles):
                         acc.append(nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum))
-                    for k in nl.affine_range(x_tiles):
+                    for k in nl.static_range(x_tiles):
                         if resident:
                             stationary = brow[0:TILE_X, k * nvir + a0:k * nvir + a0 + pa]
                         else:
@@ -110,7 +110,7 @@ def mp2_energy_fused_kernel(b_row, b_col, denom_row, denom_col, lower_pairs):
                                           src=b_row[k * TILE_X:(k + 1) * TILE_X,
                                                     i * nvir + a0:i * nvir + a0 + pa])
                             stationary = st_tile[0:TILE_X, 0:pa]
-                        for bt in nl.affine_range(b_tiles):
+                        for bt in nl.static_range(b_tiles):
                             b0 = bt * TILE_B
                             wb = min(TILE_B, nvir - b0)
                             if resident:
@@ -124,7 +124,7 @@ def mp2_energy_fused_kernel(b_row, b_col, denom_row, denom_col, lower_pairs):
                                 moving = mv_tile[0:TILE_X, 0:wb]
                             nisa.nc_matmul(dst=acc[bt][0:pa, 0:wb], stationary=stationary,
                                            moving=moving, accumulate=(k != 0))
-                    for bt in nl.affine_range(b_tiles):
+                    for bt in nl.static_range(b_tiles):
                         b0 = bt * TILE_B
                         wb = min(TILE_B, nvir - b0)
                         nisa.tensor_copy(dst=t_sb[0:pa, at * nvir + b0:at * nvir + b0 + wb],

@@ -57,13 +57,13 @@ def mp2_energy_os_kernel(t, denom_row, denom_col):
     dcb = column_denominators(denom_col, 1, n_cols, c_tiles)
     drs = row_denominators(denom_row, 1, n_rows, r_tiles)
 
-    for rt in nl.affine_range(r_tiles):
+    for rt in nl.static_range(r_tiles):
         r0 = rt * TILE_R
         pr = min(TILE_R, n_rows - r0)
         dr_col = drs[0:pr, rt:rt + 1]
         t_sb = nl.ndarray((TILE_R, n_cols), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t_sb[0:pr, 0:n_cols], src=t[r0:r0 + pr, 0:n_cols])
-        for ct in nl.affine_range(c_tiles):
+        for ct in nl.static_range(c_tiles):
             c0 = ct * TILE_C
             wc = min(TILE_C, n_cols - c0)
             t_rc = t_sb[0:pr, c0:c0 + wc]

@@ -77,27 +77,27 @@ def mp2_energy_os_fused_kernel(b_row, b_col, denom_row, denom_col):
     if resident:
         # b_col block: k-tile k occupies columns k*n_cols .. (k+1)*n_cols; loaded once.
         bcol = nl.ndarray((TILE_X, x_tiles * n_cols), dtype=nl.float32, buffer=nl.sbuf)
-        for k in nl.affine_range(x_tiles):
+        for k in nl.static_range(x_tiles):
             nisa.dma_copy(dst=bcol[0:TILE_X, k * n_cols:(k + 1) * n_cols],
                           src=b_col[k * TILE_X:(k + 1) * TILE_X, 0:n_cols])
         # b_row strip of one row tile (one buffer, reused by every row tile)
         brow = nl.ndarray((TILE_X, x_tiles * TILE_R), dtype=nl.float32, buffer=nl.sbuf)
 
-    for rt in nl.affine_range(r_tiles):
+    for rt in nl.static_range(r_tiles):
         r0 = rt * TILE_R
         pr = min(TILE_R, n_rows - r0)
         dr_col = drs[0:pr, rt:rt + 1]
         if resident:
-            for k in nl.affine_range(x_tiles):
+            for k in nl.static_range(x_tiles):
                 nisa.dma_copy(dst=brow[0:TILE_X, k * TILE_R:k * TILE_R + pr],
                               src=b_row[k * TILE_X:(k + 1) * TILE_X, r0:r0 + pr])
-        for g in nl.affine_range(n_groups):
+        for g in nl.static_range(n_groups):
             ct0 = g * COL_GROUP
             n_ct = min(COL_GROUP, c_tiles - ct0)
             acc = []
-            for q in nl.affine_range(n_ct):
+            for q in nl.static_range(n_ct):
                 acc.append(nl.ndarray((TILE_R, TILE_C), dtype=nl.float32, buffer=nl.psum))
-            for k in nl.affine_range(x_tiles):
+            for k in nl.static_range(x_tiles):
                 if resident:
                     stationary = brow[0:TILE_X, k * TILE_R:k * TILE_R + pr]
                 else:
@@ -105,7 +105,7 @@ def mp2_energy_os_fused_kernel(b_row, b_col, denom_row, denom_col):
                     nisa.dma_copy(dst=st_tile[0:TILE_X, 0:pr],
                                   src=b_row[k * TILE_X:(k + 1) * TILE_X, r0:r0 + pr])
                     stationary = st_tile[0:TILE_X, 0:pr]
-                for q in nl.affine_range(n_ct):
+                for q in nl.static_range(n_ct):
                     c0 = (ct0 + q) * TILE_C
                     wc = min(TILE_C, n_cols - c0)
                     if resident:
@@ -118,7 +118,7 @@ def mp2_energy_os_fused_kernel(b_row, b_col, denom_row, denom_col):
                         moving = mv_tile[0:TILE_X, 0:wc]
                     nisa.nc_matmul(dst=acc[q][0:pr, 0:wc], stationary=stationary,
                                    moving=moving, accumulate=(k != 0))
-            for q in nl.affine_range(n_ct):
+            for q in nl.static_range(n_ct):
                 c0 = (ct0 + q) * TILE_C
                 wc = min(TILE_C, n_cols - c0)
                 t_ps = acc[q][0:pr, 0:wc]

@@ -20,8 +20,8 @@ def column_denominators(denom_col, n_col_orb, nvir, b_tiles):
     ones_row = nl.ndarray((1, TILE_A), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones_row, value=1.0)
     dcb = nl.ndarray((TILE_A, n_col_orb * nvir), dtype=nl.float32, buffer=nl.sbuf)
-    for j in nl.affine_range(n_col_orb):
-        for bt in nl.affine_range(b_tiles):
+    for j in nl.static_range(n_col_orb):
+        for bt in nl.static_range(b_tiles):
             b0 = bt * TILE_B
             wb = min(TILE_B, nvir - b0)
             dc_row = nl.ndarray((1, TILE_B), dtype=nl.float32, buffer=nl.sbuf)
@@ -38,8 +38,8 @@ def row_denominators(denom_row, n_row_orb, nvir, a_tiles):
     """denom_row ((n_row_orb*nvir), 1) as per-partition scalars: column i*a_tiles + at holds
     denom_row[(i, at*128 + p)] on partition p."""
     drs = nl.ndarray((TILE_A, n_row_orb * a_tiles), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.affine_range(n_row_orb):
-        for at in nl.affine_range(a_tiles):
+    for i in nl.static_range(n_row_orb):
+        for at in nl.static_range(a_tiles):
             a0 = at * TILE_A
             pa = min(TILE_A, nvir - a0)
             col = i * a_tiles + at
@@ -50,15 +50,15 @@ def row_denominators(denom_row, n_row_orb, nvir, a_tiles):
 
 def reduce_pair(t_sb, drs, dcb, part_sb, i, j, n_col_orb, nvir, a_tiles, b_tiles):
     """Add pair (i, j)'s direct and exchange partials into ``part_sb`` (TILE_A, slots)."""
-    for at in nl.affine_range(a_tiles):
+    for at in nl.static_range(a_tiles):
         a0 = at * TILE_A
         pa = min(TILE_A, nvir - a0)
         dr_col = drs[0:pa, i * a_tiles + at:i * a_tiles + at + 1]
-        for bt in nl.affine_range(b_tiles):
+        for bt in nl.static_range(b_tiles):
             b0 = bt * TILE_B
             wb = min(TILE_B, nvir - b0)
             partner = nl.ndarray((TILE_A, TILE_B), dtype=nl.float32, buffer=nl.psum)
-            for sub in nl.affine_range((wb + TILE_A - 1) // TILE_A):
+            for sub in nl.static_range((wb + TILE_A - 1) // TILE_A):
                 s0 = b0 + sub * TILE_A
                 ps = min(TILE_A, nvir - s0)
                 src_tile = s0 // TILE_A

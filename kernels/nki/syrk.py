@@ -39,28 +39,28 @@ def syrk_kernel(a_t):
     m_tiles = n_size // TILE_M
 
     a_res = nl.ndarray((TILE_K, k_tiles * n_size), dtype=nl.float32, buffer=nl.sbuf)
-    for k in nl.affine_range(k_tiles):
+    for k in nl.static_range(k_tiles):
         nisa.dma_copy(dst=a_res[0:TILE_K, k * n_size:(k + 1) * n_size],
                       src=a_t[k * TILE_K:(k + 1) * TILE_K, 0:n_size])
 
     zero_tile = nl.ndarray((TILE_M, n_size), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=zero_tile, value=0.0)
 
-    for m in nl.affine_range(m_tiles):
+    for m in nl.static_range(m_tiles):
         row_width = (m + 1) * TILE_M  # columns 0 .. row_width are on or below the diagonal
         n_tiles = (row_width + TILE_N - 1) // TILE_N
         acc = []
-        for n in nl.affine_range(n_tiles):
+        for n in nl.static_range(n_tiles):
             acc.append(nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
-        for k in nl.affine_range(k_tiles):
+        for k in nl.static_range(k_tiles):
             stationary = a_res[0:TILE_K, k * n_size + m * TILE_M:k * n_size + (m + 1) * TILE_M]
-            for n in nl.affine_range(n_tiles):
+            for n in nl.static_range(n_tiles):
                 n0 = n * TILE_N
                 width = min(TILE_N, row_width - n0)
                 nisa.nc_matmul(dst=acc[n][0:TILE_M, 0:width], stationary=stationary,
                                moving=a_res[0:TILE_K, k * n_size + n0:k * n_size + n0 + width],
                                accumulate=(k != 0))
-        for n in nl.affine_range(n_tiles):
+        for n in nl.static_range(n_tiles):
             n0 = n * TILE_N
             width = min(TILE_N, row_width - n0)
             c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)

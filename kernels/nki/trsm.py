@@ -44,17 +44,17 @@ def trsm_kernel(lt, dinv_t, b):
     # solved row blocks of the current strip: block j occupies columns j*STRIP .. j*STRIP + width
     # (one buffer reused by every strip, so n/128 * 2 KiB per partition bounds the SBUF use)
     x_res = nl.ndarray((TILE, n_blocks * STRIP), dtype=nl.float32, buffer=nl.sbuf)
-    for s in nl.affine_range(n_strips):
+    for s in nl.static_range(n_strips):
         c0 = s * STRIP
         width = min(STRIP, m_size - c0)
-        for k in nl.sequential_range(n_blocks):
+        for k in nl.static_range(n_blocks):
             b_tile = nl.ndarray((TILE, STRIP), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=b_tile[0:TILE, 0:width],
                           src=b[k * TILE:(k + 1) * TILE, c0:c0 + width])
             rhs = b_tile
             if k > 0:
                 update = nl.ndarray((TILE, STRIP), dtype=nl.float32, buffer=nl.psum)
-                for j in nl.affine_range(k):
+                for j in nl.static_range(k):
                     l_tile = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.dma_copy(dst=l_tile,
                                   src=lt[j * TILE:(j + 1) * TILE, k * TILE:(k + 1) * TILE])

@@ -1,6 +1,7 @@
 """The experimental ``nl.*`` compute helpers, built on the ``nisa`` instructions.
 
-Each returns a new tile (SBUF, or PSUM for ``nl.matmul`` / ``nl.transpose`` as in the docs).
+Each returns a new tile (SBUF; PSUM for ``nl.matmul`` / ``nl.transpose``, and ``nl.copy`` of a
+PSUM tile, as in the NKI 0.3.0 nki.language reference).
 Binary helpers do not broadcast tiles: shapes must match exactly (``nl.broadcast_to`` first).
 """
 
@@ -57,14 +58,11 @@ def activation(op: Op, x, dtype=None) -> Tensor:
 
 
 def copy(op: Op, x, dtype=None) -> Tensor:
-    """``nl.copy(x)``: SBUF -> new SBUF tile (cannot read PSUM in 0.3.0)."""
+    """``nl.copy(x)``: a new tile in x's buffer (SBUF or PSUM), written by one Scalar Engine
+    ``activation(op=nl.copy)``, as the NKI 0.3.0 nki.language.copy reference describes."""
     x = on_chip(x, "x")
-    if x.buffer is _buffers.psum:
-        raise NKIRuleError(
-            "copy-from-psum",
-            f"nl.copy cannot move PSUM tile {shape_str(x.shape)} to SBUF: use nisa.tensor_copy")
-    out = allocate(x.shape, _result_dtype(dtype, x), _buffers.sbuf)
-    isa.tensor_copy(dst=out, src=x)
+    out = allocate(x.shape, _result_dtype(dtype, x), x.buffer)
+    isa.activation(dst=out, op=op, data=x)
     return out
 
 
@@ -113,16 +111,25 @@ def transpose(x, dtype=None) -> Tensor:
 
 
 def matmul(x, y, transpose_x=False) -> Tensor:
-    """``x.T @ y`` into a new fp32 PSUM tile; only ``transpose_x=True`` is supported."""
+    """``x @ y`` (or ``x.T @ y`` with ``transpose_x=True``) into a new fp32 PSUM tile.
+
+    The Tensor Engine contracts over partitions, so without ``transpose_x`` x [M, K] is first
+    transposed (Tensor Engine into PSUM, then Vector Engine copy to SBUF), as the NKI 0.3.0
+    nki.language.matmul reference says: "an additional transpose will be inserted"."""
     x = on_chip(x, "x")
     y = on_chip(y, "y")
-    if transpose_x is not True:
-        raise NKIRuleError(
-            "matmul-transpose-x",
-            f"nl.matmul of {shape_str(x.shape)} and {shape_str(y.shape)} needs transpose_x=True "
-            "(x laid out as [K, M])",
-        )
-    _, m, n = isa.matmul_dims(x, y)
+    stationary = x if transpose_x else _transposed_in_sbuf(x)
+    _, m, n = isa.matmul_dims(stationary, y)
     out = allocate((m, n), float32, _buffers.psum)
-    isa.nc_matmul(dst=out, stationary=x, moving=y, accumulate=False)
+    isa.nc_matmul(dst=out, stationary=stationary, moving=y, accumulate=False)
     return out
+
+
+def _transposed_in_sbuf(x: Tensor) -> Tensor:
+    """x [P, F] as a new SBUF tile [F, P]: the stationary layout of nc_matmul."""
+    isa.check_transpose_limit(x, "tensor")
+    in_psum = allocate((x.free_size, x.partitions), x.dtype, _buffers.psum)
+    isa.nc_transpose(dst=in_psum, data=x)
+    in_sbuf = allocate(in_psum.shape, x.dtype, _buffers.sbuf)
+    isa.tensor_copy(dst=in_sbuf, src=in_psum)
+    return in_sbuf

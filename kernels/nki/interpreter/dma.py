@@ -16,7 +16,7 @@ from .tensor import Tensor, allocate
 
 
 class dge_mode(enum.Enum):
-    """DMA descriptor generation mode (accepted, has no effect in the interpreter)."""
+    """DMA descriptor generation mode; only ``hwdge``'s dtype rule has an effect here."""
 
     unknown = "unknown"
     none = "none"
@@ -109,11 +109,18 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
     if dst.buffer is _buffers.psum:
         raise NKIRuleError("dma-to-psum", f"dst {shape_str(dst.shape)} is a PSUM tile; DMA cannot write PSUM")
     _same_count(dst, src)
+    if dge_mode is _DGE.hwdge and dst.dtype is not src.dtype:
+        # HWDGE moves raw bytes without casting (NKI 0.3.0 update guide, dma_copy dge_mode).
+        raise NKIRuleError(
+            "dma-hwdge-dtype",
+            f"dma_copy(dge_mode=hwdge) from {src.dtype!r} src {shape_str(src.shape)} to "
+            f"{dst.dtype!r} dst {shape_str(dst.shape)}: hardware DGE needs equal dtypes",
+        )
     values = read(src, "src")
     if dst_rmw_op is not None:
         dst_rmw_op = canonical(dst_rmw_op)
         if not (isinstance(dst_rmw_op, Op) and dst_rmw_op.name == "add"):
             raise NKIRuleError("unsupported-op", f"dst_rmw_op must be nl.add or None, got {dst_rmw_op!r}")
-        values = dst.data.astype(np.float32) + values.reshape(dst.shape).astype(np.float32)
+        values = read(dst, "dst").astype(np.float32) + values.reshape(dst.shape).astype(np.float32)
     write(dst, values)
     _record(src, dst.dtype)

@@ -51,13 +51,30 @@ class reduce_cmd(enum.Enum):
 _REDUCE_IDLE = reduce_cmd.idle
 
 
-def _engine_name(selected: object, default: str, allowed: tuple[str, ...]) -> str:
+def _engine_name(selected: object, default: str, allowed: tuple[str, ...],
+                 rule: str = "unsupported", instruction: str = "this instruction") -> str:
+    """The engine an instruction runs on: ``selected``, or ``default`` for ``engine.unknown``
+    (the compiler's choice); an engine outside ``allowed`` breaks ``rule``."""
     if not isinstance(selected, engine):
         raise NKIRuleError("raw-enum", f"engine must be an nisa.engine member, got {selected!r}")
     name = default if selected is engine.unknown else selected.value
     if name not in allowed:
-        raise NKIRuleError("unsupported", f"this instruction cannot run on the {name} engine")
+        raise NKIRuleError(
+            rule, f"{instruction} cannot run on the {name} engine (supported: {', '.join(allowed)})")
     return name
+
+
+def _gpsimd_keeps_off_psum(where: str, instruction: str, **tiles) -> None:
+    """The GpSimd engine cannot access PSUM (nki.isa tensor_copy / tensor_tensor notes)."""
+    if where != "gpsimd":
+        return
+    for what, tile in tiles.items():
+        if tile.buffer is _buffers.psum:
+            raise NKIRuleError(
+                "gpsimd-psum",
+                f"{instruction} runs on the GpSimd engine, which cannot access PSUM, but {what} "
+                f"{shape_str(tile.shape)} is a PSUM tile",
+            )
 
 
 def _op(op: object, role: str, what: str = "op") -> Op:
@@ -122,21 +139,35 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NKIRuleError("matmul-dtype", f"dst must be float32, not {dst.dtype!r} ({shapes})")
     if accumulate not in (None, True, False):
         raise NKIRuleError("operand-type", f"accumulate must be None, True or False, got {accumulate!r}")
+    accumulate = None if accumulate is None else bool(accumulate)
     product = read_f32(stationary, "stationary").reshape(k, m).T @ read_f32(moving, "moving").reshape(k, n)
+    if accumulate is False or (accumulate is None and not dst.written.any()):
+        write(dst, product, by_tensor_engine=True)
+    elif dst.matmul_written.all():
+        dst.data[...] += product.reshape(dst.shape)
+    else:
+        _accumulate_partially(dst, product.reshape(dst.shape), accumulate)
+    current().profile.record_matmul(k, m, n, low_precision=stationary.dtype is not float32)
+
+
+def _accumulate_partially(dst, product: np.ndarray, accumulate: bool | None) -> None:
+    """A matmul adding onto a PSUM tile that not only matmuls wrote: ``True`` needs every element
+    matmul-written; ``None`` adds where anything wrote and overwrites the rest. Adding onto what
+    another instruction (memset, tensor_copy, ...) wrote is undefined on NeuronCore-v2/v3."""
     written = dst.written
-    if accumulate is not None and accumulate and not written.all():
+    if accumulate and not written.all():
         raise NKIRuleError(
             "psum-uninitialized",
             f"accumulate=True into PSUM tile {shape_str(dst.shape)} with never-written elements",
         )
-    if (accumulate is not None and not accumulate) or not written.any():
-        write(dst, product)
-    elif written.all():
-        dst.data[...] += product.reshape(dst.shape)
-    else:
-        old = dst.data.reshape(m, n)
-        write(dst, np.where(written.reshape(m, n), old + product, product))
-    current().profile.record_matmul(k, m, n, low_precision=stationary.dtype is not float32)
+    if (written & ~dst.matmul_written).any():
+        raise NKIRuleError(
+            "psum-accumulate-init",
+            f"nc_matmul (accumulate={accumulate}) would add onto PSUM tile {shape_str(dst.shape)} "
+            "where a non-matmul instruction (memset, tensor_copy, ...) wrote the values: undefined "
+            "on NeuronCore-v2/v3; start the accumulation with accumulate=False",
+        )
+    write(dst, np.where(written, dst.data + product, product), by_tensor_engine=True)
 
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
@@ -156,7 +187,8 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
         raise NKIRuleError(
             "transpose-dtype",
             f"dst {shape_str(dst.shape)} {dst.dtype!r} must have the dtype of data {data.dtype!r}")
-    write(dst, read_f32(data, "data").reshape(p, f).T)
+    # A Tensor Engine transpose is a matmul against an identity: its PSUM output is matmul-written.
+    write(dst, read_f32(data, "data").reshape(p, f).T, by_tensor_engine=where == "tensor")
     profile = current().profile
     if where == "tensor":
         profile.record_transpose(p, f, low_precision=data.dtype is not float32)
@@ -168,19 +200,36 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None) -> None:
     """dst = src between SBUF/PSUM tiles, casting through fp32 with RNE."""
     dst = on_chip(dst, "dst")
     src = on_chip(src, "src")
-    where = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"))
+    # NeuronCore-v2 (trn1) has no Scalar Engine tensor_copy (nki.isa.tensor_copy notes).
+    where = _engine_name(engine, "vector", ("vector", "gpsimd"), "tensor-copy-engine",
+                         f"tensor_copy of {shape_str(src.shape)} on trn1 (NeuronCore-v2; the "
+                         "Scalar engine copies with nisa.activation(op=nl.copy))")
+    _gpsimd_keeps_off_psum(where, "tensor_copy", dst=dst, src=src)
     same_layout(dst, src, "dst", "src")
     values = read(src, "src") if src.dtype is dst.dtype else read_f32(src, "src")
     write(dst, values)
     current().profile.record_elementwise(where, src.partitions, src.free_size)
 
 
+_INT32_CLASS = ("int32", "uint32")
+
+
+def _tensor_tensor_default_engine(op: Op, *tiles) -> str:
+    """The engine ``engine.unknown`` gives (nki.isa.tensor_tensor notes): nl.power runs on GpSimd;
+    all-int32/uint32 operands go to GpSimd unless a tile is in PSUM; the rest to Vector."""
+    if op.name == "power":
+        return "gpsimd"
+    all_int32 = all(t.dtype.name in _INT32_CLASS for t in tiles)
+    if all_int32 and not any(t.buffer is _buffers.psum for t in tiles):
+        return "gpsimd"
+    return "vector"
+
+
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> None:
-    """dst = op(data1, data2) elementwise in fp32 (Vector Engine)."""
+    """dst = op(data1, data2) elementwise in fp32 (Vector or GpSimd Engine)."""
     dst = on_chip(dst, "dst")
     data1 = on_chip(data1, "data1")
     data2 = on_chip(data2, "data2")
-    where = _engine_name(engine, "vector", ("vector", "gpsimd"))
     op = canonical(op)
     if isinstance(op, Op) and op.name == "divide":
         raise NKIRuleError(
@@ -189,6 +238,11 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> No
             "supported in 0.3.0: multiply by nisa.reciprocal / nl.reciprocal instead",
         )
     op = _op(op, "binary")
+    default = _tensor_tensor_default_engine(op, dst, data1, data2)
+    allowed = ("gpsimd",) if op.name == "power" else ("vector", "gpsimd")
+    where = _engine_name(engine, default, allowed, instruction=f"tensor_tensor with op={op!r}")
+    _gpsimd_keeps_off_psum(where, f"tensor_tensor with op={op!r}", dst=dst, data1=data1,
+                           data2=data2)
     if data1.buffer is _buffers.psum and data2.buffer is _buffers.psum:
         raise NKIRuleError(
             "psum-both",
@@ -213,6 +267,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     dst = on_chip(dst, "dst")
     data = on_chip(data, "data")
     where = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"))
+    _gpsimd_keeps_off_psum(where, "tensor_scalar", dst=dst, data=data)
     same_layout(dst, data, "dst", "data")
     values = read_f32(data, "data")
     values = _apply_scalar_op(values, _op(op0, "binary", "op0"),
@@ -302,9 +357,14 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None) 
 
 
 def memset(dst, value, engine=engine.unknown, name=None) -> None:
-    """Fill dst with a constant; the value's type must match the dtype (int for int tiles)."""
+    """Fill dst with a constant on the Vector or GpSimd engine; the value's type must match the
+    dtype (int for int tiles)."""
     dst = on_chip(dst, "dst")
-    where = _engine_name(engine, "gpsimd", ("gpsimd", "vector", "scalar"))
+    # engine.unknown lets the compiler choose; GpSimd cannot reach PSUM, so PSUM gets Vector.
+    default = "vector" if dst.buffer is _buffers.psum else "gpsimd"
+    where = _engine_name(engine, default, ("vector", "gpsimd"), "memset-engine",
+                         f"memset of {shape_str(dst.shape)}")
+    _gpsimd_keeps_off_psum(where, "memset", dst=dst)
     if not dst.dtype.is_float and not isinstance(value, (int, np.integer)):
         raise NKIRuleError(
             "memset-type", f"memset of {dst.dtype!r} tile {shape_str(dst.shape)} needs an int value, got {value!r}")

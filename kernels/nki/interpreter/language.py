@@ -13,7 +13,7 @@ from .dtypes import (bfloat16, float8_e4m3, float8_e5m2, float16, float32, int8,
                      resolve as _resolve, tfloat32, uint8, uint16, uint32)
 from .ops import Op
 from .state import current as _current
-from .tensor import DynSlice, Tensor, allocate as _allocate
+from .tensor import DynSlice, Tensor, allocate as _allocate, check_address as _check_address
 
 __all__ = [
     "sbuf", "psum", "shared_hbm", "hbm", "private_hbm",
@@ -21,9 +21,9 @@ __all__ = [
     "int8", "int16", "int32", "uint8", "uint16", "uint32",
     "ndarray", "zeros", "ones", "full", "zeros_like", "load", "load_transpose2d", "store",
     "ds", "arange", "static_range", "affine_range", "sequential_range", "dynamic_range",
-    "tile_size", "add", "subtract", "multiply", "divide", "maximum", "minimum", "max", "min",
-    "sum", "copy", "exp", "log", "square", "sqrt", "rsqrt", "reciprocal", "abs", "tanh",
-    "relu", "sigmoid", "broadcast_to", "transpose", "matmul",
+    "tile_size", "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "equal",
+    "max", "min", "sum", "copy", "exp", "log", "square", "sqrt", "rsqrt", "reciprocal", "abs",
+    "tanh", "relu", "sigmoid", "broadcast_to", "transpose", "matmul",
 ]
 
 
@@ -36,16 +36,24 @@ class tile_size:
     gemm_moving_fmax = 512  # N limit of nc_matmul
 
 
-def ndarray(shape, dtype, buffer=sbuf, name="") -> Tensor:
-    """Allocate an uninitialised tensor (NaN for floats, 4 for ints, like the simulator)."""
-    return _allocate(shape, _resolve(dtype), _check_buffer(buffer, shape), name)
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> Tensor:
+    """Allocate an uninitialised tensor (NaN for floats, 4 for ints, like the simulator).
+
+    ``address=(partition_offset, free_offset)`` places an on-chip tile explicitly (NKI 0.3.0);
+    the interpreter models no allocator, so it only checks that the tile fits its buffer there."""
+    t = _allocate(shape, _resolve(dtype), _check_buffer(buffer, shape), name)
+    if address is not None:
+        _check_address(t, address)
+    return t
 
 
 def _initialised(shape, dtype, buffer, name, value) -> Tensor:
     t = _allocate(shape, _resolve(dtype), _check_buffer(buffer, shape), name, fill=value)
     profile = _current().profile
     if t.buffer.on_chip:
-        profile.record_elementwise("gpsimd", t.partitions, t.free_size)
+        # a memset: the compiler puts it on GpSimd, or on Vector for PSUM (GpSimd cannot reach it)
+        profile.record_elementwise("vector" if t.buffer is psum else "gpsimd", t.partitions,
+                                   t.free_size)
     else:
         profile.record_dma(t.data.size, t.data.size * t.dtype.itemsize)
     return t
@@ -98,11 +106,14 @@ def sum(x, axis, dtype=None, keepdims=False) -> Tensor:  # noqa: A001 - the nl.s
 
 
 add = Op("add", _conv.binary, binary=np.add, reduce=np.sum, numpy_alias=np.add)
-subtract = Op("subtract", _conv.binary, binary=np.subtract, numpy_alias=np.subtract)
+subtract = Op("subtract", _conv.binary, binary=np.subtract, reduce=_ops.subtract_fold,
+              numpy_alias=np.subtract)
 multiply = Op("multiply", _conv.binary, binary=np.multiply, reduce=np.prod, numpy_alias=np.multiply)
 divide = Op("divide", _conv.binary, binary=np.divide, numpy_alias=np.divide)
 maximum = Op("maximum", _conv.binary, binary=np.maximum, reduce=np.max, numpy_alias=np.maximum)
 minimum = Op("minimum", _conv.binary, binary=np.minimum, reduce=np.min, numpy_alias=np.minimum)
+power = Op("power", _conv.binary, binary=np.power, numpy_alias=np.power)
+equal = Op("equal", _conv.binary, binary=_ops.equal, numpy_alias=np.equal)
 max = Op("max", _conv.reduce, reduce=np.max, numpy_alias=np.max)
 min = Op("min", _conv.reduce, reduce=np.min, numpy_alias=np.min)
 copy = Op("copy", _conv.copy, unary=_ops.identity)

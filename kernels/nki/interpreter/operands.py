@@ -44,11 +44,14 @@ def in_buffer(t: Tensor, buffer: _buffers.Buffer, rule: str, what: str) -> None:
 
 
 def read(t: Tensor, what: str) -> np.ndarray:
-    """The stored values of ``t`` (a view); never-written PSUM is an error."""
-    if t.written is not None and not t.written.all():
+    """The stored values of ``t`` (a view); never-written SBUF or PSUM elements are an error."""
+    written = t.written
+    if written is not None and not t.storage.fully_written and not written.all():
+        rule = "psum-uninitialized" if t.buffer is _buffers.psum else "sbuf-uninitialized"
         raise NKIRuleError(
-            "psum-uninitialized",
-            f"{what} reads PSUM tile {shape_str(t.shape)} where some elements were never written",
+            rule,
+            f"{what} reads {t.buffer!r} tile {shape_str(t.shape)} where some elements were never "
+            "written",
         )
     return t.data
 
@@ -59,13 +62,18 @@ def read_f32(t: Tensor, what: str) -> np.ndarray:
     return data if data.dtype == _F32 else data.astype(_F32)
 
 
-def write(t: Tensor, values: np.ndarray) -> None:
-    """Store ``values`` (same element count per partition) into ``t``, rounding to its dtype."""
+def write(t: Tensor, values: np.ndarray, by_tensor_engine: bool = False) -> None:
+    """Store ``values`` (same element count per partition) into ``t``, rounding to its dtype, and
+    mark them written (in PSUM, also whether the Tensor Engine wrote them)."""
     if values.shape != t.shape:
         values = values.reshape(t.shape)
     t.dtype.assign(t.data, values)
     if t.written is not None:
         t.written[...] = True
+        if t.data.size == t.storage.size:
+            t.storage.fully_written = True
+    if t.matmul_written is not None:
+        t.matmul_written[...] = by_tensor_engine
     if t.storage.is_input:
         current().profile.note(f"kernel writes into its input {t.storage.name or 'tensor'}")
 

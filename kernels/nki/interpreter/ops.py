@@ -76,3 +76,18 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 def identity(x: np.ndarray) -> np.ndarray:
     """x unchanged."""
     return x
+
+
+def equal(x: np.ndarray, y: Any) -> np.ndarray:
+    """1.0 where x == y, else 0.0, in fp32 (written in the destination's dtype)."""
+    return np.equal(x, y).astype(_F32)
+
+
+def subtract_fold(x: np.ndarray, axis: tuple[int, ...], keepdims: bool = False) -> np.ndarray:
+    """x0 - x1 - ... - x(n-1) over the reduced elements taken in row-major order.
+
+    The reduced axes are the last contiguous ones (``tensor_reduce``'s rule), so they flatten to
+    one axis; numpy's ``subtract.reduce`` folds a single axis from its first element."""
+    kept = x.shape[:x.ndim - len(axis)]
+    folded = np.subtract.reduce(x.reshape(kept + (-1,)), axis=-1)
+    return folded.reshape(kept + (1,) * len(axis)) if keepdims else folded

@@ -13,6 +13,7 @@ from .dtypes import from_numpy, output_numpy_dtype
 from .errors import NKIRuleError, shape_str
 from .jit import JitKernel
 from .profile import Profile
+from .source_rules import check_kernel_source
 from .state import launch
 from .tensor import Tensor, wrap_input
 
@@ -74,6 +75,7 @@ def simulate(kernel: Any, *, profile: Profile | None = None) -> Callable[..., An
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
         bound = _check_signature(func).bind(*args, **kwargs)
+        check_kernel_source(func)
         with launch() as state:
             for name, value in bound.arguments.items():
                 bound.arguments[name] = _convert_argument(value, name)

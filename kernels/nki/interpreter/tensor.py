@@ -1,8 +1,12 @@
 """Tensors and tiles: numpy-backed storage plus views produced by slicing.
 
 A :class:`Tensor` is a numpy basic-slicing view (never a copy) of one allocation's arrays.
-PSUM storage also carries a boolean "written" mask so reads of never-written accumulators can
-be rejected, and ``accumulate=None`` matmuls can tell a first write from a later one.
+On-chip storage (SBUF and PSUM) also carries a boolean "written" mask: reading an element nobody
+wrote is undefined (the NKI language guide: ``ndarray`` does not initialise memory), so such
+reads are rejected, and ``accumulate=None`` matmuls tell a first write from a later one. PSUM
+also carries a "matmul_written" mask: a matmul may accumulate only onto elements that the
+Tensor Engine wrote last (nc_matmul notes: accumulating onto PSUM value-initialised by memset or
+tensor_copy is undefined on NeuronCore-v2/v3).
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from . import buffers as _buffers
 from .buffers import Buffer
 from .dtypes import DType
 from .errors import NKIRuleError, shape_str
-from .state import SBUF_PARTITIONS, current
+from .state import (PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION, SBUF_PARTITIONS,
+                    current)
 
 
 class DynSlice:
@@ -32,30 +37,39 @@ class DynSlice:
 
 
 class Storage:
-    """Identity of one allocation: dtype, buffer, name. Views of it share this object, so its
-    lifetime (watched by the capacity tracker) is that of the last view."""
+    """Identity of one allocation: dtype, buffer, name, element count. Views of it share this
+    object, so its lifetime (watched by the capacity tracker) is that of the last view."""
 
-    __slots__ = ("dtype", "buffer", "name", "is_input", "__weakref__")
+    __slots__ = ("dtype", "buffer", "name", "size", "is_input", "fully_written", "__weakref__")
 
-    def __init__(self, dtype: DType, buffer: Buffer, name: str, is_input: bool = False) -> None:
+    def __init__(self, dtype: DType, buffer: Buffer, name: str, size: int,
+                 is_input: bool = False) -> None:
         self.dtype = dtype
         self.buffer = buffer
         self.name = name
+        self.size = size
         self.is_input = is_input
+        # Set once one write covered every element: reads then skip the written-mask check
+        # (elements never become unwritten again).
+        self.fully_written = False
 
 
 class Tensor:
     """A tensor (HBM) or tile (SBUF / PSUM), or a slice of one. Dim 0 of a tile is partitions."""
 
-    __slots__ = ("storage", "data", "written", "shape", "dtype", "buffer")
+    __slots__ = ("storage", "data", "written", "matmul_written", "shape", "dtype", "buffer",
+                 "indexed")
 
-    def __init__(self, storage: Storage, data: np.ndarray, written: np.ndarray | None) -> None:
+    def __init__(self, storage: Storage, data: np.ndarray, written: np.ndarray | None,
+                 matmul_written: np.ndarray | None = None, indexed: bool = False) -> None:
         self.storage = storage
         self.data = data
-        self.written = written
+        self.written = written  # on chip; None for HBM
+        self.matmul_written = matmul_written  # PSUM only: last written by the Tensor Engine
         self.shape: tuple[int, ...] = data.shape
         self.dtype: DType = storage.dtype
         self.buffer: Buffer = storage.buffer
+        self.indexed = indexed  # produced by indexing: it may not be indexed again
 
     @property
     def ndim(self) -> int:
@@ -77,6 +91,12 @@ class Tensor:
         return f"<{self.buffer!r} tensor{name} {shape_str(self.shape)} {self.dtype!r}>"
 
     def __getitem__(self, key: object) -> Tensor:
+        if self.indexed:
+            raise NKIRuleError(
+                "nested-slice",
+                f"indexing {self!r}, itself the result of indexing: NKI does not allow nested "
+                "slicing (t[a:b][c:d]); index the tensor once with the combined ranges",
+            )
         np_key = _normalize_key(key, self.shape, self.buffer.on_chip)
         data = self.data[np_key]
         if data.ndim == 0:
@@ -85,7 +105,8 @@ class Tensor:
                 f"indexing {shape_str(self.shape)} down to a scalar; use a slice of size 1",
             )
         written = None if self.written is None else self.written[np_key]
-        return Tensor(self.storage, data, written)
+        by_matmul = None if self.matmul_written is None else self.matmul_written[np_key]
+        return Tensor(self.storage, data, written, by_matmul, indexed=True)
 
     def __setitem__(self, key: object, value: object) -> None:
         raise NKIRuleError(
@@ -116,7 +137,8 @@ class Tensor:
                 f"{shape_str(new_shape)} is not a view",
             )
         written = None if self.written is None else self.written.reshape(new_shape)
-        return Tensor(self.storage, data, written)
+        by_matmul = None if self.matmul_written is None else self.matmul_written.reshape(new_shape)
+        return Tensor(self.storage, data, written, by_matmul, self.indexed)
 
 
 def check_shape(shape: object) -> tuple[int, ...]:
@@ -135,9 +157,11 @@ def check_shape(shape: object) -> tuple[int, ...]:
 
 def allocate(shape: object, dtype: DType, buffer: Buffer, name: str = "",
              fill: float | int | None = None) -> Tensor:
-    """Allocate a new tensor; unfilled memory holds NaN (float) or 4 (int) like the simulator."""
+    """Allocate a new tensor; unfilled memory holds NaN (float) or 4 (int) like the simulator,
+    and on chip it is marked never-written so that reading it is an error."""
     shape = check_shape(shape)
-    storage = Storage(dtype, buffer, name)
+    storage = Storage(dtype, buffer, name, math.prod(shape))
+    storage.fully_written = fill is not None
     if buffer.on_chip:
         if shape[0] > SBUF_PARTITIONS:
             raise NKIRuleError(
@@ -155,10 +179,35 @@ def allocate(shape: object, dtype: DType, buffer: Buffer, name: str = "",
         current()  # HBM tensors too exist only inside a kernel launch
     value = dtype.fill_value() if fill is None else dtype.convert(np.asarray(fill))
     data = np.full(shape, value, dtype=dtype.storage)
-    written = None
-    if buffer is _buffers.psum:
-        written = np.full(shape, fill is not None, dtype=bool)
-    return Tensor(storage, data, written)
+    written = np.full(shape, fill is not None, dtype=bool) if buffer.on_chip else None
+    by_matmul = np.zeros(shape, dtype=bool) if buffer is _buffers.psum else None
+    return Tensor(storage, data, written, by_matmul)
+
+
+def check_address(t: Tensor, address: object) -> None:
+    """Reject a placement that is malformed or runs past the partitions or the partition bytes.
+
+    The unit of the free offset is not documented; bytes is the smaller reading, so a tile
+    rejected here overflows under either reading."""
+    shape = shape_str(t.shape)
+    if not t.buffer.on_chip:
+        raise NKIRuleError("address", f"address= places SBUF/PSUM tiles; {shape} is in {t.buffer!r}")
+    if (not isinstance(address, tuple) or len(address) != 2
+            or not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) and a >= 0
+                       for a in address)):
+        raise NKIRuleError(
+            "address", f"address of tile {shape} must be (partition_offset, free_offset) with "
+            f"non-negative ints, got {address!r}")
+    partition_offset, free_offset = (int(a) for a in address)
+    capacity = (PSUM_BYTES_PER_PARTITION if t.buffer is _buffers.psum
+                else SBUF_BYTES_PER_PARTITION)
+    tile_bytes = t.free_size * t.dtype.itemsize
+    if partition_offset + t.partitions > SBUF_PARTITIONS or free_offset + tile_bytes > capacity:
+        raise NKIRuleError(
+            "address",
+            f"tile {shape} at address {address!r} runs past the {t.buffer!r} partitions "
+            f"({SBUF_PARTITIONS}) or partition bytes ({capacity})",
+        )
 
 
 def wrap_input(array: np.ndarray, dtype: DType, name: str) -> Tensor:
@@ -166,7 +215,7 @@ def wrap_input(array: np.ndarray, dtype: DType, name: str) -> Tensor:
     data = np.array(array, dtype=dtype.storage, copy=True)
     if dtype.rounder is not None:
         data = dtype.convert(data)
-    storage = Storage(dtype, _buffers.shared_hbm, name, is_input=True)
+    storage = Storage(dtype, _buffers.shared_hbm, name, data.size, is_input=True)
     return Tensor(storage, data, None)
 
 
