@@ -23,7 +23,7 @@ from dfmp2.benchmark import bench_once
 from dfmp2.calculation import CalculationRequest, define_calculation
 from dfmp2.memory import default_budget
 from dfmp2.pipeline import apply_threads
-from dfmp2.scf import run_scf
+from dfmp2.scf import ScfOptions, run_scf
 from dfmp2.xyz import parse_xyz
 
 CLUSTER = Path(__file__).resolve().parent.parent / "molecules" / "water_16.xyz"
@@ -40,7 +40,7 @@ def cluster_xyz(n: int) -> str:
 def time_size(n: int, basis: str) -> dict[str, float]:
     geometry = parse_xyz(cluster_xyz(n), source=f"(H2O){n}")
     calc = define_calculation(geometry, CalculationRequest(basis=basis))
-    scf = run_scf(calc.mol, calc.scf_method, calc.reference, calc.jk_spec(), calc.jk_name())
+    scf = run_scf(calc, ScfOptions(engine="pyscf"))
     run, result = bench_once(calc, scf.mf, kernels.load("torch", "fp64"), default_budget(),
                              False, ScratchArea(Path("."), f"scaling-{n}"), skip_pyscf=False)
     return {"n": n, "nao": calc.mol.nao_nr(), "naux": result.naux, "pyscf": run.pyscf_seconds,

@@ -40,8 +40,8 @@ def _disk_error(path: Path, exc: OSError) -> ScratchError:
 
 
 class ScratchArea:
-    """The scratch files of one calculation: ``<folder>/.<prefix>.b<channel>[.raw].bin`` for B
-    and ``<folder>/.<prefix>.jk.h5`` for the SCF's JK-fit tensor."""
+    """The scratch files of one calculation: ``<folder>/.<prefix>.b<channel>[.raw].bin`` for
+    MP2's B and ``<folder>/.<prefix>.jk[.raw].bin`` for the SCF's JK-fit tensor."""
 
     def __init__(self, folder: Path, prefix: str) -> None:
         self.folder = Path(folder)
@@ -50,12 +50,11 @@ class ScratchArea:
     def path(self, channel: int, raw: bool = False) -> Path:
         return self.folder / f".{self.prefix}.b{channel}{'.raw' if raw else ''}.bin"
 
-    def jk_path(self) -> Path:
-        return self.folder / f".{self.prefix}.jk.h5"
+    def jk_path(self, raw: bool = False) -> Path:
+        return self.folder / f".{self.prefix}.jk{'.raw' if raw else ''}.bin"
 
     def leftovers(self) -> list[Path]:
-        return sorted(p for pattern in (f".{self.prefix}.b*.bin", f".{self.prefix}.jk.h5")
-                      for p in self.folder.glob(pattern))
+        return sorted(self.folder.glob(f".{self.prefix}.*.bin"))
 
     def remove_leftovers(self) -> None:
         for path in self.leftovers():
@@ -64,19 +63,25 @@ class ScratchArea:
 
 
 class InMemoryB:
-    """B as one fp64 torch tensor."""
+    """B as one fp64 torch tensor (zero-filled when asked: a layout with padding)."""
 
     location = "memory"
 
-    def __init__(self, naux: int, ncols: int) -> None:
-        self.data = torch.empty((naux, ncols), dtype=torch.float64)
+    def __init__(self, naux: int, ncols: int, zeroed: bool = False) -> None:
+        allocate = torch.zeros if zeroed else torch.empty
+        self.data = allocate((naux, ncols), dtype=torch.float64)
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.data.shape)
 
     def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
-        self.data[p0:p1] = rows
+        target = self.data[p0:p1]
+        if not rows.is_set_to(target):
+            target.copy_(rows)
+
+    def read_rows(self, p0: int, p1: int) -> torch.Tensor:
+        return self.data[p0:p1]
 
     def read_columns(self, c0: int, c1: int) -> torch.Tensor:
         return self.data[:, c0:c1]
@@ -124,6 +129,11 @@ class ScratchB:
         store = cls(path, fd, header, owner=True)
         try:
             store._write_header()
+            # Full length at once (a sparse file): what is read before it is written is zero.
+            os.ftruncate(fd, HEADER_BYTES + FP64_BYTES * naux * ncols)
+        except OSError as exc:
+            store.close()
+            raise _disk_error(path, exc) from None
         except ScratchError:
             store.close()
             raise
@@ -189,6 +199,15 @@ class ScratchB:
             block = np.ascontiguousarray(values[:, start:start + width])
             self._pwrite(block, self._offset(start) + FP64_BYTES * p0 * width)
 
+    def read_rows(self, p0: int, p1: int) -> torch.Tensor:
+        out = np.empty((p1 - p0, self.ncols))
+        for start, width, _, _ in self._chunks(0, self.ncols):
+            nbytes = FP64_BYTES * (p1 - p0) * width
+            data = self._pread(nbytes, self._offset(start) + FP64_BYTES * p0 * width)
+            out[:, start:start + width] = np.frombuffer(data, dtype=np.float64).reshape(
+                p1 - p0, width)
+        return torch.from_numpy(out)
+
     def write_columns(self, c0: int, c1: int, values: torch.Tensor) -> None:
         values = values.numpy()
         for start, width, lo, hi in self._chunks(c0, c1):
@@ -208,15 +227,18 @@ class ScratchB:
         return torch.from_numpy(out)
 
     def _read_chunk(self, start: int, width: int) -> np.ndarray:
-        nbytes = FP64_BYTES * self.naux * width
+        data = self._pread(FP64_BYTES * self.naux * width, self._offset(start))
+        return np.frombuffer(data, dtype=np.float64).reshape(self.naux, width).copy()
+
+    def _pread(self, nbytes: int, offset: int) -> bytes:
         try:
-            data = os.pread(self.fd, nbytes, self._offset(start))
+            data = os.pread(self.fd, nbytes, offset)
         except OSError as exc:
             raise ScratchError(f"cannot read the scratch file {self.path}: "
                                f"{exc.strerror or exc}") from None
         if len(data) != nbytes:
-            raise ScratchError(f"the scratch file {self.path} is shorter than B")
-        return np.frombuffer(data, dtype=np.float64).reshape(self.naux, width).copy()
+            raise ScratchError(f"the scratch file {self.path} is shorter than its tensor")
+        return data
 
     def _pwrite(self, array: np.ndarray, offset: int) -> None:
         data = memoryview(array).cast("B")
@@ -262,8 +284,9 @@ def _read_header(fd: int) -> dict | None:
     return header if isinstance(header, dict) and header.get("format") == FORMAT else None
 
 
-def open_store(naux: int, ncols: int, path: Path | None):
-    """B in the scratch file ``path``, or in memory when there is none."""
+def open_store(naux: int, ncols: int, path: Path | None, zeroed: bool = False):
+    """B in the scratch file ``path`` (whose unwritten parts read as zero), or in memory when
+    there is none (zero-filled only when ``zeroed``)."""
     if path is not None:
         return ScratchB.create(path, naux, ncols)
-    return InMemoryB(naux, ncols)
+    return InMemoryB(naux, ncols, zeroed)

@@ -17,8 +17,20 @@ from dfmp2.auxbasis import AuxBasis, jk_basis, make_auxmol, ri_basis
 from dfmp2.errors import InputError
 from dfmp2.molecule import NO_ECP, build_molecule, element_ecp, resolve_charge_spin, resolve_ecp
 from dfmp2.record import CalculationInputs
-from dfmp2.scf import resolve_reference
 from dfmp2.xyz import Geometry, parse_xyz
+
+
+REFERENCES = ("auto", "rhf", "uhf")
+
+
+def resolve_reference(reference: str, spin: int) -> str:
+    """``auto`` is RHF for closed shells and UHF for any spin > 0; RHF cannot hold spin (PySCF
+    would silently make it ROHF, which the MP2 here is not written for)."""
+    if reference == "auto":
+        return "uhf" if spin else "rhf"
+    if reference == "rhf" and spin:
+        raise InputError(f"an RHF reference cannot have spin 2S={spin}; use --reference uhf")
+    return reference
 
 
 @dataclass(frozen=True)

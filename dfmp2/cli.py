@@ -25,7 +25,9 @@ from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.memory import parse_size
 from dfmp2.record import SCHEMA, read_record, schema
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
-from dfmp2.scf import REFERENCES, SCF_METHODS
+from dfmp2.calculation import REFERENCES
+from dfmp2.scf import SCF_METHODS
+from dfmp2.scf_engine import ENGINES
 from dfmp2.settings import RunSettings
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -93,6 +95,9 @@ CALCULATION_OPTIONS = (
                  help="Memory budget, e.g. 4GB (default: 60% of available RAM)."),
     click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
                  show_default=True, help="Density-fitted (JK-fit) or conventional SCF."),
+    click.option("--scf-engine", type=click.Choice(ENGINES), default="kernels",
+                 show_default=True,
+                 help="Who builds the density-fitted SCF's J and K: our kernels or PySCF."),
     click.option("--threads", type=click.IntRange(min=1), default=None,
                  help="Threads for torch and PySCF (default: all available cores)."),
     click.option("--scs-os", type=FiniteFloat(), default=SCS_OS_DEFAULT, show_default=True,

@@ -2,7 +2,8 @@
 
 Against PySCF, each record's calculation is defined again from its stored inputs through the
 same path as ``dfmp2 run`` (molecule, core potentials, RHF or UHF, auxiliary basis, frozen
-core), then PySCF converges its own SCF and runs its own DF-MP2 on it.
+core), then PySCF converges its own SCF (its own density fitting builds J and K) and runs its
+own DF-MP2 on it.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dfmp2.errors import InputError, RunFailure
 from dfmp2.pyscf_check import pyscf_dfmp2_energy
 from dfmp2.record import (COMPLETE, Mp2Section, Node, ScfSection, read_inputs, read_record,
                           status)
-from dfmp2.scf import run_scf
+from dfmp2.scf import ScfOptions, run_scf
 
 
 @dataclass
@@ -44,8 +45,7 @@ def pyscf_row(path: Path, root: Node) -> Row:
                          "recomputed with PySCF; compare it with another record instead")
     geometry, request = request_from_inputs(inputs)
     calc = define_calculation(geometry, request)
-    reference = run_scf(calc.mol, calc.scf_method, calc.reference, calc.jk_spec(),
-                        calc.jk_name())
+    reference = run_scf(calc, ScfOptions(engine="pyscf"))
     if not reference.converged:
         raise RunFailure(f"PySCF's SCF for {path} did not converge")
     energies = pyscf_dfmp2_energy(reference.mf, calc.nfrozen, calc.auxbasis.spec)

@@ -34,14 +34,15 @@ from dfmp2.memory import default_budget
 from dfmp2.planner import plan_blocks
 from dfmp2.pyscf_check import TOLERANCE, pyscf_dfmp2_energy
 from dfmp2.record import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, BackendFacts,
-                          RecordWriteError,
+                          RecordWriteError, ScfEngineSection,
                           CalculationInputs, CheckSection, Mp2Section, Node, PlanSection, Sizes,
                           is_record_file, new_record, read_inputs, read_record, read_scf,
                           set_resumed,
                           set_status, write_distributed, write_kernel_ledger, write_record,
                           write_scf, write_timings)
 from dfmp2.record_lock import RecordLock
-from dfmp2.scf import ScfResult, check_scf_memory, restored_scf, run_scf
+from dfmp2.scf import ScfOptions, ScfResult, check_scf_memory, restored_scf, run_scf
+from dfmp2.scf_engine import ScfKernels, scf_kernels
 from dfmp2.settings import DEFAULT_OUTPUT_DIR, RunSettings
 from dfmp2.xyz import read_xyz
 
@@ -96,9 +97,11 @@ def versions() -> dict[str, str]:
 
 @dataclass
 class Environment:
-    """What a job resolves once: the kernel set, memory budget, threads and scratch folder."""
+    """What a job resolves once: the kernel sets (MP2's and the SCF's), memory budget,
+    threads and scratch folder."""
 
     kernel_set: object
+    scf_kernels: ScfKernels
     budget: int
     threads: int
     scratch_dir: Path
@@ -110,6 +113,8 @@ def resolve_environment(settings: RunSettings, record_path: Path,
     try:
         kernel_set = kernels.load(settings.backend, settings.precision,
                                   nki_mode=settings.nki_mode, require_nki=settings.require_nki)
+        scf_kernel_sets = scf_kernels(settings.backend, settings.precision, settings.nki_mode,
+                                      settings.require_nki)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     scratch_dir = Path(settings.scratch) if settings.scratch else record_path.parent
@@ -118,7 +123,8 @@ def resolve_environment(settings: RunSettings, record_path: Path,
                          "choose another with --scratch")
     threads = apply_threads(settings.threads)
     budget = settings.memory if settings.memory is not None else default_budget()
-    return Environment(kernel_set, budget, threads, scratch_dir, world or World())
+    return Environment(kernel_set, scf_kernel_sets, budget, threads, scratch_dir,
+                       world or World())
 
 
 def request_of(settings: RunSettings, charge: int | None, spin: int | None,
@@ -145,6 +151,7 @@ def check_feasible(calc: Calculation, settings: RunSettings, env: Environment) -
 def run_inputs(calc: Calculation, settings: RunSettings, env: Environment) -> CalculationInputs:
     return replace(calc.inputs(str(settings.molecule)), backend=env.kernel_set.backend,
                    precision=env.kernel_set.precision, fused_energy=settings.fused_energy,
+                   scf_engine=settings.scf_engine if calc.scf_method == "df" else "pyscf",
                    scs_os=settings.scs_os, scs_ss=settings.scs_ss,
                    allow_unconverged=settings.allow_unconverged, check=settings.check,
                    memory_bytes=env.budget, threads=env.threads, scratch=str(env.scratch_dir))
@@ -163,7 +170,7 @@ class CalculationOutcome:
     mp2: mp2.Mp2Result
 
 
-def obtain_reference(calc: Calculation, env: Environment, scratch: ScratchArea,
+def obtain_reference(calc: Calculation, env: Environment, engine: str, scratch: ScratchArea,
                      previous: Node | None) -> ScfResult:
     """Rank 0's SCF (restored from an interrupted run's record when there is one) on every
     rank; the other ranks get the orbitals, not the PySCF object."""
@@ -172,10 +179,9 @@ def obtain_reference(calc: Calculation, env: Environment, scratch: ScratchArea,
     if world.is_root:
         stored = read_scf(previous) if previous is not None else None
         if stored is not None and stored[1] is not None:
-            result = restored_scf(calc.mol, stored[0], stored[1], calc.jk_spec())
+            result = restored_scf(calc, stored[0], stored[1])
         else:
-            result = run_scf(calc.mol, calc.scf_method, calc.reference, calc.jk_spec(),
-                             calc.jk_name(), env.budget, scratch.jk_path())
+            result = run_scf(calc, ScfOptions(engine, env.scf_kernels, env.budget, scratch))
     if world.size == 1:
         return result
     section, orbitals = world.broadcast(None if result is None else
@@ -193,10 +199,16 @@ def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: 
     world = env.world
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    scf_result = obtain_reference(calc, env, scratch, previous)
+    scf_result = obtain_reference(calc, env, settings.scf_engine, scratch, previous)
     timings["scf"] = time.perf_counter() - t0
     set_resumed(node, previous is not None)
     write_scf(node, scf_result.section, scf_result.orbitals)
+    if scf_result.engine is not None:
+        scf_result.engine.write(node)
+        ledger = env.scf_kernels.accounting
+        write_kernel_ledger(node, dict(ledger.calls), ledger.fallbacks,
+                            list(ledger.fallback_reasons), env.scf_kernels.fast.report(),
+                            ScfEngineSection.group_name)
     write_timings(node, timings)
     if saver is not None and world.is_root:
         saver.save()

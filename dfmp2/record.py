@@ -255,7 +255,8 @@ class CalculationInputs(Section):
     group_name: ClassVar[str] = "input"
     RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
         "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
-        "jk_auxbasis", "reference", "frozen", "backend", "precision", "fused_energy")
+        "scf_engine", "jk_auxbasis", "reference", "frozen", "backend", "precision",
+        "fused_energy")
     REUSE_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
         "scs_os", "scs_ss", "allow_unconverged", "check")
 
@@ -270,6 +271,7 @@ class CalculationInputs(Section):
     spin: int = 0
     ghost_atoms: str = "[]"
     scf: str = "df"
+    scf_engine: str = "pyscf"
     reference: str = "rhf"
     frozen: int = 0
     backend: str = "torch"
@@ -304,10 +306,12 @@ class BackendFacts(Section):
 
 
 def write_kernel_ledger(node: Node, calls: dict[tuple[str, str], int], fallbacks: int,
-                        fallback_reasons: list[str], report: dict[str, Any]) -> None:
+                        fallback_reasons: list[str], report: dict[str, Any],
+                        group_name: str = BackendFacts.group_name) -> None:
     """Call counts as ``calls.<kernel>.<executor>``, fallbacks, and the backend's own facts
-    (on NKI: mode, signatures, launches and the estimated trn1 time)."""
-    group = node.group(BackendFacts.group_name)
+    (on NKI: mode, signatures, launches and the estimated trn1 time), in ``/backend`` (the
+    MP2 stage's kernels) or another group (``/scf_engine``: the SCF's)."""
+    group = node.group(group_name)
     group.attrs.update({f"calls.{kernel}.{executor}": int(n)
                         for (kernel, executor), n in sorted(calls.items())})
     group.attrs["executors"] = sorted({executor for _, executor in calls})
@@ -357,6 +361,7 @@ class ScfSection(Section):
     method: str
     reference: str
     jk_auxbasis: str
+    engine: str = "pyscf"
 
 
 @dataclass(frozen=True)
@@ -381,6 +386,25 @@ def read_scf(node: Node) -> tuple[ScfSection, StoredOrbitals | None] | None:
     return section, StoredOrbitals(np.asarray(datasets["mo_energy"]),
                                    np.asarray(datasets["mo_occ"]),
                                    np.asarray(datasets["mo_coeff"]))
+
+
+@dataclass(frozen=True)
+class ScfEngineSection(Section):
+    """``/scf_engine``: our J/K engine's tensor and every build (seconds, precision and
+    executor, in order); the call counts of its kernels go beside them."""
+
+    group_name: ClassVar[str] = "scf_engine"
+    engine: str
+    builds: int
+    build_seconds: list
+    build_precisions: list
+    build_executors: list
+    build_columns: list
+    naux: int
+    tensor_bytes: int
+    out_of_core: bool
+    tensor_seconds: float
+    mixed_precision: bool
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,17 @@ from typing import Any
 import numpy as np
 from pyscf import df, gto, lib, scf
 
+from dfmp2.b_store import ScratchArea
+from dfmp2.calculation import Calculation
 from dfmp2.disk import check_space
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.memory import format_size
-from dfmp2.record import ScfSection, StoredOrbitals
+from dfmp2.record import ScfEngineSection, ScfSection, StoredOrbitals
+from dfmp2.scf_engine import KernelDF, ScfKernels, scf_engine_section, use_kernel_engine
 
 log = logging.getLogger(__name__)
 
 SCF_METHODS = ("df", "conventional")
-REFERENCES = ("auto", "rhf", "uhf")
 # conv_tol 1e-10 leaves glycine's DF-MP2 energy 1.4e-8 Eh off the converged value; 1e-12 with a
 # 1e-7 orbital-gradient threshold is stable to 1e-9 Eh (measured when the project started).
 CONV_TOL = 1e-12
@@ -30,21 +32,35 @@ CONV_TOL_GRAD = 1e-7
 MAX_CYCLE = 100
 FP64_BYTES = 8
 # Square matrices (nao x nao) an SCF holds at once, per spin: overlap, core Hamiltonian, Fock,
-# density, orbitals, the eigensolver's work space and PySCF's J/K buffers; DIIS keeps its
-# vectors in a file once they are large. A lower bound, used to refuse hopeless budgets early.
+# density, orbitals, the eigensolver's work space and the J/K buffers; DIIS keeps its vectors
+# in a file once they are large. A lower bound, used to refuse hopeless budgets early.
 SCF_SQUARE_MATRICES = {"rhf": 10, "uhf": 16}
 BYTES_PER_MB = 10**6
-# PySCF keeps the JK-fit tensor in memory when it takes less than this share of max_memory.
+# PySCF keeps its JK-fit tensor in memory when it takes less than this share of max_memory.
 JK_IN_MEMORY_SHARE = 0.9
 
 
 @dataclass(frozen=True)
+class ScfOptions:
+    """How the SCF runs: who builds J and K (``kernels``: our engine, ``pyscf``: PySCF's
+    density fitting), with which kernel sets, within which memory budget, with which
+    scratch folder for a JK tensor that does not fit."""
+
+    engine: str = "pyscf"
+    kernels: ScfKernels | None = None
+    budget: int | None = None
+    scratch: ScratchArea | None = None
+
+
+@dataclass(frozen=True)
 class ScfResult:
-    """The converged (or restored) reference: what MP2 needs, and the PySCF object."""
+    """The converged (or restored) reference: what MP2 needs, the PySCF object, and (with our
+    engine) what the J/K builds were."""
 
     section: ScfSection
     orbitals: StoredOrbitals
     mf: Any = None
+    engine: ScfEngineSection | None = None
 
     @property
     def e_tot(self) -> float:
@@ -53,15 +69,6 @@ class ScfResult:
     @property
     def converged(self) -> bool:
         return self.section.converged
-
-
-def resolve_reference(reference: str, spin: int) -> str:
-    """``auto`` is RHF for closed shells and UHF for any spin > 0; RHF cannot hold spin."""
-    if reference == "auto":
-        return "uhf" if spin else "rhf"
-    if reference == "rhf" and spin:
-        raise InputError(f"an RHF reference cannot have spin 2S={spin}; use --reference uhf")
-    return reference
 
 
 def scf_minimum_bytes(nao: int, reference: str) -> int:
@@ -82,28 +89,33 @@ def jk_tensor_bytes(mol: gto.Mole, jk_auxbasis: str | dict) -> int:
     return df.addons.make_auxmol(mol, jk_auxbasis).nao_nr() * nao * (nao + 1) // 2 * FP64_BYTES
 
 
-def new_scf(mol: gto.Mole, method: str, reference: str, jk_auxbasis: str | dict | None,
-            budget: int | None = None, jk_file: Path | None = None) -> scf.hf.SCF:
-    """The PySCF SCF object: UHF or RHF (never ROHF), density-fitted with ``jk_auxbasis``
-    unless ``method`` is ``conventional``, within ``budget`` bytes, at our thresholds. A JK
-    tensor larger than PySCF keeps in memory goes to ``jk_file`` (checked for room first)."""
-    mf = scf.UHF(mol) if reference == "uhf" else scf.RHF(mol)
-    if method == "df":
-        mf = mf.density_fit(auxbasis=jk_auxbasis)
+def new_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> scf.hf.SCF:
+    """The PySCF SCF object of ``calc``: UHF or RHF (never ROHF), density-fitted with its
+    JK-fit basis unless the SCF is ``conventional``, at our thresholds, within the budget,
+    with J/K from ``options.engine``."""
+    mf = scf.UHF(calc.mol) if calc.reference == "uhf" else scf.RHF(calc.mol)
+    if calc.scf_method == "df":
+        mf = mf.density_fit(auxbasis=calc.jk_spec())
     mf.conv_tol = CONV_TOL
     mf.conv_tol_grad = CONV_TOL_GRAD
     mf.max_cycle = MAX_CYCLE
     mf.verbose = 0
-    if budget is not None:
+    if options.budget is not None:
         # PySCF's max_memory bounds the whole process; ours bounds what the calculation adds.
-        mf.max_memory = lib.current_memory()[0] + budget / BYTES_PER_MB
-        with_df = getattr(mf, "with_df", None)
-        if with_df is not None:
-            with_df.max_memory = mf.max_memory
-            nbytes = jk_tensor_bytes(mol, jk_auxbasis)
-            if nbytes >= JK_IN_MEMORY_SHARE * budget and jk_file is not None:
-                check_space(jk_file.parent, nbytes, "the SCF's JK-fit tensor")
-                with_df._cderi_to_save = str(jk_file)
+        mf.max_memory = lib.current_memory()[0] + options.budget / BYTES_PER_MB
+    if calc.scf_method != "df":
+        return mf
+    if options.engine == "kernels":
+        use_kernel_engine(mf, calc.jk_auxbasis, options.kernels, options.budget,
+                          options.scratch)
+        return mf
+    mf.with_df.max_memory = mf.max_memory
+    nbytes = jk_tensor_bytes(calc.mol, calc.jk_spec())
+    if (options.budget is not None and options.scratch is not None
+            and nbytes >= JK_IN_MEMORY_SHARE * options.budget):
+        jk_file = options.scratch.jk_path()
+        check_space(jk_file.parent, nbytes, "the SCF's JK-fit tensor")
+        mf.with_df._cderi_to_save = str(jk_file)
     return mf
 
 
@@ -112,15 +124,15 @@ def release_integrals(mf: scf.hf.SCF) -> None:
     file: MP2 never uses it."""
     with_df = getattr(mf, "with_df", None)
     if with_df is not None:
+        saved = with_df._cderi_to_save
         with_df.reset()
-        if isinstance(with_df._cderi_to_save, str):
-            Path(with_df._cderi_to_save).unlink(missing_ok=True)
+        if isinstance(saved, str):
+            Path(saved).unlink(missing_ok=True)
 
 
-def run_scf(mol: gto.Mole, method: str, reference: str, jk_auxbasis: str | dict | None,
-            jk_name: str, budget: int | None = None, jk_file: Path | None = None) -> ScfResult:
+def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     """Converge the reference; running out of memory or disk inside PySCF is a RunFailure."""
-    mf = new_scf(mol, method, reference, jk_auxbasis, budget, jk_file)
+    mf = new_scf(calc, options)
     cycles = 0
 
     def count_cycle(envs: dict) -> None:
@@ -131,25 +143,39 @@ def run_scf(mol: gto.Mole, method: str, reference: str, jk_auxbasis: str | dict 
     try:
         e_tot = mf.kernel()
     except MemoryError:
-        raise RunFailure(f"the SCF ran out of memory ({mol.nao_nr()} basis functions); raise "
-                         "--memory if the machine has more, or use a smaller basis") from None
+        release_integrals(mf)
+        raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis functions); "
+                         "raise --memory if the machine has more, or use a smaller basis"
+                         ) from None
     except OSError as exc:
         release_integrals(mf)
         raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
                          f"{exc.strerror or exc}") from None
-    log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", reference, method, e_tot,
-             cycles, mf.converged)
-    section = ScfSection(float(e_tot), bool(mf.converged), cycles, method, reference, jk_name)
+    except BaseException:
+        release_integrals(mf)
+        raise
+    log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", calc.reference,
+             calc.scf_method, e_tot, cycles, mf.converged)
+    with_df = getattr(mf, "with_df", None)
+    engine = scf_engine_section(with_df) if isinstance(with_df, KernelDF) else None
+    section = ScfSection(float(e_tot), bool(mf.converged), cycles, calc.scf_method,
+                         calc.reference, calc.jk_name(), engine_name(calc, options))
     orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
                               np.asarray(mf.mo_coeff))
     release_integrals(mf)
-    return ScfResult(section, orbitals, mf)
+    return ScfResult(section, orbitals, mf, engine)
 
 
-def restored_scf(mol: gto.Mole, section: ScfSection, orbitals: StoredOrbitals,
-                 jk_auxbasis: str | dict | None) -> ScfResult:
+def engine_name(calc: Calculation, options: ScfOptions) -> str:
+    """Who built J and K: our kernels, PySCF's density fitting, or PySCF's exact integrals."""
+    if calc.scf_method != "df":
+        return "pyscf-conventional"
+    return options.engine
+
+
+def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals) -> ScfResult:
     """The SCF of an interrupted run, as a PySCF object carrying its orbitals."""
-    mf = new_scf(mol, section.method, section.reference, jk_auxbasis)
+    mf = new_scf(calc)
     mf.mo_coeff = orbitals.mo_coeff
     mf.mo_energy = orbitals.mo_energy
     mf.mo_occ = orbitals.mo_occ

@@ -28,6 +28,7 @@ class RunSettings:
     fused_energy: bool = False
     memory: int | None = None
     scf_method: str = "df"
+    scf_engine: str = "kernels"
     reference: str = "auto"
     scs_os: float = SCS_OS_DEFAULT
     scs_ss: float = SCS_SS_DEFAULT

@@ -1,0 +1,134 @@
+"""The SCF's J/K on our kernels: the same SCF and MP2 energies as PySCF's density fitting, for
+closed and open shells, a hybrid functional, an out-of-core JK tensor, the fp32 and NKI mixed
+precision scheme, and --scf-engine pyscf."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+from pyscf import df, dft, gto, scf
+
+import kernels
+from conftest import molecule_path, pyscf_molecule
+from dfmp2.auxbasis import AuxBasis
+from dfmp2.jk import JkEngine, factorize
+from dfmp2.jk_tensor import build_jk_tensor
+from dfmp2.scf_engine import ScfKernels, use_kernel_engine
+
+
+def pyscf_df_scf(name: str, spin: int = 0, basis: str = "cc-pvdz"):
+    mol = pyscf_molecule(name, basis, spin=spin)
+    mf = (scf.UHF(mol) if spin else scf.RHF(mol)).density_fit(auxbasis=df.make_auxbasis(mol))
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    mf.kernel()
+    assert mf.converged
+    return mf
+
+
+def run_json(run_cli, *args) -> dict:
+    result = run_cli("run", *args, "--backend", "torch", "--json")
+    assert result.code == 0, result.err
+    return json.loads(result.out)
+
+
+@pytest.mark.parametrize("name,spin", [("water", 0), ("formaldehyde", 0), ("hydroxyl", 1),
+                                       ("oxygen", 2)])
+def test_scf_energy_equals_pyscf_density_fitting(name, spin, run_cli, tmp_path):
+    reference = pyscf_df_scf(name, spin)
+    ours = run_json(run_cli, molecule_path(name), "-o", tmp_path / "k.h5")
+    assert abs(ours["e_scf"] - reference.e_tot) <= 1e-10
+    with h5py.File(tmp_path / "k.h5", "r") as h5:
+        engine = h5["scf_engine"].attrs
+        assert h5["scf"].attrs["engine"] == "kernels" and engine["engine"] == "kernels"
+        assert engine["builds"] == len(json.loads(engine["build_seconds"])) >= h5["scf"].attrs["cycles"]
+        assert engine["calls.syrk.torch-cpu"] >= engine["builds"] - 1
+        assert engine["fallbacks"] == 0
+    pyscf_engine = run_json(run_cli, molecule_path(name), "--scf-engine", "pyscf",
+                            "-o", tmp_path / "p.h5")
+    assert abs(pyscf_engine["e_scf"] - reference.e_tot) <= 1e-10
+    assert abs(pyscf_engine["e_corr"] - ours["e_corr"]) <= 1e-10
+
+
+def test_engine_builds_match_pyscf_for_tagged_untagged_and_general_densities():
+    mol = pyscf_molecule("water_dimer", "cc-pvdz")
+    mf = scf.RHF(mol).density_fit(auxbasis=df.make_auxbasis(mol))
+    guess = mf.get_init_guess()
+    energies, orbitals = mf.eig(mf.get_hcore() + mf.get_veff(mol, guess), mf.get_ovlp())
+    occupations = mf.get_occ(energies, orbitals)
+    dm = mf.make_rdm1(orbitals, occupations)
+    general = np.random.default_rng(3).standard_normal(dm.shape)
+    auxmol = df.addons.make_auxmol(mol, df.make_auxbasis(mol))
+    torch_fp64 = kernels.load("torch", "fp64")
+    engine = JkEngine(build_jk_tensor(mol, auxmol, torch_fp64, 2**26, None), torch_fp64)
+    for density, hermi, factors in ((dm, 1, factorize(dm, 1, orbitals, occupations)),
+                                    (guess, 1, factorize(guess, 1)),
+                                    (general, 0, factorize(general, 0))):
+        vj, vk = engine.build(density[None], [factors])
+        vj_ref, vk_ref = mf.with_df.get_jk(density, hermi=hermi)
+        assert np.abs(vj[0] - vj_ref).max() <= 1e-11
+        assert np.abs(vk[0] - vk_ref).max() <= 1e-11
+    _, scaled = engine.build(dm[None], [factorize(dm, 1, orbitals, occupations)], with_j=False,
+                             k_scale=0.25)
+    assert np.abs(scaled[0] - 0.25 * mf.with_df.get_jk(dm)[1]).max() <= 1e-12
+
+
+def test_hybrid_kohn_sham_through_the_engine_matches_pyscf():
+    mol = pyscf_molecule("water", "cc-pvdz")
+    reference = dft.RKS(mol, xc="pbe0").density_fit(auxbasis=df.make_auxbasis(mol))
+    reference.conv_tol, reference.conv_tol_grad, reference.verbose = 1e-12, 1e-7, 0
+    reference.kernel()
+    ours = dft.RKS(mol, xc="pbe0").density_fit(auxbasis=df.make_auxbasis(mol))
+    ours.conv_tol, ours.conv_tol_grad, ours.verbose = 1e-12, 1e-7, 0
+    fp64 = kernels.load("torch", "fp64")
+    spec = df.make_auxbasis(mol)
+    use_kernel_engine(ours, AuxBasis(spec, "jk", "default"), ScfKernels(fp64, fp64), 2 * 10**9,
+                      None)
+    ours.kernel()
+    assert ours.converged
+    assert abs(ours.e_tot - reference.e_tot) <= 1e-10
+    assert len(ours.with_df.engine.builds) >= ours.cycles
+
+
+def test_out_of_core_jk_tensor_gives_the_same_energies(run_cli, tmp_path):
+    in_memory = run_json(run_cli, molecule_path("water_dimer"), "-o", tmp_path / "m.h5")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    streamed = run_json(run_cli, molecule_path("water_dimer"), "--memory", "6MB",
+                        "--scratch", scratch, "-o", tmp_path / "s.h5")
+    with h5py.File(tmp_path / "s.h5", "r") as h5:
+        assert h5["scf_engine"].attrs["out_of_core"]
+    assert abs(streamed["e_scf"] - in_memory["e_scf"]) <= 1e-10
+    assert abs(streamed["e_corr"] - in_memory["e_corr"]) <= 1e-10
+    assert not list(scratch.iterdir())
+
+
+def test_fp32_mixed_scheme_stays_within_its_bounds(run_cli, tmp_path):
+    fp64 = run_json(run_cli, molecule_path("benzene"), "-o", tmp_path / "d.h5")
+    fp32 = run_json(run_cli, molecule_path("benzene"), "--precision", "fp32",
+                    "-o", tmp_path / "s.h5")
+    assert abs(fp32["e_scf"] - fp64["e_scf"]) <= 1e-8
+    assert abs(fp32["e_corr"] - fp64["e_corr"]) <= 1e-7
+    with h5py.File(tmp_path / "s.h5", "r") as h5:
+        engine = h5["scf_engine"].attrs
+        precisions = json.loads(engine["build_precisions"])
+        assert engine["mixed_precision"] and precisions[0] == "fp32" and precisions[-1] == "fp64"
+        assert precisions.index("fp64") >= 3, "the fp32 phase did no work"
+        assert engine["calls.syrk.torch-cpu"] == engine["builds"]
+
+
+def test_nki_scf_runs_its_fp32_phase_on_nki(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    record = tmp_path / "n.h5"
+    result = run_cli("run", molecule_path("water"), "--backend", "nki", "--json", "-o", record)
+    assert result.code == 0, result.err
+    reference = pyscf_df_scf("water")
+    assert abs(json.loads(result.out)["e_scf"] - reference.e_tot) <= 1e-8
+    with h5py.File(record, "r") as h5:
+        engine = h5["scf_engine"].attrs
+        assert engine["fallbacks"] == 0
+        executors = json.loads(engine["build_executors"])
+        assert executors[0] == "nki-interpreter" and executors[-1] == "torch-cpu"
+        assert engine["calls.syrk.nki-interpreter"] >= 1
+        assert engine["calls.gemm.nki-interpreter"] >= 1
