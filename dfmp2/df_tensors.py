@@ -131,8 +131,10 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
             for (occ, vir), raw in zip(channels, raws):
                 nocc, nvir = occ.shape[1], vir.shape[1]
                 # (P|i nu) = C_occ^T (P|mu nu) for every P, then one GEMM over all (P, i) rows.
-                half = kernel_set.gemm(occ.T, lpq).reshape(npart * nocc, nao)
-                raw.write_rows(p0, p1, kernel_set.gemm(half, vir).reshape(npart, nocc * nvir))
+                # transform_gemm: these sums cancel strongly on diffuse bases (kernels/interface.py)
+                half = kernel_set.transform_gemm(occ.T, lpq).reshape(npart * nocc, nao)
+                raw.write_rows(p0, p1, kernel_set.transform_gemm(half, vir).reshape(
+                    npart, nocc * nvir))
             t_ints += t1 - t0
             t_transform += clock() - t1
         del integrals
@@ -167,7 +169,7 @@ def fit(raw, fitted, metric: FitMetric, kernel_set, max_block_bytes: int, nvir: 
         if metric.kind == "cholesky":
             block = kernel_set.trsm(metric.factor, block, out=block)
         else:
-            block = kernel_set.gemm(metric.factor.T, block)
+            block = kernel_set.transform_gemm(metric.factor.T, block)
         # One sum per chunk finds any NaN or Inf (they propagate) at a fraction of the cost of
         # an elementwise isfinite over the whole of B.
         if not math.isfinite(float(block.sum())):

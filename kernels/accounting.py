@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 
-
 class NkiRequired(RuntimeError):
     """An NKI kernel failed where falling back to torch is forbidden (``require_nki``)."""
 

@@ -1,4 +1,6 @@
-"""PyTorch implementations of the four kernels, in fp64 or fp32, on any torch device."""
+"""The kernel set on PyTorch (:class:`TorchKernels`), in fp64 or fp32, on any torch device.
+
+It satisfies :class:`kernels.interface.KernelSet`; operand layouts are documented there."""
 from __future__ import annotations
 
 import math
@@ -35,9 +37,9 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device(device)
 
 
-def _stripe(block: int) -> int:
-    """Rows per stripe: a whole number of ``block``-row units, at least MIN_STRIPE_ROWS rows."""
-    return block * max(1, -(-MIN_STRIPE_ROWS // block))
+def _stripe(row_unit: int) -> int:
+    """Rows per stripe: a whole number of ``row_unit``-row units, at least MIN_STRIPE_ROWS."""
+    return row_unit * max(1, -(-MIN_STRIPE_ROWS // row_unit))
 
 
 class ReductionBuffers:
@@ -73,12 +75,12 @@ def orbital_row_sums(t_row: torch.Tensor, denom_a: torch.Tensor, denom_col: torc
 
 
 def pair_block_sums(t: torch.Tensor, denom_row: torch.Tensor, denom_col: torch.Tensor,
-                    lower_pairs: bool, row_offset: int = 0, with_exchange: bool = True,
+                    diagonal_block: bool, row_offset: int = 0, with_exchange: bool = True,
                     workers: int = 1) -> tuple[float, float]:
     """(direct, exchange) over a block viewed as t[i, a, j, b] (rows i, cols j).
 
     ``row_offset`` is the index of t's first row orbital among the column orbitals, used with
-    ``lower_pairs`` to keep only pairs i >= j (i > j weighted twice). Rows are shared out to
+    ``diagonal_block`` to keep only pairs i >= j (i > j weighted twice). Rows are shared out to
     ``workers`` threads (each running single-threaded torch ops); the partial sums are added in
     a fixed order, so the result does not depend on timing.
     """
@@ -86,7 +88,7 @@ def pair_block_sums(t: torch.Tensor, denom_row: torch.Tensor, denom_col: torch.T
         buffers = ReductionBuffers(t.shape[1], t.shape[3], t.dtype, t.device)
         direct = exchange = 0.0
         for i in range(first, t.shape[0], workers):
-            if lower_pairs:
+            if diagonal_block:
                 i_col = i + row_offset
                 d_low, x_low = orbital_row_sums(t[i, :, :i_col], denom_row[i], denom_col[:i_col],
                                                 with_exchange, buffers)
@@ -113,13 +115,14 @@ def pair_block_sums(t: torch.Tensor, denom_row: torch.Tensor, denom_col: torch.T
 class TorchKernels:
     """The kernel set on torch: fp64 or fp32 contractions, fp64 energy sums."""
 
+    backend = "torch"
+
     def __init__(self, precision: str = "fp64", device: torch.device | None = None,
                  accounting: KernelAccounting | None = None) -> None:
         self.precision = precision
         self.dtype = DTYPES[precision]
         self.device = device if device is not None else resolve_device(None)
         self.accounting = accounting if accounting is not None else KernelAccounting()
-        self.backend = "torch"
         self.executor = f"torch-{self.device.type}"
 
     def report(self) -> dict:
@@ -130,11 +133,17 @@ class TorchKernels:
         self.accounting.record("gemm", self.executor)
         return torch.matmul(a, b)
 
-    def syrk(self, a: torch.Tensor, block: int) -> torch.Tensor:
+    def transform_gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        # torch accumulates in the operands' precision: fp64 needs no split, and fp32 torch is
+        # the user's explicit choice (or the NKI fallback), so this is the plain product
+        self.accounting.record("transform_gemm", self.executor)
+        return torch.matmul(a, b)
+
+    def syrk(self, a: torch.Tensor, row_unit: int) -> torch.Tensor:
         self.accounting.record("syrk", self.executor)
         n = a.shape[0]
         out = torch.empty((n, n), dtype=a.dtype, device=a.device)
-        stripe = _stripe(block)
+        stripe = _stripe(row_unit)
         for r0 in range(0, n, stripe):
             r1 = min(n, r0 + stripe)
             out[r0:r1, :r1] = a[r0:r1] @ a[:r1].T
@@ -146,12 +155,13 @@ class TorchKernels:
         return torch.linalg.solve_triangular(l, b, upper=False, out=out)
 
     def mp2_energy(self, pair_block: torch.Tensor, denom_row: torch.Tensor,
-                   denom_col: torch.Tensor, nvir: int, lower_pairs: bool) -> tuple[float, float]:
+                   denom_col: torch.Tensor, nvir: int,
+                   diagonal_block: bool) -> tuple[float, float]:
         self.accounting.record("mp2_energy", self.executor)
         ni, nj = pair_block.shape[0] // nvir, pair_block.shape[1] // nvir
         t = pair_block.reshape(ni, nvir, nj, nvir)
         return pair_block_sums(t, denom_row.reshape(ni, nvir), denom_col.reshape(nj, nvir),
-                               lower_pairs, workers=torch.get_num_threads())
+                               diagonal_block, workers=torch.get_num_threads())
 
     def mp2_energy_os(self, pair_block: torch.Tensor, denom_row: torch.Tensor,
                       denom_col: torch.Tensor, nvir_row: int, nvir_col: int) -> float:
@@ -179,7 +189,7 @@ class TorchKernels:
 
     def mp2_energy_fused(self, b_row: torch.Tensor, b_col: torch.Tensor, denom_row: torch.Tensor,
                          denom_col: torch.Tensor, nvir: int,
-                         lower_pairs: bool) -> tuple[float, float]:
+                         diagonal_block: bool) -> tuple[float, float]:
         self.accounting.record("mp2_energy", self.executor)
         ni, nj = b_row.shape[1] // nvir, b_col.shape[1] // nvir
         d_row = denom_row.reshape(ni, nvir)
@@ -188,10 +198,10 @@ class TorchKernels:
         direct = exchange = 0.0
         for i0 in range(0, ni, stripe):
             i1 = min(ni, i0 + stripe)
-            j1 = i1 if lower_pairs else nj
+            j1 = i1 if diagonal_block else nj
             tile = b_row[:, i0 * nvir:i1 * nvir].T @ b_col[:, :j1 * nvir]
             d, x = pair_block_sums(tile.view(i1 - i0, nvir, j1, nvir), d_row[i0:i1],
-                                   d_col[:j1], lower_pairs, row_offset=i0,
+                                   d_col[:j1], diagonal_block, row_offset=i0,
                                    workers=torch.get_num_threads())
             direct += d
             exchange += x

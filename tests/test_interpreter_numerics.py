@@ -209,13 +209,11 @@ def test_transposes():
 
 @nki.jit
 def index_styles(a):
-    """ds(), integer indexing of a rank-3 HBM tensor, and the nl.arange index style."""
+    """ds(), slices and integer indexing of a rank-3 HBM tensor (0.3.0 has no nl.arange)."""
     out = nl.ndarray((2, 4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
-    i_p = nl.arange(4)[:, None]
-    i_f = nl.arange(8)[None, :]
-    for b in nl.affine_range(2):
+    for b in nl.static_range(2):
         t = nl.load(a[b, nl.ds(0, 4), 0:8])
-        u = nl.load(a[b, i_p, 8 + i_f])
+        u = nl.load(a[b, 0:4, nl.ds(8, 8)])
         nl.store(out[b], nl.add(t, u))
     return out
 
@@ -227,13 +225,13 @@ def test_index_styles():
 
 @nki.jit
 def misc_ops(a, b):
-    """numpy operator aliases, dma_copy with add, HBM->HBM, initialised tensors, nl.matmul."""
+    """numpy operator aliases, HBM->HBM, initialised tensors, nl.matmul."""
     sums = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
     x, y = nl.load(a), nl.load(b)
     t = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=t, data1=x, data2=y, op=np.add)
+    nisa.tensor_tensor(dst=t, data1=t, data2=nl.ones(a.shape, dtype=nl.float32), op=nl.add)
     nisa.dma_copy(dst=sums, src=t)
-    nisa.dma_copy(dst=sums, src=nl.ones(a.shape, dtype=nl.float32), dst_rmw_op=nl.add)
     copied = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=copied, src=a)
     filled = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.shared_hbm)

@@ -73,7 +73,7 @@ def k_index_bounds(a):
 
 @nki.jit
 def k_index_pattern(a):
-    i = nl.arange(3)
+    i = np.arange(3)
     return a[i * i, 0:4]
 
 
@@ -482,6 +482,44 @@ def k_hwdge_dtype(a):
 
 
 @nki.jit
+def k_dma_rmw(a):
+    out = out_like((4, 4))
+    nisa.dma_copy(dst=out, src=a)
+    nisa.dma_copy(dst=out, src=a, dst_rmw_op=nl.add)
+    return out
+
+
+@nki.jit
+def k_dma_unique_indices(a):
+    out = out_like((4, 4))
+    nisa.dma_copy(dst=out, src=a, unique_indices=True)
+    return out
+
+
+@nki.jit
+def k_nl_arange(a):
+    return a[nl.arange(4), 0:4]
+
+
+@nki.jit
+def k_hwdge_on_trn1(a):
+    t = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a, dge_mode=nisa.dge_mode.hwdge)
+
+
+@nki.jit
+def k_gpsimd_tensor_scalar(a):
+    nisa.tensor_scalar(dst=sbuf((128, 8)), data=nl.load(a), op0=nl.multiply, operand0=2.0,
+                       engine=nisa.engine.gpsimd)
+
+
+@nki.jit
+def k_gpsimd_tensor_scalar_second_op(a):
+    nisa.tensor_scalar(dst=sbuf((128, 8)), data=nl.load(a), op0=nl.rsqrt, operand0=1.0,
+                       op1=nl.add, operand1=1.0, engine=nisa.engine.gpsimd)
+
+
+@nki.jit
 def k_sbuf_uninitialized(a):
     out = out_like((4, 8))
     nl.store(out, nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.sbuf))
@@ -620,6 +658,12 @@ CASES = [
     (k_scalar_tensor_copy, (arr(128, 8),), "tensor-copy-engine", "scalar"),
     (k_scalar_memset, (), "memset-engine", "scalar"),
     (k_hwdge_dtype, (arr(4, 4),), "dma-hwdge-dtype", "nl.bfloat16"),
+    (k_hwdge_on_trn1, (arr(4, 4),), "dma-hwdge-target", "(4, 4)"),
+    (k_dma_rmw, (arr(4, 4),), "dma-rmw", "dst_rmw_op"),
+    (k_dma_unique_indices, (arr(4, 4),), "dma-rmw", "unique_indices"),
+    (k_nl_arange, (arr(4, 4),), "nl-arange", "nl.arange(4)"),
+    (k_gpsimd_tensor_scalar, (arr(128, 8),), "tensor-scalar-engine", "nl.multiply"),
+    (k_gpsimd_tensor_scalar_second_op, (arr(128, 8),), "tensor-scalar-engine", "nl.add"),
     (k_sbuf_uninitialized, (arr(4, 8),), "sbuf-uninitialized", "(4, 8)"),
     (k_sbuf_partly_written, (arr(4, 6),), "sbuf-uninitialized", "(4, 8)"),
     (k_address_malformed, (), "address", "(0,)"),

@@ -2,12 +2,11 @@
 
 Shapes are awkward on purpose: 1, 127, 128, 129, 131, 300 and 513 each appear in every role of
 gemm and syrk; the energy kernels use a prime nvir above 128, nocc = 1, I != J blocks and both
-``lower_pairs`` settings; the opposite-spin energies use nvir_row != nvir_col (131 / 97).
+``diagonal_block`` settings; the opposite-spin energies use nvir_row != nvir_col (131 / 97).
 References are torch fp64.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import warnings
@@ -19,8 +18,11 @@ import torch
 import kernels
 from kernels.accounting import KernelAccounting
 from kernels.nki import launcher as nki_launcher
-from kernels.nki_backend import NkiKernels, ladder
+from kernels.nki_host.kernel_set import NkiKernels
+from kernels.nki_host.planner import energy_strips_resident, ladder, os_strips_resident
+from kernels.nki_host.split_gemm import head_bits, line_sigmas
 from kernels.torch_backend import TorchKernels, pair_block_sums
+from kernels.trn1 import OS_COL_GROUP
 
 CPU = torch.device("cpu")
 HARDWARE = nki_launcher.trainium_present()
@@ -79,18 +81,94 @@ def test_gemm_batched_and_transposed_view(nk):
     assert rel_err(nk.gemm(at, b2), at @ b2) < 2e-6
 
 
+# ------------------------------------------------------------- transform gemm (exact-head split)
+def split_reference(a_t: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray):
+    """The kernel's split done in numpy fp32 arithmetic: heads and tails of both operands."""
+    a1 = (a_t + sa) - sa
+    b1 = (b + sb) - sb
+    return a1, a_t - a1, b1, b - b1
+
+
+def test_split_kernel_head_product_is_exact(interpreter_only, shared_launcher):
+    """The head comes back bit for bit equal to the exact (fp64) product of the heads, and head
+    + tail to the exact product of the fp32 operands within 2^-beta of fp32 rounding."""
+    k, m, n = 1024, 256, 640  # a ragged 512-column tile; beta = 7 for K = 1024
+    data = np.random.default_rng(7)
+    a_t = (20.0 * data.standard_normal((k, m))).astype(np.float32)
+    b = (data.standard_normal((k, n)) * np.logspace(-3, 2, n)).astype(np.float32)
+    beta = head_bits(k)
+    sa, sb = line_sigmas(a_t.T, beta, axis=1), line_sigmas(b, beta, axis=0)
+    (head, tail), p = run_profiled(interpreter_only, shared_launcher, "gemm_split", a_t, b, sa, sb)
+    a1, a2, b1, b2 = split_reference(a_t, b, sa, sb)
+    assert np.array_equal(a1 + a2, a_t) and np.array_equal(b1 + b2, b)  # exact splits
+    np.testing.assert_array_equal(head.astype(np.float64),
+                                  a1.T.astype(np.float64) @ b1.astype(np.float64))
+    exact = a_t.T.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a_t.T).astype(np.float64) @ np.abs(b).astype(np.float64)
+    error = np.abs(head.astype(np.float64) + tail.astype(np.float64) - exact) / scale
+    assert error.max() < 2.0 ** -beta * 1e-6
+    # three matmuls per (m, k, n) tile plus the sigma broadcasts; operands cross HBM once
+    m_tiles, k_tiles, n_tiles = m // 128, k // 128, 2
+    assert matmuls(p) == 3 * m_tiles * k_tiles * n_tiles + n_tiles + 1
+    assert p.dma_bytes == 4 * (k * m + k * n + m + n + 2 * m * n)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 300, 200), (131, 513, 129)])
+def test_transform_gemm_is_far_more_accurate_than_gemm(nk, m, k, n):
+    data = np.random.default_rng(m + k)
+    a = (20.0 * data.standard_normal((m, k))).astype(np.float32).astype(np.float64)
+    b = data.standard_normal((k, n)).astype(np.float32).astype(np.float64)
+    exact, scale = a @ b, np.abs(a) @ np.abs(b)
+    plain = nk.gemm(torch.from_numpy(a), torch.from_numpy(b)).double().numpy()
+    split = nk.transform_gemm(torch.from_numpy(a), torch.from_numpy(b))
+    assert split.dtype == torch.float64  # head + tail summed in fp64 on the host
+    plain_error = np.max(np.abs(plain - exact) / scale)
+    split_error = np.max(np.abs(split.numpy() - exact) / scale)
+    assert split_error < 5e-9 and split_error < plain_error / 20
+    assert nk.accounting.calls[("transform_gemm", nk.executor)] == 1
+    assert nk.accounting.calls[("gemm", nk.executor)] == 1
+
+
+def test_transform_gemm_batched_like_gemm(nk):
+    g = rng(12)
+    a = torch.randn(7, 130, dtype=torch.float64, generator=g)
+    b = torch.randn(3, 130, 129, dtype=torch.float64, generator=g)
+    c = nk.transform_gemm(a, b)
+    assert c.shape == (3, 7, 129)
+    assert rel_err(c, a @ b) < 1e-7  # the fp32 rounding of the inputs, nothing more
+    before = dict(nk.launcher.launches)
+    nk.transform_gemm(a.T.contiguous().T, b[0])  # a transposed view, one 2-D product
+    new = [s for s, c in nk.launcher.launches.items() if c != before.get(s, 0)]
+    assert new and all(s.startswith("gemm_split(") for s in new)
+
+
+def test_transform_gemm_falls_back_under_its_own_name(nk, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(nk.launcher, "launch", broken)
+    a = torch.randn(5, 7, dtype=torch.float64, generator=rng(3))
+    b = torch.randn(7, 4, dtype=torch.float64, generator=rng(4))
+    with pytest.warns(RuntimeWarning, match="transform_gemm"):
+        c = nk.transform_gemm(a, b)
+    assert rel_err(c, a @ b) < 1e-6
+    assert nk.accounting.calls[("transform_gemm", "torch-cpu")] == 1
+    assert nk.accounting.calls[("transform_gemm", nk.executor)] == 0
+    assert nk.accounting.fallbacks == 1
+
+
 # ---------------------------------------------------------------------------------------- syrk
 SYRK_SHAPES = [(1, 513, 1), (127, 1, 128), (128, 300, 7), (129, 131, 128), (131, 129, 200),
                (300, 127, 128), (513, 128, 300)]
 
 
-@pytest.mark.parametrize("n,k,block", SYRK_SHAPES)
-def test_syrk_lower_blocks_match_fp64(nk, n, k, block):
+@pytest.mark.parametrize("n,k,row_unit", SYRK_SHAPES)
+def test_syrk_lower_blocks_match_fp64(nk, n, k, row_unit):
     a = torch.randn(n, k, dtype=torch.float64, generator=rng(n + k))
-    c = nk.syrk(a, block)
+    c = nk.syrk(a, row_unit)
     ref = a @ a.T
-    rows = torch.arange(n)[:, None] // block
-    cols = torch.arange(n)[None, :] // block
+    rows = torch.arange(n)[:, None] // row_unit
+    cols = torch.arange(n)[None, :] // row_unit
     guaranteed = cols <= rows
     err = (c.double() - ref).abs()[guaranteed].max() / ref.abs().max()
     assert float(err) < 2e-6
@@ -131,12 +209,12 @@ def test_trsm_caches_metric_preparation(nk):
     l = well_conditioned_lower(200, 5)
     b = torch.randn(200, 3, dtype=torch.float64, generator=rng(5))
     nk.trsm(l, b)
-    prepared = nk._trsm_cache[2]
+    prepared = nk._prepared_factor[2]
     nk.trsm(l, 2 * b)
-    assert nk._trsm_cache[2] is prepared  # same L object: inverses not recomputed
+    assert nk._prepared_factor[2] is prepared  # same L object: inverses not recomputed
     l2 = l.clone()
     nk.trsm(l2, b)
-    assert nk._trsm_cache[2] is not prepared
+    assert nk._prepared_factor[2] is not prepared
 
 
 # ------------------------------------------------------------------------------------ energies
@@ -161,7 +239,7 @@ def reference_sums(b_row, b_col, denom_row, denom_col, nvir, lower):
     return t, float(d), float(x)
 
 
-ENERGY_CASES = [  # ni, nj, nvir, naux, lower_pairs
+ENERGY_CASES = [  # ni, nj, nvir, naux, diagonal_block
     (1, 1, 131, 129, True),    # nocc = 1, diagonal block
     (1, 1, 131, 300, False),
     (3, 5, 131, 513, False),   # I != J blocks of different sizes
@@ -282,8 +360,9 @@ def test_os_fused_kernel_never_writes_t(interpreter_only, shared_launcher):
     n_rows, n_cols, naux = 131, 291, 256
     x_tiles, r_tiles, c_tiles = naux // 128, 2, 1
     b_row, b_col, d_row, d_col, t, ref = os_kernel_inputs(n_rows, n_cols, naux, 2)
+    assert os_strips_resident(x_tiles, n_cols)
     out, p = run_profiled(interpreter_only, shared_launcher, "mp2_energy_os_fused",
-                          b_row, b_col, d_row, d_col)
+                          b_row, b_col, d_row, d_col, 1, OS_COL_GROUP)
     assert out.shape == (128, r_tiles * c_tiles)
     assert float(out.astype(np.float64).sum()) == pytest.approx(ref, rel=1e-5)
     # one matmul per (row tile, column tile, k tile), plus the K=1 denominator broadcast
@@ -295,21 +374,18 @@ def test_os_fused_kernel_never_writes_t(interpreter_only, shared_launcher):
     # a block whose T (1024 x 2048, 8 MiB) dwarfs its inputs: traffic far below the size of T
     b_row, b_col, d_row, d_col, t, ref = os_kernel_inputs(1024, 2048, 128, 3)
     out, p = run_profiled(interpreter_only, shared_launcher, "mp2_energy_os_fused",
-                          b_row, b_col, d_row, d_col)
+                          b_row, b_col, d_row, d_col, int(os_strips_resident(1, 2048)),
+                          OS_COL_GROUP)
     assert float(out.astype(np.float64).sum()) == pytest.approx(ref, rel=1e-5)
     assert p.dma_bytes < 0.2 * t.size * 4
 
 
-def test_os_fused_kernel_streams_tiles_beyond_the_strip_budget(interpreter_only,
-                                                               shared_launcher, monkeypatch):
-    kernel = shared_launcher.kernel("mp2_energy_os_fused")
-    module = importlib.import_module("kernels.nki.mp2_energy_os_fused")
-    monkeypatch.setattr(module, "STRIP_BYTES", 0)  # force the streamed (non-resident) path
+def test_os_fused_kernel_streams_tiles_when_told(interpreter_only, shared_launcher):
     n_rows, n_cols, naux = 131, 1100, 256
     x_tiles, r_tiles, c_tiles = 2, 2, 3
     b_row, b_col, d_row, d_col, _, ref = os_kernel_inputs(n_rows, n_cols, naux, 4)
-    profile = interpreter_only.Profile()
-    out = interpreter_only.simulate(kernel, profile=profile)(b_row, b_col, d_row, d_col)
+    out, profile = run_profiled(interpreter_only, shared_launcher, "mp2_energy_os_fused",
+                                b_row, b_col, d_row, d_col, 0, OS_COL_GROUP)  # streamed
     assert float(out.astype(np.float64).sum()) == pytest.approx(ref, rel=1e-5)
     assert matmuls(profile) == r_tiles * c_tiles * x_tiles + c_tiles
     # b_row tiles once per (row tile, k), b_col tiles once per (row tile, k, column tile)
@@ -397,9 +473,10 @@ def test_fused_energy_counts_follow_pairs_and_tiles(interpreter_only, shared_lau
     b_col = data.standard_normal((naux, g * nvir)).astype(np.float32)
     d_row = -1.0 - data.random((g * nvir, 1)).astype(np.float32)
     d_col = -1.0 - data.random((g, nvir)).astype(np.float32)
+    assert energy_strips_resident(x_tiles, nvir)
     for flag, pairs in ((0, g * g), (1, g * (g + 1) // 2)):
         _, p = run_profiled(interpreter_only, shared_launcher, "mp2_energy_fused",
-                            b_row, b_col, d_row, d_col, flag)
+                            b_row, b_col, d_row, d_col, flag, 1)
         # T tiles: a_tiles * x_tiles * b_tiles matmuls per pair, plus one K=1 broadcast matmul
         # of the column denominators per (j, b tile) per launch
         assert matmuls(p) == pairs * a_tiles * x_tiles * b_tiles + g * b_tiles
@@ -412,6 +489,25 @@ def test_fused_energy_counts_follow_pairs_and_tiles(interpreter_only, shared_lau
         expected = 4 * (g * naux * nvir + pairs * naux * nvir + g * nvir + g * nvir
                         + 128 * slots)
         assert p.dma_bytes == expected
+
+
+def test_kernels_assert_their_preconditions(interpreter_only, shared_launcher):
+    """Shapes the host would never send are refused at trace time, naming kernel and sizes."""
+    f32 = np.float32
+    with pytest.raises(AssertionError, match=r"gemm_kernel: K=100 and M=128 must be multiples"):
+        run_profiled(interpreter_only, shared_launcher, "gemm", np.ones((100, 128), f32),
+                     np.ones((100, 128), f32))
+    with pytest.raises(AssertionError, match=r"syrk_kernel: N=1152 exceeds 1024"):
+        run_profiled(interpreter_only, shared_launcher, "syrk", np.ones((128, 1152), f32))
+    naux, nvir = 12800, 131  # 100 aux tiles x 131 x 4 B: more than a resident strip may take
+    with pytest.raises(AssertionError, match=r"mp2_energy_fused_kernel: resident strips"):
+        run_profiled(interpreter_only, shared_launcher, "mp2_energy_fused",
+                     np.ones((naux, nvir), f32), np.ones((naux, nvir), f32),
+                     -np.ones((nvir, 1), f32), -np.ones((1, nvir), f32), 1, 1)
+    with pytest.raises(AssertionError, match=r"col_group=5 must be 1 \.\. 4"):
+        run_profiled(interpreter_only, shared_launcher, "mp2_energy_os_fused",
+                     np.ones((128, 128), f32), np.ones((128, 128), f32),
+                     -np.ones((128, 1), f32), -np.ones((1, 128), f32), 1, 5)
 
 
 def test_ladder_is_canonical():

@@ -32,9 +32,9 @@ def test_nan_from_the_energy_kernel_names_the_block(water_scf, monkeypatch):
     kern = kernels.load("torch", "fp64")
     real = kern.mp2_energy
 
-    def poisoned(block, d_row, d_col, nvir, lower_pairs):
-        direct, exchange = real(block, d_row, d_col, nvir, lower_pairs)
-        return (float("nan"), exchange) if not lower_pairs else (direct, exchange)
+    def poisoned(block, d_row, d_col, nvir, diagonal_block):
+        direct, exchange = real(block, d_row, d_col, nvir, diagonal_block)
+        return (float("nan"), exchange) if not diagonal_block else (direct, exchange)
 
     monkeypatch.setattr(kern, "mp2_energy", poisoned)
     with pytest.raises(RunFailure, match=r"occupied blocks \[0:2\] x \[2:4\]"):

@@ -6,10 +6,11 @@ Operands (all fp32, HBM):
 - ``b`` (K, N): the right factor, contraction K on the partition axis: the *moving* layout.
 - returns ``c`` (M, N), allocated in ``nl.shared_hbm``.
 
-Shape limits (the host, ``kernels/nki_backend.py``, pads with zeros and splits to meet them):
-K and M multiples of 128; N a multiple of 128 (the last 512-column tile may be narrower);
-N <= 1024 (two PSUM banks live per output row block); (K/128) * N * 4 bytes <= 96 KiB per
-partition (the whole ``b`` strip stays resident in SBUF).
+Shape limits, asserted at trace time (the host, ``kernels/nki_host/gemm.py``, pads with zeros
+and splits to meet them): K and M multiples of TILE (128); N a multiple of TILE (the last
+TILE_N = 512-column tile may be narrower) and at most GEMM_MAX_N (1024: two PSUM banks live
+per output row block); (K/128) * N * 4 bytes <= GEMM_STRIP_BYTES (96 KiB) per partition (the
+whole ``b`` strip stays resident in SBUF). Constants from ``kernels/trn1.py``.
 
 Trainium features used:
 - SBUF residency: the (K, N) strip of ``b`` is loaded once per launch and stays in SBUF; each
@@ -24,48 +25,31 @@ Trainium features used:
 """
 import nki
 import nki.language as nl
-import nki.isa as nisa
 
-TILE_K = 128  # contraction rows per matmul: partition dim of stationary and moving tiles
-TILE_M = 128  # stationary free size: output rows per matmul
-TILE_N = 512  # moving free size: output columns per matmul, one fp32 PSUM bank
+from kernels.nki.tiling import load_strip, product_block_to_hbm
+from kernels.trn1 import FP32_BYTES, GEMM_MAX_N, GEMM_STRIP_BYTES, TILE
 
 
 @nki.jit
 def gemm_kernel(a_t, b):
     k_size, m_size = a_t.shape
     n_size = b.shape[1]
+    assert b.shape[0] == k_size, f"gemm_kernel: a_t {a_t.shape} and b {b.shape} differ in K"
+    assert k_size % TILE == 0 and m_size % TILE == 0, (
+        f"gemm_kernel: K={k_size} and M={m_size} must be multiples of {TILE}")
+    assert n_size % TILE == 0 and n_size <= GEMM_MAX_N, (
+        f"gemm_kernel: N={n_size} must be a multiple of {TILE}, at most {GEMM_MAX_N}")
+    k_tiles = k_size // TILE
+    assert k_tiles * n_size * FP32_BYTES <= GEMM_STRIP_BYTES, (
+        f"gemm_kernel: the resident b strip ({k_size} x {n_size}) exceeds {GEMM_STRIP_BYTES} B "
+        "per partition")
     c = nl.ndarray((m_size, n_size), dtype=nl.float32, buffer=nl.shared_hbm)
 
-    k_tiles = k_size // TILE_K
-    m_tiles = m_size // TILE_M
-    n_tiles = (n_size + TILE_N - 1) // TILE_N
-
     # The whole moving strip of b stays resident: tile k occupies columns k*N .. (k+1)*N.
-    b_res = nl.ndarray((TILE_K, k_tiles * n_size), dtype=nl.float32, buffer=nl.sbuf)
-    for k in nl.static_range(k_tiles):
-        nisa.dma_copy(dst=b_res[0:TILE_K, k * n_size:(k + 1) * n_size],
-                      src=b[k * TILE_K:(k + 1) * TILE_K, 0:n_size])
+    b_res = nl.ndarray((TILE, k_tiles * n_size), dtype=nl.float32, buffer=nl.sbuf)
+    load_strip(b_res, b, k_tiles, n_size, 0, n_size)
 
-    for m in nl.static_range(m_tiles):
-        acc = []
-        for n in nl.static_range(n_tiles):
-            acc.append(nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
-        for k in nl.static_range(k_tiles):
-            a_tile = nl.ndarray((TILE_K, TILE_M), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=a_tile,
-                          src=a_t[k * TILE_K:(k + 1) * TILE_K, m * TILE_M:(m + 1) * TILE_M])
-            for n in nl.static_range(n_tiles):
-                n0 = n * TILE_N
-                width = min(TILE_N, n_size - n0)
-                nisa.nc_matmul(dst=acc[n][0:TILE_M, 0:width], stationary=a_tile,
-                               moving=b_res[0:TILE_K, k * n_size + n0:k * n_size + n0 + width],
-                               accumulate=(k != 0))
-        for n in nl.static_range(n_tiles):
-            n0 = n * TILE_N
-            width = min(TILE_N, n_size - n0)
-            c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:TILE_M, 0:width], src=acc[n][0:TILE_M, 0:width])
-            nisa.dma_copy(dst=c[m * TILE_M:(m + 1) * TILE_M, n0:n0 + width],
-                          src=c_tile[0:TILE_M, 0:width])
+    for m in nl.static_range(m_size // TILE):
+        # a_t is streamed (each tile is used by one block row only); b is the resident strip
+        product_block_to_hbm(c, m * TILE, k_tiles, b_res, n_size, n_size, 0, a_t)
     return c

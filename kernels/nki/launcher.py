@@ -33,6 +33,7 @@ EXECUTORS = {"hardware": "nki-hardware", "simulator": "nki-simulator",
 # kernel name -> (module under kernels.nki, function name)
 KERNELS = {
     "gemm": ("gemm", "gemm_kernel"),
+    "gemm_split": ("gemm_split", "gemm_split_kernel"),
     "syrk": ("syrk", "syrk_kernel"),
     "trsm": ("trsm", "trsm_kernel"),
     "mp2_energy": ("mp2_energy", "mp2_energy_kernel"),
@@ -179,6 +180,14 @@ class Launcher:
             import nki
             return nki.simulate(kernel)(*args)
         return self._launch_hardware(kernel, args)
+
+    def run(self, kernel_name: str, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Launch the kernel named ``kernel_name`` (a key of KERNELS) on ``args``: its output as
+        an fp32 numpy array, or a tuple of them for a kernel with several outputs."""
+        out = self.launch(kernel_name, self.kernel(kernel_name), *args)
+        if isinstance(out, (tuple, list)):
+            return tuple(np.asarray(o, dtype=np.float32) for o in out)
+        return np.asarray(out, dtype=np.float32)
 
     def _launch_hardware(self, kernel: Any, args: tuple) -> Any:
         import torch

@@ -10,16 +10,18 @@ Operands (all fp32, HBM):
 - ``t`` (gr*nvir, gc*nvir): rows (i, a), columns (j, b), orbital-major.
 - ``denom_row`` (gr*nvir, 1): e_i - e_a for the row orbitals, one value per partition row.
 - ``denom_col`` (gc, nvir): e_j - e_b for the column orbitals; gives nvir and gc.
-- ``lower_pairs`` (compile-time int): 1 computes only pairs j <= i (a diagonal tile of the
-  pair space), 0 computes every pair.
+- ``diagonal_block`` (compile-time int): 1 when rows and columns are the same orbitals (a
+  diagonal tile of the pair space): only pairs j <= i are computed; 0 computes every pair.
 - returns ``partials`` (128, gr*gc*a_tiles*b_tiles*2) in ``nl.shared_hbm``, laid out exactly as
   in ``mp2_energy_fused``: column ``(((i*gc + j)*a_tiles + at)*b_tiles + bt)*2`` holds the
   per-partition direct sum of tile (at, bt) of pair (i, j), the next column its exchange sum;
   unused rows and skipped pairs hold 0. The host sums in fp64 and applies the pair weights.
 
-Shape limits: any nvir (a-tiles of 128 rows and b-tiles of 512 columns, both with a ragged
-last tile; never divisors of nvir); padded orbitals need zero T rows / columns and finite
-denominators with nonzero sums. SBUF per pair: T_ij (a_tiles * nvir * 4 bytes per partition).
+Shape limits, asserted at trace time (the host is ``kernels/nki_host/same_spin.py``): any
+nvir (a-tiles of TILE = 128 rows and b-tiles of TILE_N = 512 columns, both with a ragged last
+tile; never divisors of nvir); t (gr*nvir, gc*nvir) for gc = denom_col.shape[0] and gr =
+gc when ``diagonal_block``; padded orbitals need zero T rows / columns and finite denominators
+with nonzero sums. SBUF per pair: T_ij (a_tiles * nvir * 4 bytes per partition).
 
 Trainium features used:
 - DMA: each pair block T_ij is read from HBM once, row tile by row tile, into SBUF.
@@ -33,43 +35,47 @@ Trainium features used:
   Vector Engine reduces the current one.
 """
 import nki
-import nki.language as nl
 import nki.isa as nisa
+import nki.language as nl
 
-from kernels.nki.pair_reduction import (TILE_A, TILE_B, column_denominators, reduce_pair,
-                                        row_denominators)
-
+from kernels.nki.pair_reduction import (column_denominators, open_partials, reduce_pair,
+                                        row_denominators, store_partials)
+from kernels.trn1 import TILE, TILE_N
 
 
 @nki.jit
-def mp2_energy_kernel(t, denom_row, denom_col, lower_pairs):
-    row_size = t.shape[0]
+def mp2_energy_kernel(t, denom_row, denom_col, diagonal_block):
+    row_size, col_size = t.shape
     n_col_orb, nvir = denom_col.shape
     n_row_orb = row_size // nvir
-    a_tiles = (nvir + TILE_A - 1) // TILE_A
-    b_tiles = (nvir + TILE_B - 1) // TILE_B
+    assert row_size % nvir == 0 and col_size == n_col_orb * nvir, (
+        f"mp2_energy_kernel: t {t.shape} is not whole orbitals of {nvir} virtuals x "
+        f"{n_col_orb} column orbitals")
+    assert denom_row.shape == (row_size, 1), (
+        f"mp2_energy_kernel: denom_row {denom_row.shape} must be ({row_size}, 1)")
+    assert diagonal_block == 0 or n_row_orb == n_col_orb, (
+        f"mp2_energy_kernel: a diagonal block needs as many row as column orbitals, got "
+        f"{n_row_orb} x {n_col_orb}")
+    a_tiles = (nvir + TILE - 1) // TILE
+    b_tiles = (nvir + TILE_N - 1) // TILE_N
     n_slots = n_row_orb * n_col_orb * a_tiles * b_tiles * 2
 
-    partials = nl.ndarray((TILE_A, n_slots), dtype=nl.float32, buffer=nl.shared_hbm)
-    part_sb = nl.ndarray((TILE_A, n_slots), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=part_sb, value=0.0)
-
+    partials, part_sb = open_partials(n_slots)
     dcb = column_denominators(denom_col, n_col_orb, nvir, b_tiles)
     drs = row_denominators(denom_row, n_row_orb, nvir, a_tiles)
 
     for i in nl.static_range(n_row_orb):
         for j in nl.static_range(n_col_orb):
-            if lower_pairs == 0 or j <= i:
-                # T_ij in SBUF: row tile at occupies columns at*nvir .. (at+1)*nvir.
-                t_sb = nl.ndarray((TILE_A, a_tiles * nvir), dtype=nl.float32, buffer=nl.sbuf)
+            if diagonal_block == 0 or j <= i:
+                # T_ij in SBUF: row tile at occupies columns at*nvir .. (at+1)*nvir, one DMA each
+                t_sb = nl.ndarray((TILE, a_tiles * nvir), dtype=nl.float32, buffer=nl.sbuf)
                 for at in nl.static_range(a_tiles):
-                    a0 = at * TILE_A
-                    pa = min(TILE_A, nvir - a0)
+                    a0 = at * TILE
+                    pa = min(TILE, nvir - a0)
                     nisa.dma_copy(dst=t_sb[0:pa, at * nvir:(at + 1) * nvir],
                                   src=t[i * nvir + a0:i * nvir + a0 + pa,
                                         j * nvir:(j + 1) * nvir])
-
                 reduce_pair(t_sb, drs, dcb, part_sb, i, j, n_col_orb, nvir, a_tiles, b_tiles)
 
-    nisa.dma_copy(dst=partials[0:TILE_A, 0:n_slots], src=part_sb[0:TILE_A, 0:n_slots])
+    store_partials(partials, part_sb, n_slots)
     return partials

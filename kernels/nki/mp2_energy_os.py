@@ -16,10 +16,11 @@ Operands (all fp32, HBM):
   ``mp2_energy_os_fused``: column ``rt*c_tiles + ct`` holds the per-partition direct sum of
   tile (rt, ct) (128 rows x 512 columns, ragged last tiles); unused rows hold 0.
 
-Shape limits: any n_rows and n_cols (ragged last tiles); padded rows / columns need zero T and
+Shape limits, asserted at trace time (the host is ``kernels/nki_host/opposite_spin.py``): any
+n_rows; n_cols <= OS_MAX_COLS (2048) (ragged last tiles); padded rows / columns need zero T and
 finite denominators with nonzero sums. SBUF: one (128, n_cols) strip of T per row tile
 (n_cols*4 bytes per partition), the broadcast column denominators (n_cols*4 B) and the
-partials; the host keeps n_cols <= 2048.
+partials.
 
 Trainium features used:
 - DMA: each 128-row strip of T is read from HBM once, in one transfer, into SBUF.
@@ -31,44 +32,41 @@ Trainium features used:
 - Engines side by side: DMA loads the next T strip while the Vector Engine reduces this one.
 """
 import nki
-import nki.language as nl
 import nki.isa as nisa
+import nki.language as nl
 
-from kernels.nki.pair_reduction import (column_denominators, reduce_direct_tile,
-                                        row_denominators)
-
-TILE_R = 128  # rows (i, a) of a T tile (partition dim); = pair_reduction.TILE_A
-TILE_C = 512  # columns (j, b) of a T tile (one fp32 PSUM bank); = pair_reduction.TILE_B
+from kernels.nki.pair_reduction import (column_denominators, open_partials, reduce_direct_tile,
+                                        row_denominators, store_partials)
+from kernels.trn1 import OS_MAX_COLS, TILE, TILE_N
 
 
 @nki.jit
 def mp2_energy_os_kernel(t, denom_row, denom_col):
     n_rows, n_cols = t.shape
-    r_tiles = (n_rows + TILE_R - 1) // TILE_R
-    c_tiles = (n_cols + TILE_C - 1) // TILE_C
+    assert denom_row.shape == (n_rows, 1) and denom_col.shape == (1, n_cols), (
+        f"mp2_energy_os_kernel: denom_row {denom_row.shape} and denom_col {denom_col.shape} "
+        f"must be ({n_rows}, 1) and (1, {n_cols})")
+    assert n_cols <= OS_MAX_COLS, f"mp2_energy_os_kernel: {n_cols} columns exceed {OS_MAX_COLS}"
+    r_tiles = (n_rows + TILE - 1) // TILE
+    c_tiles = (n_cols + TILE_N - 1) // TILE_N
     n_slots = r_tiles * c_tiles
 
-    partials = nl.ndarray((TILE_R, n_slots), dtype=nl.float32, buffer=nl.shared_hbm)
-    part_sb = nl.ndarray((TILE_R, n_slots), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=part_sb, value=0.0)
-
+    partials, part_sb = open_partials(n_slots)
     # One 'orbital' spanning all rows and columns: dcb[p, c] = denom_col[0, c] on every
     # partition, and column rt of drs holds denom_row[rt*128 + p] on partition p.
     dcb = column_denominators(denom_col, 1, n_cols, c_tiles)
     drs = row_denominators(denom_row, 1, n_rows, r_tiles)
 
     for rt in nl.static_range(r_tiles):
-        r0 = rt * TILE_R
-        pr = min(TILE_R, n_rows - r0)
-        dr_col = drs[0:pr, rt:rt + 1]
-        t_sb = nl.ndarray((TILE_R, n_cols), dtype=nl.float32, buffer=nl.sbuf)
+        r0 = rt * TILE
+        pr = min(TILE, n_rows - r0)
+        t_sb = nl.ndarray((TILE, n_cols), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t_sb[0:pr, 0:n_cols], src=t[r0:r0 + pr, 0:n_cols])
         for ct in nl.static_range(c_tiles):
-            c0 = ct * TILE_C
-            wc = min(TILE_C, n_cols - c0)
-            t_rc = t_sb[0:pr, c0:c0 + wc]
-            reduce_direct_tile(t_rc, dcb, dr_col, part_sb, pr, wc, c0,
-                               rt * c_tiles + ct)
+            c0 = ct * TILE_N
+            wc = min(TILE_N, n_cols - c0)
+            reduce_direct_tile(t_sb[0:pr, c0:c0 + wc], dcb, drs[0:pr, rt:rt + 1], part_sb, pr,
+                               wc, c0, rt * c_tiles + ct)
 
-    nisa.dma_copy(dst=partials[0:TILE_R, 0:n_slots], src=part_sb[0:TILE_R, 0:n_slots])
+    store_partials(partials, part_sb, n_slots)
     return partials

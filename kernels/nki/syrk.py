@@ -7,9 +7,10 @@ Operands (all fp32, HBM):
   ``a_t.T @ a_t``; every block above the diagonal is written as zeros (the output is fully
   defined). The host mirrors the lower blocks when it needs the full matrix.
 
-Shape limits (the host pads with zero rows / columns and splits larger problems into syrk
-diagonal blocks plus gemm off-diagonal blocks): K and N multiples of 128, N <= 1024,
-(K/128) * N * 4 bytes <= 96 KiB per partition (the whole ``a_t`` stays resident in SBUF).
+Shape limits, asserted at trace time (the host, ``kernels/nki_host/gemm.py``, pads with zero
+rows / columns and splits larger problems into syrk diagonal blocks plus gemm off-diagonal
+blocks): K and N multiples of TILE (128), N <= GEMM_MAX_N (1024), (K/128) * N * 4 bytes <=
+GEMM_STRIP_BYTES (96 KiB) per partition (the whole ``a_t`` stays resident in SBUF).
 
 Trainium features used:
 - SBUF residency: ``a_t`` is loaded once; stationary and moving tiles are slices of it.
@@ -22,52 +23,35 @@ Trainium features used:
 - Engines side by side: DMA, Tensor, Vector and GpSimd engines on independent tiles.
 """
 import nki
-import nki.language as nl
 import nki.isa as nisa
+import nki.language as nl
 
-TILE_K = 128  # contraction rows per matmul (partition dim)
-TILE_M = 128  # output rows per matmul (stationary free size); also the diagonal block size
-TILE_N = 512  # output columns per matmul (moving free size, one fp32 PSUM bank)
+from kernels.nki.tiling import load_strip, product_block_to_hbm
+from kernels.trn1 import FP32_BYTES, GEMM_MAX_N, GEMM_STRIP_BYTES, TILE
 
 
 @nki.jit
 def syrk_kernel(a_t):
     k_size, n_size = a_t.shape
+    assert k_size % TILE == 0 and n_size % TILE == 0, (
+        f"syrk_kernel: K={k_size} and N={n_size} must be multiples of {TILE}")
+    assert n_size <= GEMM_MAX_N, f"syrk_kernel: N={n_size} exceeds {GEMM_MAX_N}"
+    k_tiles = k_size // TILE
+    assert k_tiles * n_size * FP32_BYTES <= GEMM_STRIP_BYTES, (
+        f"syrk_kernel: the resident a_t ({k_size} x {n_size}) exceeds {GEMM_STRIP_BYTES} B "
+        "per partition")
     c = nl.ndarray((n_size, n_size), dtype=nl.float32, buffer=nl.shared_hbm)
 
-    k_tiles = k_size // TILE_K
-    m_tiles = n_size // TILE_M
+    a_res = nl.ndarray((TILE, k_tiles * n_size), dtype=nl.float32, buffer=nl.sbuf)
+    load_strip(a_res, a_t, k_tiles, n_size, 0, n_size)
 
-    a_res = nl.ndarray((TILE_K, k_tiles * n_size), dtype=nl.float32, buffer=nl.sbuf)
-    for k in nl.static_range(k_tiles):
-        nisa.dma_copy(dst=a_res[0:TILE_K, k * n_size:(k + 1) * n_size],
-                      src=a_t[k * TILE_K:(k + 1) * TILE_K, 0:n_size])
-
-    zero_tile = nl.ndarray((TILE_M, n_size), dtype=nl.float32, buffer=nl.sbuf)
+    zero_tile = nl.ndarray((TILE, n_size), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=zero_tile, value=0.0)
 
-    for m in nl.static_range(m_tiles):
-        row_width = (m + 1) * TILE_M  # columns 0 .. row_width are on or below the diagonal
-        n_tiles = (row_width + TILE_N - 1) // TILE_N
-        acc = []
-        for n in nl.static_range(n_tiles):
-            acc.append(nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.psum))
-        for k in nl.static_range(k_tiles):
-            stationary = a_res[0:TILE_K, k * n_size + m * TILE_M:k * n_size + (m + 1) * TILE_M]
-            for n in nl.static_range(n_tiles):
-                n0 = n * TILE_N
-                width = min(TILE_N, row_width - n0)
-                nisa.nc_matmul(dst=acc[n][0:TILE_M, 0:width], stationary=stationary,
-                               moving=a_res[0:TILE_K, k * n_size + n0:k * n_size + n0 + width],
-                               accumulate=(k != 0))
-        for n in nl.static_range(n_tiles):
-            n0 = n * TILE_N
-            width = min(TILE_N, row_width - n0)
-            c_tile = nl.ndarray((TILE_M, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=c_tile[0:TILE_M, 0:width], src=acc[n][0:TILE_M, 0:width])
-            nisa.dma_copy(dst=c[m * TILE_M:(m + 1) * TILE_M, n0:n0 + width],
-                          src=c_tile[0:TILE_M, 0:width])
+    for m in nl.static_range(n_size // TILE):
+        row_width = (m + 1) * TILE  # columns 0 .. row_width are on or below the diagonal
+        product_block_to_hbm(c, m * TILE, k_tiles, a_res, n_size, row_width, 1, a_t)
         if row_width < n_size:
-            nisa.dma_copy(dst=c[m * TILE_M:(m + 1) * TILE_M, row_width:n_size],
-                          src=zero_tile[0:TILE_M, 0:n_size - row_width])
+            nisa.dma_copy(dst=c[m * TILE:(m + 1) * TILE, row_width:n_size],
+                          src=zero_tile[0:TILE, 0:n_size - row_width])
     return c

@@ -10,9 +10,11 @@ Operands (all fp32, HBM):
 - ``b`` (n, m): the right-hand sides, rows on the partition axis (the moving layout).
 - returns ``x`` (n, m) in ``nl.shared_hbm``.
 
-Shape limits (the host pads L with an identity block and B with zero rows): n a multiple of
-128; m a multiple of 128 (column strips of 512, the last one narrower). SBUF holds one strip of
-solved row blocks: (n / 128) * 2 KiB per partition, so n <= 10240 (80 blocks).
+Shape limits, asserted at trace time (the host, ``kernels/nki_host/trsm.py``, pads L with an
+identity block and B with zero rows): n a multiple of TILE (128); m a multiple of TILE (column
+strips of TILE_N = 512, the last one narrower). SBUF holds one strip of solved row blocks:
+(n / 128) * 2 KiB per partition, so n <= TRSM_MAX_N (10240, 80 blocks). Constants from
+``kernels/trn1.py``.
 
 Trainium features used:
 - One launch performs the whole substitution for every column strip of B: the sequential
@@ -26,52 +28,58 @@ Trainium features used:
   engines work on the previous block.
 """
 import nki
-import nki.language as nl
 import nki.isa as nisa
+import nki.language as nl
 
-TILE = 128  # row-block size of L, B and X (partition dim; stationary free size)
-STRIP = 512  # columns of B solved together (moving free size, one fp32 PSUM bank)
+from kernels.trn1 import TILE, TILE_N, TRSM_MAX_N
 
 
 @nki.jit
 def trsm_kernel(lt, dinv_t, b):
     n_size, m_size = b.shape
+    assert lt.shape == (n_size, n_size), f"trsm_kernel: lt {lt.shape} must be ({n_size}, {n_size})"
+    assert dinv_t.shape == (n_size, TILE), (
+        f"trsm_kernel: dinv_t {dinv_t.shape} must be ({n_size}, {TILE})")
+    assert n_size % TILE == 0 and m_size % TILE == 0, (
+        f"trsm_kernel: n={n_size} and m={m_size} must be multiples of {TILE}")
+    assert n_size <= TRSM_MAX_N, (
+        f"trsm_kernel: n={n_size} exceeds {TRSM_MAX_N} (the solved blocks of a strip stay in SBUF)")
     x = nl.ndarray((n_size, m_size), dtype=nl.float32, buffer=nl.shared_hbm)
 
     n_blocks = n_size // TILE
-    n_strips = (m_size + STRIP - 1) // STRIP
+    n_strips = (m_size + TILE_N - 1) // TILE_N
 
-    # solved row blocks of the current strip: block j occupies columns j*STRIP .. j*STRIP + width
+    # solved row blocks of the current strip: block j occupies columns j*TILE_N .. j*TILE_N + width
     # (one buffer reused by every strip, so n/128 * 2 KiB per partition bounds the SBUF use)
-    x_res = nl.ndarray((TILE, n_blocks * STRIP), dtype=nl.float32, buffer=nl.sbuf)
+    x_res = nl.ndarray((TILE, n_blocks * TILE_N), dtype=nl.float32, buffer=nl.sbuf)
     for s in nl.static_range(n_strips):
-        c0 = s * STRIP
-        width = min(STRIP, m_size - c0)
+        c0 = s * TILE_N
+        width = min(TILE_N, m_size - c0)
         for k in nl.static_range(n_blocks):
-            b_tile = nl.ndarray((TILE, STRIP), dtype=nl.float32, buffer=nl.sbuf)
+            b_tile = nl.ndarray((TILE, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=b_tile[0:TILE, 0:width],
                           src=b[k * TILE:(k + 1) * TILE, c0:c0 + width])
             rhs = b_tile
             if k > 0:
-                update = nl.ndarray((TILE, STRIP), dtype=nl.float32, buffer=nl.psum)
+                update = nl.ndarray((TILE, TILE_N), dtype=nl.float32, buffer=nl.psum)
                 for j in nl.static_range(k):
                     l_tile = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.dma_copy(dst=l_tile,
                                   src=lt[j * TILE:(j + 1) * TILE, k * TILE:(k + 1) * TILE])
                     nisa.nc_matmul(dst=update[0:TILE, 0:width], stationary=l_tile,
-                                   moving=x_res[0:TILE, j * STRIP:j * STRIP + width],
+                                   moving=x_res[0:TILE, j * TILE_N:j * TILE_N + width],
                                    accumulate=(j != 0))
-                r_tile = nl.ndarray((TILE, STRIP), dtype=nl.float32, buffer=nl.sbuf)
+                r_tile = nl.ndarray((TILE, TILE_N), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=r_tile[0:TILE, 0:width], data1=b_tile[0:TILE, 0:width],
                                    data2=update[0:TILE, 0:width], op=nl.subtract)
                 rhs = r_tile
             d_tile = nl.ndarray((TILE, TILE), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=d_tile, src=dinv_t[k * TILE:(k + 1) * TILE, 0:TILE])
-            x_psum = nl.ndarray((TILE, STRIP), dtype=nl.float32, buffer=nl.psum)
+            x_psum = nl.ndarray((TILE, TILE_N), dtype=nl.float32, buffer=nl.psum)
             nisa.nc_matmul(dst=x_psum[0:TILE, 0:width], stationary=d_tile,
                            moving=rhs[0:TILE, 0:width], accumulate=False)
-            nisa.tensor_copy(dst=x_res[0:TILE, k * STRIP:k * STRIP + width],
+            nisa.tensor_copy(dst=x_res[0:TILE, k * TILE_N:k * TILE_N + width],
                              src=x_psum[0:TILE, 0:width])
             nisa.dma_copy(dst=x[k * TILE:(k + 1) * TILE, c0:c0 + width],
-                          src=x_res[0:TILE, k * STRIP:k * STRIP + width])
+                          src=x_res[0:TILE, k * TILE_N:k * TILE_N + width])
     return x

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import enum
 
-import numpy as np
+from kernels.trn1 import NEURON_CORE_VERSION
 
 from . import buffers as _buffers
 from .dtypes import DType, resolve
 from .errors import NKIRuleError, shape_str
-from .ops import Op, canonical
 from .operands import read, tensor_arg, write
 from .state import current
 from .tensor import Tensor, allocate
 
 
 class dge_mode(enum.Enum):
-    """DMA descriptor generation mode; only ``hwdge``'s dtype rule has an effect here."""
+    """DMA descriptor generation mode; ``hwdge`` is checked (dtypes, target), the rest is not."""
 
     unknown = "unknown"
     none = "none"
@@ -33,6 +32,10 @@ class oob_mode(enum.Enum):
 
 _OOB = oob_mode
 _DGE = dge_mode
+_REMOVED_KEYWORDS = ("dst_rmw_op", "unique_indices")
+# Hardware DGE exists from NeuronCore-v3 (trn2) on (nki.isa.dma_copy, dge_mode).
+_HWDGE_MIN_CORE_VERSION = 3
+
 
 def _record(src: Tensor, dst_dtype: DType) -> None:
     size = src.data.size
@@ -59,6 +62,24 @@ def _same_count(dst: Tensor, src: Tensor) -> None:
     if dst.data.size != src.data.size:
         raise NKIRuleError(
             "dma-count", f"dst {shape_str(dst.shape)} and src {shape_str(src.shape)} hold different element counts")
+
+
+def _check_hwdge(dst: Tensor, src: Tensor) -> None:
+    """HWDGE moves raw bytes without casting (NKI 0.3.0 update guide, dma_copy dge_mode), and
+    trn1 has no hardware DGE at all; the dtype rule is reported first, as the more specific."""
+    if dst.dtype is not src.dtype:
+        raise NKIRuleError(
+            "dma-hwdge-dtype",
+            f"dma_copy(dge_mode=hwdge) from {src.dtype!r} src {shape_str(src.shape)} to "
+            f"{dst.dtype!r} dst {shape_str(dst.shape)}: hardware DGE needs equal dtypes",
+        )
+    if NEURON_CORE_VERSION < _HWDGE_MIN_CORE_VERSION:
+        raise NKIRuleError(
+            "dma-hwdge-target",
+            f"dma_copy(dge_mode=hwdge) of src {shape_str(src.shape)}: hardware DGE needs "
+            f"NeuronCore-v{_HWDGE_MIN_CORE_VERSION} or newer, and the target is trn1 "
+            f"(NeuronCore-v{NEURON_CORE_VERSION}); leave dge_mode unset (or swdge)",
+        )
 
 
 def load(src, dtype=None) -> Tensor:
@@ -97,9 +118,20 @@ def store(dst, value) -> None:
     _record(value, dst.dtype)
 
 
-def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
-             name=None) -> None:
-    """dst = src (or dst += src with dst_rmw_op=nl.add) between HBM and SBUF, or HBM and HBM."""
+def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=None,
+             **removed) -> None:
+    """dst = src between HBM and SBUF, or HBM and HBM.
+
+    ``dst_rmw_op`` and ``unique_indices`` (read-modify-write DMA) were removed in NKI 0.3.0 (update
+    guide: "dma_copy — dst_rmw_op and unique_indices Removed"; use nisa.dma_compute)."""
+    for keyword in removed:
+        if keyword not in _REMOVED_KEYWORDS:
+            raise TypeError(f"dma_copy() got an unexpected keyword argument {keyword!r}")
+        raise NKIRuleError(
+            "dma-rmw",
+            f"dma_copy({keyword}=...) was removed in NKI 0.3.0: dma_copy no longer does "
+            "read-modify-write; accumulate on an engine, or with nisa.dma_compute",
+        )
     for label, value, kind in (("oob_mode", oob_mode, _OOB), ("dge_mode", dge_mode, _DGE)):
         if not isinstance(value, kind):
             raise NKIRuleError("raw-enum", f"{label} must be an nisa.{label} member, got {value!r}")
@@ -109,18 +141,7 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
     if dst.buffer is _buffers.psum:
         raise NKIRuleError("dma-to-psum", f"dst {shape_str(dst.shape)} is a PSUM tile; DMA cannot write PSUM")
     _same_count(dst, src)
-    if dge_mode is _DGE.hwdge and dst.dtype is not src.dtype:
-        # HWDGE moves raw bytes without casting (NKI 0.3.0 update guide, dma_copy dge_mode).
-        raise NKIRuleError(
-            "dma-hwdge-dtype",
-            f"dma_copy(dge_mode=hwdge) from {src.dtype!r} src {shape_str(src.shape)} to "
-            f"{dst.dtype!r} dst {shape_str(dst.shape)}: hardware DGE needs equal dtypes",
-        )
-    values = read(src, "src")
-    if dst_rmw_op is not None:
-        dst_rmw_op = canonical(dst_rmw_op)
-        if not (isinstance(dst_rmw_op, Op) and dst_rmw_op.name == "add"):
-            raise NKIRuleError("unsupported-op", f"dst_rmw_op must be nl.add or None, got {dst_rmw_op!r}")
-        values = read(dst, "dst").astype(np.float32) + values.reshape(dst.shape).astype(np.float32)
-    write(dst, values)
+    if dge_mode is _DGE.hwdge:
+        _check_hwdge(dst, src)
+    write(dst, read(src, "src"))
     _record(src, dst.dtype)

@@ -6,6 +6,9 @@ import enum
 
 import numpy as np
 
+from kernels.trn1 import (MATMUL_K_MAX, MATMUL_M_MAX, MATMUL_N_MAX, PE_TRANSPOSE_MAX,
+                          VECTOR_TRANSPOSE_MAX)
+
 from . import buffers as _buffers
 from .dma import dma_copy, dge_mode, oob_mode
 from .dtypes import FP32_CLASS, float32
@@ -20,13 +23,6 @@ __all__ = [
     "tensor_tensor", "tensor_scalar", "activation", "reciprocal", "tensor_reduce", "memset",
     "dma_copy",
 ]
-
-# Tensor Engine limits (nki.isa.nc_matmul docs; REFERENCE.md).
-MATMUL_K_MAX = 128
-MATMUL_M_MAX = 128
-MATMUL_N_MAX = 512
-PE_TRANSPOSE_MAX = 128
-VECTOR_TRANSPOSE_MAX = 32
 
 
 class engine(enum.Enum):
@@ -257,6 +253,20 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> No
     current().profile.record_elementwise(where, data1.partitions, data1.free_size)
 
 
+def _gpsimd_scalar_ops_only_rsqrt(*ops: object) -> None:
+    """On GpSimd, tensor_scalar takes only rsqrt (nki.isa.tensor_scalar, the engine parameter)."""
+    for op in ops:
+        if op is None:
+            continue
+        op = canonical(op)
+        if not (isinstance(op, Op) and op.name == "rsqrt"):
+            raise NKIRuleError(
+                "tensor-scalar-engine",
+                f"tensor_scalar with op={op!r} on the GpSimd engine: GpSimd runs tensor_scalar "
+                "only for rsqrt; use the Vector engine (the default)",
+            )
+
+
 def _apply_scalar_op(values: np.ndarray, op: Op, operand, reverse: bool) -> np.ndarray:
     return op.binary(operand, values) if reverse else op.binary(values, operand)
 
@@ -267,6 +277,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     dst = on_chip(dst, "dst")
     data = on_chip(data, "data")
     where = _engine_name(engine, "vector", ("vector", "scalar", "gpsimd"))
+    if where == "gpsimd":
+        _gpsimd_scalar_ops_only_rsqrt(op0, op1)
     _gpsimd_keeps_off_psum(where, "tensor_scalar", dst=dst, data=data)
     same_layout(dst, data, "dst", "data")
     values = read_f32(data, "data")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.trn1 import FP32_BYTES, MATMUL_M_MAX, MATMUL_N_MAX, PARTITIONS, PSUM_BANK_BYTES
+
 from . import convenience as _conv
 from . import ops as _ops
 from .buffers import check_buffer as _check_buffer
@@ -11,6 +13,7 @@ from .buffers import hbm, private_hbm, psum, sbuf, shared_hbm
 from .dma import load, load_transpose2d, store
 from .dtypes import (bfloat16, float8_e4m3, float8_e5m2, float16, float32, int8, int16, int32,
                      resolve as _resolve, tfloat32, uint8, uint16, uint32)
+from .errors import NKIRuleError
 from .ops import Op
 from .state import current as _current
 from .tensor import DynSlice, Tensor, allocate as _allocate, check_address as _check_address
@@ -30,10 +33,10 @@ __all__ = [
 class tile_size:
     """Hardware tile limits as plain Python ints."""
 
-    pmax = 128  # partitions of SBUF / PSUM
-    psum_fmax = 512  # fp32 elements per partition in one PSUM bank
-    gemm_stationary_fmax = 128  # M limit of nc_matmul
-    gemm_moving_fmax = 512  # N limit of nc_matmul
+    pmax = PARTITIONS  # partitions of SBUF / PSUM
+    psum_fmax = PSUM_BANK_BYTES // FP32_BYTES  # fp32 elements per partition in one PSUM bank
+    gemm_stationary_fmax = MATMUL_M_MAX  # M limit of nc_matmul
+    gemm_moving_fmax = MATMUL_N_MAX  # N limit of nc_matmul
 
 
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> Tensor:
@@ -85,9 +88,14 @@ def ds(start, size) -> DynSlice:
     return DynSlice(start, size)
 
 
-def arange(*args) -> np.ndarray:
-    """Integer index vector for the ``t[i_p, i_f]`` indexing style (affine ranges only)."""
-    return np.arange(*args)
+def arange(*args) -> None:
+    """Not in NKI 0.3.0 (absent from its nki.language reference; the Beta 1 ``t[i_p, i_f]``
+    index style went with it): a rule violation rather than an AttributeError."""
+    raise NKIRuleError(
+        "nl-arange",
+        f"nl.arange({', '.join(repr(a) for a in args)}) is not part of NKI 0.3.0's "
+        "nki.language; index with slices (t[0:128, 0:512]) or nl.ds(start, size)",
+    )
 
 
 def static_range(*args) -> range:

@@ -1,4 +1,7 @@
-"""Per-launch interpreter state: the profile being filled and on-chip capacity tracking."""
+"""Per-launch interpreter state: the profile being filled and on-chip capacity tracking.
+
+The capacities are trn1's, from :mod:`kernels.trn1` (the one source the kernels and the host
+use too)."""
 
 from __future__ import annotations
 
@@ -6,15 +9,10 @@ import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
+from kernels.trn1 import PSUM_BANK_BYTES, PSUM_BANKS, SBUF_BYTES_PER_PARTITION
+
 from .errors import NKIRuleError, shape_str
 from .profile import Profile
-
-# trn1 (NeuronCore-v2) capacities, REFERENCE.md "Capacity".
-SBUF_PARTITIONS = 128
-SBUF_BYTES_PER_PARTITION = 192 * 1024
-PSUM_BANK_BYTES = 2 * 1024
-PSUM_BANKS = 8
-PSUM_BYTES_PER_PARTITION = PSUM_BANK_BYTES * PSUM_BANKS
 
 
 class MemoryTracker:

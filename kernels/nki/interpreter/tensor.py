@@ -15,12 +15,13 @@ import math
 
 import numpy as np
 
+from kernels.trn1 import PARTITIONS, PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION
+
 from . import buffers as _buffers
 from .buffers import Buffer
 from .dtypes import DType
 from .errors import NKIRuleError, shape_str
-from .state import (PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION, SBUF_PARTITIONS,
-                    current)
+from .state import current
 
 
 class DynSlice:
@@ -163,11 +164,11 @@ def allocate(shape: object, dtype: DType, buffer: Buffer, name: str = "",
     storage = Storage(dtype, buffer, name, math.prod(shape))
     storage.fully_written = fill is not None
     if buffer.on_chip:
-        if shape[0] > SBUF_PARTITIONS:
+        if shape[0] > PARTITIONS:
             raise NKIRuleError(
                 "partition-limit",
                 f"{buffer!r} tile {shape_str(shape)} has {shape[0]} partitions "
-                f"(dim 0); the limit is {SBUF_PARTITIONS}",
+                f"(dim 0); the limit is {PARTITIONS}",
             )
         nbytes = math.prod(shape[1:]) * dtype.itemsize
         memory = current().memory
@@ -202,11 +203,11 @@ def check_address(t: Tensor, address: object) -> None:
     capacity = (PSUM_BYTES_PER_PARTITION if t.buffer is _buffers.psum
                 else SBUF_BYTES_PER_PARTITION)
     tile_bytes = t.free_size * t.dtype.itemsize
-    if partition_offset + t.partitions > SBUF_PARTITIONS or free_offset + tile_bytes > capacity:
+    if partition_offset + t.partitions > PARTITIONS or free_offset + tile_bytes > capacity:
         raise NKIRuleError(
             "address",
             f"tile {shape} at address {address!r} runs past the {t.buffer!r} partitions "
-            f"({SBUF_PARTITIONS}) or partition bytes ({capacity})",
+            f"({PARTITIONS}) or partition bytes ({capacity})",
         )
 
 
@@ -220,7 +221,7 @@ def wrap_input(array: np.ndarray, dtype: DType, name: str) -> Tensor:
 
 
 def _progression_slice(index: np.ndarray, axis: int, shape: tuple[int, ...]) -> slice:
-    """Turn an ``nl.arange``-style integer index array into the equivalent slice."""
+    """Turn an integer index vector (an increasing affine range) into the equivalent slice."""
     flat = np.asarray(index).reshape(-1)
     if flat.dtype.kind not in "iu" or flat.size == 0:
         raise NKIRuleError("index-pattern", f"index array on axis {axis} must be integers")
