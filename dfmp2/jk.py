@@ -71,8 +71,8 @@ class JkBuild:
 
 
 class JkEngine:
-    """J and K of densities, built from ``tensor``: K through ``kernel_set``, J through
-    ``coulomb_set``.
+    """J and K of densities, built from ``tensor``: K through ``kernel_set`` (a
+    :class:`kernels.interface.JkKernelSet`), J through ``coulomb_set``.
 
     J is a pair of matrix-vector products over the tensor (bandwidth-bound, a few percent of
     a build) but its elements are large (hundreds of Eh for (H2O)16), so its fp32 error would
@@ -111,20 +111,21 @@ class JkEngine:
                           for n, f in terms]
         for x0 in range(0, naux, chunk):
             x1 = min(naux, x0 + chunk)
-            halves = [(n, sign, self._zeros(nao, left.shape[1], x1 - x0),
-                       None if right is None else self._zeros(nao, right.shape[1], x1 - x0),
+            halves = [(n, sign, self._half(nao, left.shape[1], x1 - x0),
+                       None if right is None else self._half(nao, right.shape[1], x1 - x0),
                        left, right) for n, sign, left, right in factor_tensors]
             rho = torch.zeros((nset, x1 - x0), dtype=js.dtype, device=js.device)
             for block in self.tensor.layout.blocks:
                 exact_rows = self.tensor.block(block)[:, :, x0:x1]
                 if with_j:
                     density = symmetric[:, block.m0:block.m1, :block.m1].reshape(nset, -1)
-                    rho += js.gemm(density, exact_rows.reshape(-1, x1 - x0).to(js.device))
+                    rho += js.gemm(density, exact_rows.reshape(-1, x1 - x0).to(
+                        dtype=js.dtype, device=js.device))
                 rows = exact_rows.to(dtype=ks.dtype, device=ks.device)
                 for _, _, g_left, g_right, left, right in halves:
-                    self._half_transform(block, rows, left, g_left)
+                    ks.half_transform(rows, left, block.m0, g_left)
                     if right is not None:
-                        self._half_transform(block, rows, right, g_right)
+                        ks.half_transform(rows, right, block.m0, g_right)
             for n, sign, g_left, g_right, _, _ in halves:
                 g_left = g_left.reshape(nao, -1)
                 if g_right is None:
@@ -150,24 +151,17 @@ class JkEngine:
         per_aux = itemsize * (nao * columns + 2 * block * nao + nao * columns)
         return max(1, min(self.tensor.naux, self.work_bytes // per_aux))
 
-    def _zeros(self, nao: int, columns: int, naux: int) -> torch.Tensor:
-        return torch.zeros((nao, columns, naux), dtype=self.kernel_set.dtype,
+    def _half(self, nao: int, columns: int, naux: int) -> torch.Tensor:
+        """G for one aux chunk; half_transform overwrites each row block before adding to it,
+        so it needs no zeroing."""
+        return torch.empty((nao, columns, naux), dtype=self.kernel_set.dtype,
                            device=self.kernel_set.device)
-
-    def _half_transform(self, block, rows: torch.Tensor, factor: torch.Tensor,
-                        out: torch.Tensor) -> None:
-        """out[mu, i, P] += (F^T B_P)[i, mu] from the row block's X_P: its rows mu in the
-        block (sum over nu < m1), and its columns mu < m1 (sum over nu in the block)."""
-        ks = self.kernel_set
-        m0, m1 = block.m0, block.m1
-        out[m0:m1] += ks.gemm(factor[:m1].T, rows)
-        out[:m1] += ks.gemm(factor[m0:m1].T, rows.transpose(0, 1))
 
     def _coulomb(self, rho: torch.Tensor, x0: int, x1: int, vj: np.ndarray) -> None:
         """vj[mu, nu] += sum_P X_P[mu, nu] rho_P over this aux chunk (lower part)."""
         js = self.coulomb_set
         for block in self.tensor.layout.blocks:
-            rows = self.tensor.block(block)[:, :, x0:x1].to(js.device)
+            rows = self.tensor.block(block)[:, :, x0:x1].to(dtype=js.dtype, device=js.device)
             part = js.gemm(rows.reshape(-1, x1 - x0), rho.T).to(torch.float64).cpu().numpy()
             width = block.m1 - block.m0
             vj[:, block.m0:block.m1, :block.m1] += part.T.reshape(-1, width, block.m1)

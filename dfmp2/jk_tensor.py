@@ -130,7 +130,7 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes
     clock = time.perf_counter
     t0 = clock()
     metric = build_metric(auxmol, JK_LINDEP_THRESHOLD)
-    layout = PairLayout(mol.nao_nr())
+    layout = PairLayout(mol.nao_nr(), ROW_BLOCK)
     nrows, naux = layout.nrows, metric.naux
     path = None
     if scratch is not None:

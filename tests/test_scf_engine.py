@@ -131,4 +131,4 @@ def test_nki_scf_runs_its_fp32_phase_on_nki(run_cli, tmp_path, monkeypatch):
         executors = json.loads(engine["build_executors"])
         assert executors[0] == "nki-interpreter" and executors[-1] == "torch-cpu"
         assert engine["calls.syrk.nki-interpreter"] >= 1
-        assert engine["calls.gemm.nki-interpreter"] >= 1
+        assert engine["calls.half_transform.nki-interpreter"] >= 1
