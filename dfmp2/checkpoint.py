@@ -80,8 +80,9 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
     if state == FAILED:
         if differing or not resumable:
             if resume_required:
+                reason = ("different " + ", ".join(differing)) if differing else "no checkpoint"
                 raise InputError(f"cannot resume from {path}: it holds a failed run with "
-                                 f"{'different ' + ', '.join(differing) if differing else 'no checkpoint'}")
+                                 f"{reason}")
             return PreviousRun(FRESH)
         return PreviousRun(RESUME, previous)
     if differing:

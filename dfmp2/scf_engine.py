@@ -199,8 +199,9 @@ def scf_engine_section(engine_df: KernelDF) -> ScfEngineSection:
     return ScfEngineSection(
         "kernels", len(builds), [round(b.seconds, 6) for b in builds],
         [b.precision for b in builds], [b.executor for b in builds],
-        [b.factor_columns for b in builds], engine_df.engine.tensor.naux, engine_df.engine.tensor.nbytes, engine_df.out_of_core,
-        sum(engine_df.timings.values()), engine_df.kernels.mixed)
+        [b.factor_columns for b in builds], engine_df.engine.tensor.naux,
+        engine_df.engine.tensor.nbytes, engine_df.out_of_core, sum(engine_df.timings.values()),
+        engine_df.kernels.mixed)
 
 
 def use_kernel_engine(mf, aux: AuxBasis, kernels: ScfKernels, budget: int,

@@ -7,7 +7,6 @@ import ast
 import inspect
 import re
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pytest
