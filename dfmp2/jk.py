@@ -14,6 +14,7 @@ Per build that is about 3 naux nao^2 nocc multiply-adds, half of it in the rank-
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -21,12 +22,16 @@ import numpy as np
 import torch
 
 from dfmp2.jk_tensor import FP64_BYTES, JkTensor
+from kernels.torch_backend import single_threaded_ops
 
 # Eigenvalues of an untagged density below this (relative to the largest) carry no exchange
 # worth a column of F: 1e-14 of it is far below the SCF's 1e-12 Eh energy threshold.
 FACTOR_CUTOFF = 1e-14
 # Work arrays of one build: the half-transformed tensor G of one aux chunk and its products.
 DEFAULT_WORK_BYTES = 512 * 2**20
+# Below this many multiply-adds a build runs on one thread: its products are too small to
+# gain from two, and a core busy with another process makes each parallel region wait.
+SINGLE_THREAD_WORK = 2e8
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,23 @@ class JkEngine:
         density)."""
         start = time.perf_counter()
         nset, nao, _ = dms.shape
+        columns = sum(f.left.shape[1] * (1 if f.right is None else 2)
+                      for fs in (factors if with_k else []) for f in fs)
+        small = 3.0 * self.tensor.naux * nao * nao * max(columns, nset) < SINGLE_THREAD_WORK
+        with single_threaded_ops() if small else contextlib.nullcontext():
+            vj, vk = self._build(dms, factors, with_j, with_k, k_scale, columns)
+        self.builds.append(JkBuild(time.perf_counter() - start, self.kernel_set.precision,
+                                   self.kernel_set.executor, columns))
+        return vj, vk
+
+    def _build(self, dms: np.ndarray, factors: list[list[DensityFactor]] | None,
+               with_j: bool, with_k: bool, k_scale: float, columns: int
+               ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        nset, nao, _ = dms.shape
         ks = self.kernel_set
         vj = np.zeros((nset, nao, nao)) if with_j else None
         vk = np.zeros((nset, nao, nao)) if with_k else None
         terms = [(n, f) for n, fs in enumerate(factors) for f in fs] if with_k else []
-        columns = sum(f.left.shape[1] * (1 if f.right is None else 2) for _, f in terms)
         naux = self.tensor.naux
         chunk = self._aux_chunk(nao, max(columns, 1))
         js = self.coulomb_set
@@ -141,8 +158,6 @@ class JkEngine:
                     vk[n] = _symmetric_from_lower(vk[n])
         if with_j:
             vj = vj + vj.transpose(0, 2, 1)
-        self.builds.append(JkBuild(time.perf_counter() - start, ks.precision, ks.executor,
-                                   columns))
         return vj, vk
 
     def _aux_chunk(self, nao: int, columns: int) -> int:
