@@ -26,7 +26,8 @@ from dfmp2.energy import PairKey
 from dfmp2.errors import InputError
 from dfmp2.planner import BlockPlan
 from dfmp2.record import (COMPLETE, FAILED, CalculationInputs, Checkpoint, Node, created,
-                          read_checkpoint, read_inputs, read_record, read_scf, schema,
+                          read_checkpoint, read_inputs, read_record, read_scf, read_steps,
+                          schema,
                           stale_temporaries,
                           status, write_checkpoint, write_record)
 
@@ -75,7 +76,7 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
     differing = (list(CalculationInputs.RESUME_FIELDS) if stored is None else
                  stored.differing(inputs, CalculationInputs.RESUME_FIELDS))
     stored_scf = read_scf(previous)
-    resumable = (read_checkpoint(previous) is not None
+    resumable = (read_checkpoint(previous) is not None or read_steps(previous) is not None
                  or (stored_scf is not None and stored_scf[1] is not None))
     if state == FAILED:
         if differing or not resumable:

@@ -28,6 +28,8 @@ from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.calculation import REFERENCES
 from dfmp2.scf import SCF_METHODS
 from dfmp2.scf_engine import ENGINES
+
+METHODS = ("mp2", "scs-mp2", "sos-mp2")
 from dfmp2.settings import RunSettings
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -178,6 +180,67 @@ def run(obj: dict, molecule: Path, as_json: bool, **options) -> int:
         click.echo(report.summary(outcome.record))
         click.echo(f"\nrecord written to {outcome.path}")
     return outcome.exit_code
+
+
+METHOD = click.option("--method", type=click.Choice(METHODS), default="mp2", show_default=True,
+                      help="Whose gradient: MP2, SCS-MP2 (with --scs-os/--scs-ss) or SOS-MP2.")
+
+
+@cli.command()
+@click.argument("molecule", type=XYZ_FILE)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@METHOD
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Record path (default: runs/<molecule>-<basis>-gradient.h5).")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in -o (also done whenever -o holds one).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: e_tot (the method's energy) and gradient.")
+@click.pass_obj
+def gradient(obj: dict, molecule: Path, as_json: bool, **options) -> int:
+    """The relaxed analytic DF-MP2 (SCS, SOS) gradient of MOLECULE, in Eh/Bohr."""
+    settings = RunSettings(molecule=molecule, command=obj["command"], task="gradient",
+                           **options, **environment_settings())
+    if settings.output is None:
+        settings = replace(settings, output=settings.output_path("-gradient"))
+    outcome = pipeline.run(settings)
+    if as_json:
+        click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
+    else:
+        click.echo(report.summary(outcome.record))
+        click.echo(f"\nrecord written to {outcome.path}")
+    return outcome.exit_code
+
+
+@cli.command()
+@click.argument("molecule", type=XYZ_FILE)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@METHOD
+@click.option("--convergence", default="GAU", show_default=True,
+              type=click.Choice(["GAU", "GAU_TIGHT", "GAU_VERYTIGHT", "GAU_LOOSE",
+                                 "NWCHEM_LOOSE", "TURBOMOLE", "INTERFRAG_TIGHT"],
+                                case_sensitive=False),
+              help="geomeTRIC's convergence criteria.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Record (default: runs/<molecule>-<basis>-opt.h5); the final geometry goes "
+                   "beside it as .xyz.")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted optimisation in -o (also done whenever -o holds "
+                   "one).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: the final energy and geometry.")
+@click.pass_obj
+def optimize(obj: dict, molecule: Path, convergence: str, max_steps: int, as_json: bool,
+             **options) -> int:
+    """Optimise the geometry of MOLECULE with geomeTRIC on the DF-MP2 (SCS, SOS) gradient."""
+    from dfmp2 import optimize as optimisation
+    settings = RunSettings(molecule=molecule, command=obj["command"], **options,
+                           **environment_settings())
+    outcome = optimisation.run(settings, convergence, max_steps)
+    click.echo(json.dumps(optimisation.json_summary(outcome)) if as_json
+               else optimisation.format_summary(outcome))
+    return 0
 
 
 @cli.command()

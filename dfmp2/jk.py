@@ -91,6 +91,7 @@ class JkEngine:
         self.coulomb_set = coulomb_set if coulomb_set is not None else kernel_set
         self.work_bytes = work_bytes
         self.builds: list[JkBuild] = []
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
     def build(self, dms: np.ndarray, factors: list[list[DensityFactor]] | None,
               with_j: bool = True, with_k: bool = True, k_scale: float = 1.0
@@ -128,9 +129,10 @@ class JkEngine:
                           for n, f in terms]
         for x0 in range(0, naux, chunk):
             x1 = min(naux, x0 + chunk)
-            halves = [(n, sign, self._half(nao, left.shape[1], x1 - x0),
-                       None if right is None else self._half(nao, right.shape[1], x1 - x0),
-                       left, right) for n, sign, left, right in factor_tensors]
+            halves = [(n, sign, self._half(nao, left.shape[1], x1 - x0, 2 * slot),
+                       None if right is None else
+                       self._half(nao, right.shape[1], x1 - x0, 2 * slot + 1), left, right)
+                      for slot, (n, sign, left, right) in enumerate(factor_tensors)]
             rho = torch.zeros((nset, x1 - x0), dtype=js.dtype, device=js.device)
             for block in self.tensor.layout.blocks:
                 exact_rows = self.tensor.block(block)[:, :, x0:x1]
@@ -166,11 +168,16 @@ class JkEngine:
         per_aux = itemsize * (nao * columns + 2 * block * nao + nao * columns)
         return max(1, min(self.tensor.naux, self.work_bytes // per_aux))
 
-    def _half(self, nao: int, columns: int, naux: int) -> torch.Tensor:
-        """G for one aux chunk; half_transform overwrites each row block before adding to it,
-        so it needs no zeroing."""
-        return torch.empty((nao, columns, naux), dtype=self.kernel_set.dtype,
-                           device=self.kernel_set.device)
+    def _half(self, nao: int, columns: int, naux: int, slot: int) -> torch.Tensor:
+        """G for one aux chunk, kept from build to build (a fresh 100 MB+ array would be paid
+        again in page faults every cycle); half_transform overwrites each row block before
+        adding to it, so it needs no zeroing."""
+        key = (slot, nao, columns, naux, self.kernel_set.dtype, self.kernel_set.device)
+        if key not in self._buffers:
+            self._buffers = {k: v for k, v in self._buffers.items() if k[0] != slot}
+            self._buffers[key] = torch.empty((nao, columns, naux), dtype=self.kernel_set.dtype,
+                                             device=self.kernel_set.device)
+        return self._buffers[key]
 
     def _coulomb(self, rho: torch.Tensor, x0: int, x1: int, vj: np.ndarray) -> None:
         """vj[mu, nu] += sum_P X_P[mu, nu] rho_P over this aux chunk (lower part)."""

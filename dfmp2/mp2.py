@@ -160,13 +160,14 @@ def plan_for(orbitals: Orbitals, fit: FitBasis, nao: int, kernel_set, budget: in
 
 
 def kernel(mol: gto.Mole, orbitals: Orbitals, fit: FitBasis, kernel_set, plan: BlockPlan,
-           execution: Execution = Execution()) -> Mp2Result:
+           execution: Execution | None = None) -> Mp2Result:
     """DF-MP2 correlation energy through the kernel set ``kernel_set``.
 
     B stays in memory unless ``plan.out_of_core``; then it lives in ``execution.scratch``
     (rank 0 builds it, the other ranks read it). Block pairs already in the ledger are not
     recomputed.
     """
+    execution = execution if execution is not None else Execution()
     world = execution.world
     timings: dict[str, float] = {}
     channels = orbitals.channels()

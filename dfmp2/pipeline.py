@@ -28,20 +28,22 @@ from dfmp2.calculation import Calculation, CalculationRequest, define_calculatio
 from dfmp2.checkpoint import (RESUME, REUSE, PreviousRun, RecordSaver, examine_previous,
                               resumable_pairs, stored_occ_block)
 from dfmp2.distributed import World
-from dfmp2.energy import PairLedger, SOS_OS_DEFAULT
+from dfmp2 import gradient
+from dfmp2.energy import Mp2Energies, PairLedger, SOS_OS_DEFAULT
+from dfmp2.gradient import GradientResult
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.memory import default_budget
 from dfmp2.planner import plan_blocks
 from dfmp2.pyscf_check import TOLERANCE, pyscf_dfmp2_energy
 from dfmp2.record import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, BackendFacts,
-                          RecordWriteError, ScfEngineSection,
-                          CalculationInputs, CheckSection, Mp2Section, Node, PlanSection, Sizes,
+                          CalculationInputs, CheckSection, GradientSection, Mp2Section, Node,
+                          PlanSection, RecordWriteError, ScfEngineSection, Sizes,
                           is_record_file, new_record, read_inputs, read_record, read_scf,
-                          set_resumed,
-                          set_status, write_distributed, write_kernel_ledger, write_record,
-                          write_scf, write_timings)
+                          set_resumed, set_status, write_distributed, write_gradient,
+                          write_kernel_ledger, write_record, write_scf, write_timings)
 from dfmp2.record_lock import RecordLock
-from dfmp2.scf import ScfOptions, ScfResult, check_scf_memory, restored_scf, run_scf
+from dfmp2.scf import (ScfOptions, ScfResult, check_scf_memory, release_integrals,
+                       restored_scf, run_scf)
 from dfmp2.scf_engine import ScfKernels, scf_kernels
 from dfmp2.settings import DEFAULT_OUTPUT_DIR, RunSettings
 from dfmp2.xyz import read_xyz
@@ -152,6 +154,7 @@ def run_inputs(calc: Calculation, settings: RunSettings, env: Environment) -> Ca
     return replace(calc.inputs(str(settings.molecule)), backend=env.kernel_set.backend,
                    precision=env.kernel_set.precision, fused_energy=settings.fused_energy,
                    scf_engine=settings.scf_engine if calc.scf_method == "df" else "pyscf",
+                   task=settings.task, method=settings.method,
                    scs_os=settings.scs_os, scs_ss=settings.scs_ss,
                    allow_unconverged=settings.allow_unconverged, check=settings.check,
                    memory_bytes=env.budget, threads=env.threads, scratch=str(env.scratch_dir))
@@ -170,18 +173,21 @@ class CalculationOutcome:
     mp2: mp2.Mp2Result
 
 
-def obtain_reference(calc: Calculation, env: Environment, engine: str, scratch: ScratchArea,
-                     previous: Node | None) -> ScfResult:
+def obtain_reference(calc: Calculation, env: Environment, settings: RunSettings,
+                     scratch: ScratchArea, previous: Node | None,
+                     keep_integrals: bool = False) -> ScfResult:
     """Rank 0's SCF (restored from an interrupted run's record when there is one) on every
     rank; the other ranks get the orbitals, not the PySCF object."""
     world = env.world
+    options = ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, scratch,
+                         keep_integrals)
     result = None
     if world.is_root:
         stored = read_scf(previous) if previous is not None else None
         if stored is not None and stored[1] is not None:
-            result = restored_scf(calc, stored[0], stored[1])
+            result = restored_scf(calc, stored[0], stored[1], options)
         else:
-            result = run_scf(calc, ScfOptions(engine, env.scf_kernels, env.budget, scratch))
+            result = run_scf(calc, options)
     if world.size == 1:
         return result
     section, orbitals = world.broadcast(None if result is None else
@@ -190,16 +196,13 @@ def obtain_reference(calc: Calculation, env: Environment, engine: str, scratch: 
     return result if result is not None else ScfResult(section, orbitals)
 
 
-def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
-              saver: RecordSaver | None, scratch: ScratchArea,
-              previous: Node | None = None) -> CalculationOutcome:
-    """SCF and DF-MP2 of one calculation into ``node``. With a ``saver`` the record is saved
-    after the SCF and after every block pair, and the work of ``previous`` (an interrupted
-    run) is reused instead of recomputed."""
-    world = env.world
-    timings: dict[str, float] = {}
+def reference_stage(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
+                    saver: RecordSaver | None, scratch: ScratchArea, previous: Node | None,
+                    timings: dict[str, float], keep_integrals: bool = False) -> ScfResult:
+    """The SCF into ``node`` (saved when there is a ``saver``); an unconverged SCF is a
+    failure unless allowed."""
     t0 = time.perf_counter()
-    scf_result = obtain_reference(calc, env, settings.scf_engine, scratch, previous)
+    scf_result = obtain_reference(calc, env, settings, scratch, previous, keep_integrals)
     timings["scf"] = time.perf_counter() - t0
     set_resumed(node, previous is not None)
     write_scf(node, scf_result.section, scf_result.orbitals)
@@ -210,12 +213,20 @@ def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: 
                             list(ledger.fallback_reasons), env.scf_kernels.fast.report(),
                             ScfEngineSection.group_name)
     write_timings(node, timings)
-    if saver is not None and world.is_root:
+    if saver is not None and env.world.is_root:
         saver.save()
     if not scf_result.converged and not settings.allow_unconverged:
         raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
                          "rerun with --allow-unconverged to accept it")
+    return scf_result
 
+
+def mp2_stage(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
+              saver: RecordSaver | None, scratch: ScratchArea, previous: Node | None,
+              scf_result: ScfResult, timings: dict[str, float]) -> mp2.Mp2Result:
+    """The block plan (made once, reconciled with the checkpoint) and the MP2 stage into
+    ``node``, each finished block pair saved when there is a ``saver``."""
+    world = env.world
     t_mp2 = time.perf_counter()
     orbitals = mp2.Orbitals(scf_result.orbitals.mo_energy, scf_result.orbitals.mo_coeff,
                             scf_result.orbitals.mo_occ, calc.nfrozen)
@@ -234,23 +245,63 @@ def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: 
         ledger.on_finish = saver.add_pair
     result = mp2.kernel(calc.mol, orbitals, fit, env.kernel_set, plan,
                         mp2.Execution(world, scratch, ledger, settings.show_progress))
-    timings["mp2"] = time.perf_counter() - t_mp2 + timings["metric"]
+    timings["mp2"] = time.perf_counter() - t_mp2
     timings.update(result.timings)
     write_timings(node, timings)
     nocc, nvir = result.nocc, result.nvir
     Sizes(result.nao, result.naux, result.naux_fit, nocc[0], nvir[0], result.nfrozen,
-          calc.mol.natm, *( (nocc[1], nvir[1]) if result.open_shell else ())).write(node)
+          calc.mol.natm, *((nocc[1], nvir[1]) if result.open_shell else ())).write(node)
     PlanSection(plan.occ_block, plan.nblocks, plan.out_of_core, plan.b_bytes, plan.energy_bytes,
                 plan.build_block_bytes, plan.budget, result.metric_kind).write(node)
-    mp2_section(result, scf_result.e_tot, settings).write(node)
+    mp2_section(result.energies, scf_result.e_tot, settings).write(node)
     if world.size > 1:
         write_distributed(node, world.size, world.backend, result.ranks)
+    return result
+
+
+def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
+              saver: RecordSaver | None, scratch: ScratchArea,
+              previous: Node | None = None) -> CalculationOutcome:
+    """SCF and DF-MP2 of one calculation into ``node``. With a ``saver`` the record is saved
+    after the SCF and after every block pair, and the work of ``previous`` (an interrupted
+    run) is reused instead of recomputed."""
+    timings: dict[str, float] = {}
+    scf_result = reference_stage(calc, settings, env, node, saver, scratch, previous, timings)
+    result = mp2_stage(calc, settings, env, node, saver, scratch, previous, scf_result,
+                       timings)
     return CalculationOutcome(scf_result, result)
 
 
-def mp2_section(result: mp2.Mp2Result, e_scf: float, settings: RunSettings) -> Mp2Section:
+def method_scales(settings: RunSettings) -> tuple[float, float]:
+    """(opposite-spin, same-spin) scales of ``settings.method``: MP2, SCS-MP2 with the
+    run's --scs-os/--scs-ss, or SOS-MP2."""
+    return {"mp2": (1.0, 1.0), "scs-mp2": (settings.scs_os, settings.scs_ss),
+            "sos-mp2": (SOS_OS_DEFAULT, 0.0)}[settings.method]
+
+
+def gradient_stage(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
+                   scf_result: ScfResult, timings: dict[str, float]) -> GradientResult:
+    """The relaxed DF-MP2 gradient of the chosen method into ``node``, with the MP2 energies
+    it computed on the way."""
+    t0 = time.perf_counter()
+    try:
+        result = gradient.kernel(scf_result.mf, calc.nfrozen, calc.auxbasis,
+                                 calc.jk_auxbasis, env.kernel_set, method_scales(settings),
+                                 settings.occ_block)
+    finally:
+        release_integrals(scf_result.mf)
+    timings["gradient"] = time.perf_counter() - t0
+    timings.update({f"gradient_{k}": v for k, v in result.timings.items()})
+    write_timings(node, timings)
+    energies = Mp2Energies(result.e_os, result.e_ss)
+    mp2_section(energies, result.e_scf, settings).write(node)
+    write_gradient(node, GradientSection(settings.method, result.e_tot, *result.scales,
+                                         result.jk_builds), result.gradient)
+    return result
+
+
+def mp2_section(energies: Mp2Energies, e_scf: float, settings: RunSettings) -> Mp2Section:
     """MP2, SCS-MP2 (with its scale factors) and SOS-MP2 (1.3 E_OS)."""
-    energies = result.energies
     e_scs = energies.e_scs(settings.scs_os, settings.scs_ss)
     return Mp2Section(energies.e_corr, energies.e_os, energies.e_ss, e_scs, energies.e_sos(),
                       e_scf + energies.e_corr, e_scf + e_scs, e_scf + energies.e_sos(),
@@ -377,6 +428,13 @@ def run(settings: RunSettings, world: World | None = None,
         def work() -> int:
             if saver is not None:
                 saver.save()
+            if settings.task == "gradient":
+                timings: dict[str, float] = {}
+                scf_result = reference_stage(calc, settings, env, root, saver, scratch,
+                                             resumed_from, timings, keep_integrals=True)
+                gradient_stage(calc, settings, env, root, scf_result, timings)
+                session.finish(root, COMPLETE)
+                return 0
             outcome = calculate(calc, settings, env, root, saver, scratch, resumed_from)
             passed = True
             if settings.check and world.is_root:

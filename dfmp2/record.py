@@ -32,7 +32,8 @@ from dfmp2.errors import InputError, RunFailure
 SCHEMA = "dfmp2.run/1"
 BENCH_SCHEMA = "dfmp2.bench/1"
 INTERACTION_SCHEMA = "dfmp2.interaction/1"
-KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA)
+OPTIMIZE_SCHEMA = "dfmp2.optimize/1"
+KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA)
 
 RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
 
@@ -256,7 +257,7 @@ class CalculationInputs(Section):
     RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
         "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
         "scf_engine", "jk_auxbasis", "reference", "frozen", "backend", "precision",
-        "fused_energy")
+        "fused_energy", "task", "method")
     REUSE_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
         "scs_os", "scs_ss", "allow_unconverged", "check")
 
@@ -277,6 +278,8 @@ class CalculationInputs(Section):
     backend: str = "torch"
     precision: str = "fp64"
     fused_energy: bool = False
+    task: str = "energy"
+    method: str = "mp2"
     scs_os: float = 1.2
     scs_ss: float = 1.0 / 3.0
     allow_unconverged: bool = False
@@ -460,6 +463,78 @@ class Mp2Section(Section):
     exchange: float | None = None
     e_ss_alpha: float | None = None
     e_ss_beta: float | None = None
+
+
+@dataclass(frozen=True)
+class GradientSection(Section):
+    """``/gradient``: the method's total energy and its nuclear gradient (dataset
+    ``gradient``, one row [gx, gy, gz] per atom, Eh/Bohr: dE/dR, the negative force)."""
+
+    group_name: ClassVar[str] = "gradient"
+    method: str
+    e_tot: float
+    os_scale: float
+    ss_scale: float
+    response_jk_builds: int
+    units: str = "Eh/Bohr"
+
+
+def write_gradient(node: Node, section: GradientSection, gradient: np.ndarray) -> None:
+    section.write(node)
+    node.group(GradientSection.group_name).datasets["gradient"] = np.asarray(gradient)
+
+
+def read_gradient(node: Node) -> tuple[GradientSection, np.ndarray] | None:
+    section = GradientSection.read(node)
+    if section is None:
+        return None
+    return section, np.asarray(node.groups[GradientSection.group_name].datasets["gradient"])
+
+
+@dataclass(frozen=True)
+class Steps:
+    """``/optimize`` datasets: every optimisation step's coordinates (Bohr), energy (Eh) and
+    gradient (Eh/Bohr), in order."""
+
+    coords: np.ndarray
+    energies: np.ndarray
+    gradients: np.ndarray
+
+    @classmethod
+    def empty(cls, natoms: int) -> "Steps":
+        return cls(np.empty((0, natoms, 3)), np.empty(0), np.empty((0, natoms, 3)))
+
+
+@dataclass(frozen=True)
+class OptimizationSection(Section):
+    """``/optimize`` attributes: how the optimisation ended."""
+
+    group_name: ClassVar[str] = "optimize"
+    converged: bool
+    convergence_set: str
+    criteria: str
+    max_steps: int
+    steps: int
+    replayed_steps: int
+    e_tot: float
+    final_xyz: str
+    xyz_path: str
+
+
+def write_steps(node: Node, steps: Steps) -> None:
+    node.group(OptimizationSection.group_name).datasets.update(dataclasses.asdict(steps))
+
+
+def read_steps(node: Node | None) -> Steps | None:
+    group = None if node is None else node.groups.get(OptimizationSection.group_name)
+    if group is None or "coords" not in group.datasets:
+        return None
+    return Steps(np.asarray(group.datasets["coords"]), np.asarray(group.datasets["energies"]),
+                 np.asarray(group.datasets["gradients"]))
+
+
+def write_optimization(node: Node, section: OptimizationSection) -> None:
+    section.write(node)
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from dfmp2.record import (CheckSection, Mp2Section, Node, ScfSection, Sizes, error,
-                          read_inputs, read_kernel_ledger, read_timings, status)
+                          read_gradient, read_inputs, read_kernel_ledger, read_timings, status)
+from dfmp2.xyz import KNOWN_SYMBOLS
 
-TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "reference",
-                "total")
+TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "gradient",
+                "reference", "total")
 
 
 def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None) -> list[tuple[str, float]]:
@@ -58,12 +59,33 @@ def summary(root: Node) -> str:
         verdict = "PASS" if check.passed else "FAIL"
         lines.append(f"  PySCF DFMP2 E_corr {check.e_corr:.10f} Eh   dE = "
                      f"{check.delta_e_corr:.2e} Eh (tolerance {check.tolerance:.0e}): {verdict}")
+    gradient = read_gradient(root)
+    if gradient is not None:
+        lines += ["", *gradient_table(root, *gradient)]
     timings = read_timings(root)
     if timings:
         lines.append("")
         parts = [f"{k} {timings[k]:.2f}s" for k in TIMING_ORDER if k in timings]
         lines.append("  timings  " + "  ".join(parts))
     return "\n".join(lines)
+
+
+def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
+    inputs = read_inputs(root)
+    symbols = _symbols(inputs.xyz) if inputs is not None else [""] * len(gradient)
+    lines = [f"  {section.method.upper()} energy {section.e_tot:.10f} Eh; gradient dE/dR in "
+             f"{section.units}:",
+             f"  {'atom':>6} {'x':>16} {'y':>16} {'z':>16}"]
+    for number, (symbol, row) in enumerate(zip(symbols, gradient), start=1):
+        lines.append(f"  {number:>3} {symbol:<2} {row[0]:16.10f} {row[1]:16.10f} "
+                     f"{row[2]:16.10f}")
+    return lines
+
+
+def _symbols(xyz: str) -> list[str]:
+    lines = xyz.splitlines()
+    return [line.split()[0] for line in lines[2:2 + int(lines[0])]
+            if line.split() and line.split()[0].upper() in KNOWN_SYMBOLS]
 
 
 def json_summary(root: Node, path: str) -> dict:
@@ -79,6 +101,11 @@ def json_summary(root: Node, path: str) -> dict:
     if check is not None:
         summary.update({"reference_e_corr": check.e_corr, "delta_e_corr": check.delta_e_corr,
                         "check_passed": check.passed})
+    gradient = read_gradient(root)
+    if gradient is not None:
+        section, values = gradient
+        summary.update({"method": section.method, "e_tot": section.e_tot,
+                        "gradient": np.asarray(values).tolist(), "units": section.units})
     return summary
 
 

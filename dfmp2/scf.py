@@ -50,6 +50,10 @@ class ScfOptions:
     kernels: ScfKernels | None = None
     budget: int | None = None
     scratch: ScratchArea | None = None
+    keep_integrals: bool = False
+    """Keep the JK-fit tensor after the SCF (the gradient's orbital response needs it)."""
+    initial_density: np.ndarray | None = None
+    """Start from this density instead of PySCF's guess (an optimisation's previous step)."""
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,11 @@ def jk_tensor_bytes(mol: gto.Mole, jk_auxbasis: str | dict) -> int:
     return df.addons.make_auxmol(mol, jk_auxbasis).nao_nr() * nao * (nao + 1) // 2 * FP64_BYTES
 
 
-def new_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> scf.hf.SCF:
+def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
+            converging: bool = True) -> scf.hf.SCF:
     """The PySCF SCF object of ``calc``: UHF or RHF (never ROHF), density-fitted with its
     JK-fit basis unless the SCF is ``conventional``, at our thresholds, within the budget,
-    with J/K from ``options.engine``."""
+    with J/K from ``options.engine`` (its precision schedule only when ``converging``)."""
     mf = scf.UHF(calc.mol) if calc.reference == "uhf" else scf.RHF(calc.mol)
     if calc.scf_method == "df":
         mf = mf.density_fit(auxbasis=calc.jk_spec())
@@ -107,7 +112,7 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> scf.hf.SCF
         return mf
     if options.engine == "kernels":
         use_kernel_engine(mf, calc.jk_auxbasis, options.kernels, options.budget,
-                          options.scratch)
+                          options.scratch, converging)
         return mf
     mf.with_df.max_memory = mf.max_memory
     nbytes = jk_tensor_bytes(calc.mol, calc.jk_spec())
@@ -141,7 +146,7 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
 
     mf.callback = count_cycle
     try:
-        e_tot = mf.kernel()
+        e_tot = mf.kernel(dm0=options.initial_density)
     except MemoryError:
         release_integrals(mf)
         raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis functions); "
@@ -162,7 +167,8 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
                          calc.reference, calc.jk_name(), engine_name(calc, options))
     orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
                               np.asarray(mf.mo_coeff))
-    release_integrals(mf)
+    if not options.keep_integrals:
+        release_integrals(mf)
     return ScfResult(section, orbitals, mf, engine)
 
 
@@ -173,9 +179,11 @@ def engine_name(calc: Calculation, options: ScfOptions) -> str:
     return options.engine
 
 
-def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals) -> ScfResult:
-    """The SCF of an interrupted run, as a PySCF object carrying its orbitals."""
-    mf = new_scf(calc)
+def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals,
+                 options: ScfOptions = ScfOptions()) -> ScfResult:
+    """The SCF of an interrupted run, as a PySCF object carrying its orbitals (whose J/K, if
+    ever asked for, come from ``options.engine``; our engine then builds in fp64)."""
+    mf = new_scf(calc, options, converging=False)
     mf.mo_coeff = orbitals.mo_coeff
     mf.mo_energy = orbitals.mo_energy
     mf.mo_occ = orbitals.mo_occ

@@ -205,9 +205,15 @@ def scf_engine_section(engine_df: KernelDF) -> ScfEngineSection:
 
 
 def use_kernel_engine(mf, aux: AuxBasis, kernels: ScfKernels, budget: int,
-                      scratch: ScratchArea | None) -> KernelDF:
-    """Put our engine in ``mf`` (a density-fitted PySCF SCF object) in place of PySCF's."""
+                      scratch: ScratchArea | None, converging: bool = True) -> KernelDF:
+    """Put our engine in ``mf`` (a density-fitted PySCF SCF object) in place of PySCF's. For an
+    SCF about to converge, the precision schedule drives its convergence test; for a
+    converged one (restored from a record) every later build is fp64 and the tensor is built
+    at the first request."""
+    if not converging:
+        kernels = ScfKernels(kernels.exact, kernels.exact)
     engine_df = KernelDF(mf.mol, aux, kernels, budget, scratch)
     mf.with_df = engine_df
-    engine_df.attach(mf)
+    if converging:
+        engine_df.attach(mf)
     return engine_df

@@ -30,6 +30,8 @@ class RunSettings:
     scf_method: str = "df"
     scf_engine: str = "kernels"
     reference: str = "auto"
+    task: str = "energy"
+    method: str = "mp2"
     scs_os: float = SCS_OS_DEFAULT
     scs_ss: float = SCS_SS_DEFAULT
     allow_unconverged: bool = False

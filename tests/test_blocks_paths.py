@@ -58,3 +58,23 @@ def test_out_of_core_matches_in_memory(water_dimer_scf, tmp_path):
     assert abs(run(True, False) - in_memory) <= 1e-10
     assert abs(run(True, True) - in_memory) <= 1e-10
     assert not list(tmp_path.iterdir()), "the scratch file was not removed"
+
+
+def test_kernel_calls_without_an_execution_share_nothing(water_dimer_scf):
+    """Each mp2.kernel call gets its own pair ledger: finished pairs of one molecule must
+    never stand in for another's."""
+    from dfmp2 import mp2
+    from dfmp2.auxbasis import ri_basis
+    import kernels
+    kernel_set = kernels.load("torch", "fp64")
+    mf = water_dimer_scf
+
+    def e_corr(mo_energy) -> float:
+        orbitals = mp2.Orbitals(mo_energy, mf.mo_coeff, mf.mo_occ, 2)
+        fit = mp2.fit_basis(mf.mol, ri_basis(mf.mol, None))
+        plan = mp2.plan_for(orbitals, fit, mf.mol.nao_nr(), kernel_set, 10**9, False, 3)
+        return mp2.kernel(mf.mol, orbitals, fit, kernel_set, plan).energies.e_corr
+
+    shifted = mf.mo_energy.copy()
+    shifted[mf.mo_occ == 0] += 0.1
+    assert abs(e_corr(shifted) - e_corr(mf.mo_energy)) > 1e-3

@@ -1,0 +1,176 @@
+"""The analytic DF-MP2 gradient against finite differences of the same energy.
+
+The energy at displaced geometries is PySCF's: DF-RHF/DF-UHF with the JK-fit basis plus
+PySCF's DFMP2/DFUMP2 with the RI basis (what dfmp2 reports, to 1e-10 Eh). Most checks are
+directional: the derivative along one random unit vector (two energies) tests every
+component of the gradient at once; water gets the full central-difference gradient.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pyscf import df, gto, lib, scf
+from pyscf.mp import dfmp2 as pyscf_dfmp2
+from pyscf.mp import dfump2 as pyscf_dfump2
+
+from dfmp2 import gradient
+from dfmp2.calculation import CalculationRequest, define_calculation
+from dfmp2.errors import InputError
+from dfmp2.gradient_integrals import JkChannel, jk_pass, one_electron_gradient
+from dfmp2.scf import ScfOptions, run_scf
+from dfmp2.scf_engine import scf_kernels
+from dfmp2.xyz import read_xyz
+
+from conftest import molecule_path, pyscf_molecule
+
+STEP = 1e-3  # Bohr
+TOLERANCE = 1e-6  # Eh/Bohr
+TRANSLATION = 1e-8
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """These molecules are tiny: on a shared machine, OpenMP threads spin-waiting for a busy
+    core made each of their SCF cycles 20 times slower (measured). One thread each."""
+    pyscf_threads, torch_threads = lib.num_threads(), torch.get_num_threads()
+    lib.num_threads(1)
+    torch.set_num_threads(1)
+    yield
+    lib.num_threads(pyscf_threads)
+    torch.set_num_threads(torch_threads)
+
+
+def converged_scf(mol: gto.Mole, dm0=None) -> scf.hf.SCF:
+    """DF-SCF with the JK-fit basis, converged tightly enough for clean finite differences."""
+    mf = (scf.UHF(mol) if mol.spin else scf.RHF(mol)).density_fit(
+        auxbasis=df.make_auxbasis(mol))
+    # OH's nearly degenerate pi orbitals make the last digits of its UHF slow to converge.
+    mf.conv_tol, mf.conv_tol_grad, mf.max_cycle, mf.verbose = 1e-12, 1e-9, 200, 0
+    mf.kernel(dm0=dm0)
+    assert mf.converged
+    return mf
+
+
+def total_energy(mf, nfrozen: int, scales: tuple[float, float]) -> float:
+    mol = mf.mol
+    method = pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2
+    pt = method(mf, frozen=nfrozen or None)
+    pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
+    pt.verbose = 0
+    pt.kernel(with_t2=False)
+    return mf.e_tot + scales[0] * pt.e_corr_os + scales[1] * pt.e_corr_ss
+
+
+def displaced_energy(mf, displacement: np.ndarray, nfrozen: int,
+                     scales: tuple[float, float]) -> float:
+    coords = mf.mol.atom_coords() + displacement
+    mol = mf.mol.set_geom_(coords, unit="Bohr", inplace=False)
+    # Start from the reference density so every point lands on the same SCF solution.
+    return total_energy(converged_scf(mol, mf.make_rdm1()), nfrozen, scales)
+
+
+def central_difference(mf, direction: np.ndarray, nfrozen: int,
+                       scales: tuple[float, float]) -> float:
+    plus = displaced_energy(mf, STEP * direction, nfrozen, scales)
+    minus = displaced_energy(mf, -STEP * direction, nfrozen, scales)
+    return (plus - minus) / (2 * STEP)
+
+
+def random_direction(natm: int, seed: int) -> np.ndarray:
+    direction = np.random.default_rng(seed).standard_normal((natm, 3))
+    return direction / np.linalg.norm(direction)
+
+
+def check_directional(mf, nfrozen: int, scales: tuple[float, float], seed: int = 7):
+    result = gradient.kernel(mf, nfrozen, scs=scales)
+    assert result.e_tot == pytest.approx(total_energy(mf, nfrozen, scales), abs=1e-9)
+    assert np.abs(result.gradient.sum(axis=0)).max() < TRANSLATION
+    direction = random_direction(mf.mol.natm, seed)
+    numeric = central_difference(mf, direction, nfrozen, scales)
+    assert float(np.sum(result.gradient * direction)) == pytest.approx(numeric, abs=TOLERANCE)
+    return result
+
+
+def test_water_all_electron_full_finite_differences():
+    mf = converged_scf(pyscf_molecule("water", "cc-pvdz"))
+    result = gradient.kernel(mf, 0)
+    assert result.e_tot == pytest.approx(total_energy(mf, 0, (1.0, 1.0)), abs=1e-9)
+    assert np.abs(result.gradient.sum(axis=0)).max() < TRANSLATION
+    numeric = np.zeros_like(result.gradient)
+    for atom in range(mf.mol.natm):
+        for axis in range(3):
+            unit = np.zeros_like(numeric)
+            unit[atom, axis] = 1.0
+            numeric[atom, axis] = central_difference(mf, unit, 0, (1.0, 1.0))
+    assert np.abs(result.gradient - numeric).max() < TOLERANCE
+
+
+def test_frozen_core_hydrogen_fluoride():
+    mf = converged_scf(pyscf_molecule("hydrogen_fluoride", "cc-pvdz"))
+    check_directional(mf, nfrozen=1, scales=(1.0, 1.0))
+
+
+def test_scs_mp2_bent_water_frozen_core():
+    mol = pyscf_molecule("water", "cc-pvdz")
+    # Off the symmetric geometry, so that no gradient component vanishes by symmetry.
+    mol = mol.set_geom_(mol.atom_coords() + 0.05 * random_direction(mol.natm, 3), unit="Bohr",
+                        inplace=False)
+    check_directional(converged_scf(mol), nfrozen=1,
+                      scales=gradient.METHOD_SCALES["scs-mp2"])
+
+
+def test_uhf_doublet_hydroxyl():
+    mf = converged_scf(pyscf_molecule("hydroxyl", "cc-pvdz", spin=1))
+    check_directional(mf, nfrozen=0, scales=(1.0, 1.0))
+
+
+def test_uhf_sos_mp2_frozen_core_hydroxyl():
+    mf = converged_scf(pyscf_molecule("hydroxyl", "cc-pvdz", spin=1))
+    check_directional(mf, nfrozen=1, scales=gradient.METHOD_SCALES["sos-mp2"], seed=11)
+
+
+def test_scf_terms_match_pyscf_df_rhf_gradient():
+    """With no MP2 density, the JK-fit and one-electron terms are PySCF's DF-RHF gradient."""
+    mf = converged_scf(pyscf_molecule("water", "cc-pvdz"))
+    occupied = mf.mo_occ > 0
+    c_occ = mf.mo_coeff[:, occupied]
+    energy_weighted = 2.0 * (c_occ * mf.mo_energy[occupied]) @ c_occ.T
+    auxmol = df.addons.make_auxmol(mf.mol, df.make_auxbasis(mf.mol))
+    ours = jk_pass(mf.mol, auxmol, [JkChannel(c_occ, np.zeros_like(energy_weighted), 2.0)],
+                   64, 1e-7)
+    ours += one_electron_gradient(mf.mol, 2.0 * c_occ @ c_occ.T, energy_weighted)
+    assert np.abs(ours - mf.nuc_grad_method().kernel()).max() < 1e-10
+
+
+def test_kernel_engine_reference_gives_the_same_gradient():
+    """dfmp2's own SCF (J/K on the kernels, its JK tensor released after the SCF as the
+    pipeline does) gives the gradient of the PySCF reference."""
+    calc = define_calculation(read_xyz(molecule_path("water")), CalculationRequest())
+    ours = run_scf(calc, ScfOptions("kernels", scf_kernels("torch", None), 2 * 10**9))
+    result = gradient.kernel(ours.mf, 0, calc.auxbasis, calc.jk_auxbasis)
+    reference = gradient.kernel(converged_scf(pyscf_molecule("water", "cc-pvdz")), 0)
+    assert result.e_tot == pytest.approx(reference.e_tot, abs=1e-9)
+    assert np.abs(result.gradient - reference.gradient).max() < 1e-7
+
+
+@pytest.mark.parametrize("name, spin", [("water", 0), ("hydroxyl", 1)])
+def test_occupied_blocks_do_not_change_the_gradient(name, spin):
+    """Small molecules fit in one slab; blocks of two orbitals test the blocked sweep."""
+    mf = converged_scf(pyscf_molecule(name, "cc-pvdz", spin=spin))
+    whole = gradient.kernel(mf, 0)
+    blocked = gradient.kernel(mf, 0, occ_block=2)
+    assert blocked.e_corr == pytest.approx(whole.e_corr, abs=1e-12)
+    assert np.abs(blocked.gradient - whole.gradient).max() < 1e-10
+
+
+def test_refuses_what_it_cannot_differentiate():
+    atom = gto.M(atom="Ne 0 0 0", basis="cc-pvdz", verbose=0)
+    with pytest.raises(InputError, match="two atoms"):
+        gradient.kernel(converged_scf(atom), 0)
+    water = pyscf_molecule("water", "cc-pvdz")
+    conventional = scf.RHF(water).run(verbose=0)
+    with pytest.raises(InputError, match="density-fitted"):
+        gradient.kernel(conventional, 0)
+    with pytest.raises(InputError, match="not the one the SCF"):
+        gradient.kernel(converged_scf(water), 0, jk_aux="def2-universal-jkfit")

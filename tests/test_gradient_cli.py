@@ -1,0 +1,143 @@
+"""`dfmp2 gradient` and `dfmp2 optimize`: the record, --json, resume, and an optimisation that
+ends where a finite-difference optimisation ends."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+import kernels
+from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
+from dfmp2 import gradient, mp2, optimize, pipeline
+from dfmp2.calculation import define_calculation
+from dfmp2.scf import ScfOptions, run_scf
+from dfmp2.settings import RunSettings
+from dfmp2.record import read_record
+from dfmp2.xyz import Geometry
+
+
+def test_gradient_json_and_record_match_the_library(run_cli, tmp_path):
+    mf = pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz"))
+    expected = gradient.kernel(mf)
+    reference = pyscf_dfmp2_reference(mf, 0)
+    record = tmp_path / "g.h5"
+    result = run_cli("gradient", molecule_path("water"), "--backend", "torch", "--json",
+                     "-o", record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert abs(summary["e_tot"] - (mf.e_tot + reference.e_corr)) <= 1e-8
+    assert np.abs(np.array(summary["gradient"]) - expected.gradient).max() <= 1e-8
+    assert summary["units"] == "Eh/Bohr" and len(summary["gradient"]) == 3
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete" and h5["input"].attrs["task"] == "gradient"
+        stored = h5["gradient/gradient"][()]
+        assert stored.shape == (3, 3) and np.abs(stored.sum(axis=0)).max() <= 1e-8
+        assert h5["gradient"].attrs["method"] == "mp2"
+        assert h5["mp2"].attrs["e_tot"] == pytest.approx(summary["e_tot"], abs=1e-12)
+
+
+def test_scs_gradient_energy_is_the_scs_total(run_cli, tmp_path):
+    result = run_cli("gradient", molecule_path("water"), "--basis", "6-31g", "--method",
+                     "scs-mp2", "--frozen-core", "--backend", "torch", "--json",
+                     "-o", tmp_path / "s.h5")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["method"] == "scs-mp2"
+    assert summary["e_tot"] == pytest.approx(summary["e_scf"] + summary["e_scs"], abs=1e-12)
+
+
+def test_gradient_resumes_from_the_recorded_scf(run_cli, tmp_path):
+    record = tmp_path / "g.h5"
+    args = ("gradient", molecule_path("water"), "--basis", "6-31g", "--backend", "torch",
+            "--json", "-o", record)
+    first = json.loads(run_cli(*args).out)
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "running"
+        del h5["gradient"], h5["mp2"]
+    second = run_cli(*args)
+    assert second.code == 0, second.err
+    assert read_record(record).attrs["resumed"]
+    assert np.abs(np.array(json.loads(second.out)["gradient"])
+                  - np.array(first["gradient"])).max() <= 1e-8
+
+
+@pytest.mark.parametrize("command", ["gradient", "optimize"])
+def test_one_atom_has_no_gradient(command, run_cli, tmp_path):
+    atom = tmp_path / "ne.xyz"
+    atom.write_text("1\n\nNe 0 0 0\n")
+    result = run_cli(command, atom, "--basis", "6-31g", "--backend", "torch",
+                     "-o", tmp_path / "ne.h5")
+    assert result.code == 2
+    assert "at least two atoms" in result.err and len(result.err.strip().splitlines()) == 1
+
+
+def _energy(settings: RunSettings, geometry: Geometry) -> float:
+    calc = define_calculation(geometry, pipeline.request_of(settings, None, None))
+    reference = run_scf(calc, ScfOptions(engine="pyscf"))
+    orbitals = mp2.Orbitals(reference.orbitals.mo_energy, reference.orbitals.mo_coeff,
+                            reference.orbitals.mo_occ, calc.nfrozen)
+    kernel_set = kernels.load("torch", "fp64")
+    fit = mp2.fit_basis(calc.mol, calc.auxbasis)
+    plan = mp2.plan_for(orbitals, fit, calc.mol.nao_nr(), kernel_set, 10**9, False, None)
+    return reference.e_tot + mp2.kernel(calc.mol, orbitals, fit, kernel_set, plan).energies.e_corr
+
+
+def _finite_difference_evaluator(settings: RunSettings, step: float = 1e-3):
+    def evaluate(geometry: Geometry):
+        coords = geometry.coords / optimize.param.BOHR
+        grad = np.zeros_like(coords)
+        for atom in range(coords.shape[0]):
+            for axis in range(3):
+                shifted = []
+                for sign in (1.0, -1.0):
+                    moved = coords.copy()
+                    moved[atom, axis] += sign * step
+                    shifted.append(_energy(settings, optimize.geometry_at(geometry, moved)))
+                grad[atom, axis] = (shifted[0] - shifted[1]) / (2 * step)
+        return _energy(settings, geometry), grad
+    return evaluate
+
+
+def _bond_and_angle(geometry: Geometry) -> tuple[float, float]:
+    oxygen, h1, h2 = geometry.coords
+    r1, r2 = h1 - oxygen, h2 - oxygen
+    angle = np.degrees(np.arccos(r1 @ r2 / np.linalg.norm(r1) / np.linalg.norm(r2)))
+    return float(np.linalg.norm(r1)), float(angle)
+
+
+def test_water_optimisation_ends_where_a_finite_difference_one_ends(tmp_path):
+    settings = RunSettings(molecule=molecule_path("water"), basis="6-31g", backend="torch",
+                           output=tmp_path / "analytic.h5", show_progress=False)
+    analytic = optimize.run(settings, "GAU_VERYTIGHT")
+    numeric = optimize.run(RunSettings(**{**settings.__dict__,
+                                          "output": tmp_path / "numeric.h5"}),
+                           "GAU_VERYTIGHT", evaluator=_finite_difference_evaluator(settings))
+    bond_a, angle_a = _bond_and_angle(analytic.geometry)
+    bond_n, angle_n = _bond_and_angle(numeric.geometry)
+    assert abs(bond_a - bond_n) <= 1e-4 and abs(angle_a - angle_n) <= 0.01
+    assert analytic.xyz_path.read_text().startswith("3\n")
+    with h5py.File(analytic.path, "r") as h5:
+        assert h5.attrs["schema"] == "dfmp2.optimize/1" and h5["optimize"].attrs["converged"]
+        steps = h5["optimize"].attrs["steps"]
+        assert h5["optimize/coords"].shape == (steps, 3, 3)
+        assert h5["optimize/energies"][-1] == pytest.approx(analytic.energy, abs=1e-12)
+
+
+def test_an_optimisation_that_runs_out_of_steps_fails_then_resumes(run_cli, tmp_path):
+    record = tmp_path / "w.h5"
+    args = ("optimize", molecule_path("water"), "--basis", "6-31g", "--backend", "torch",
+            "-o", record)
+    stopped = run_cli(*args, "--max-steps", "2")
+    assert stopped.code == 1 and "did not converge in 2 steps" in stopped.err
+    failed = read_record(record)
+    assert failed.attrs["status"] == "failed"
+    recorded = len(failed.groups["optimize"].datasets["energies"])
+    assert recorded >= 2
+    resumed = run_cli(*args, "--json")
+    assert resumed.code == 0, resumed.err
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert h5["optimize"].attrs["replayed_steps"] >= recorded
+    assert json.loads(resumed.out)["converged"]
