@@ -37,7 +37,7 @@ from dfmp2.settings import RunSettings
 log = logging.getLogger(__name__)
 GLOB_CHARACTERS = set("*?[")
 SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot",
-                  "e_int_mp2_cp", "seconds", "record", "error")
+                  "e_int_mp2_cp", "e_int_dh_cp", "seconds", "record", "error")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
 
 
@@ -143,9 +143,10 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
 
 
 def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
-    """``<molecule>-<basis>.h5``, numbered where two molecules would share a name."""
-    names = [f"{s.molecule.stem}-{s.basis.lower()}" + ("-interaction" if item.interaction
-                                                         is not None else "")
+    """``<molecule>-<basis>[-<functional>].h5``, numbered where two molecules would share a
+    name."""
+    names = [f"{s.molecule.stem}-{s.basis.lower()}{s.xc_suffix()}"
+             + ("-interaction" if item.interaction is not None else "")
              for s, item in zip(settings, items)]
     return [f"{name}.h5" if names.count(name) == 1 else f"{name}-{item.index}.h5"
             for name, item in zip(names, items)]

@@ -15,6 +15,7 @@ from pyscf.data import elements
 
 from dfmp2.auxbasis import AuxBasis, jk_basis, make_auxmol, ri_basis
 from dfmp2.errors import InputError
+from dfmp2.functionals import GRID_LEVELS, DoubleHybrid, stored_functional
 from dfmp2.molecule import NO_ECP, build_molecule, element_ecp, resolve_charge_spin, resolve_ecp
 from dfmp2.record import CalculationInputs
 from dfmp2.xyz import Geometry, parse_xyz
@@ -47,6 +48,8 @@ class CalculationRequest:
     frozen: int | None = None
     scf_method: str = "df"
     ghosts: frozenset[int] = frozenset()
+    functional: DoubleHybrid | None = None
+    grid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,14 @@ class Calculation:
     ecp: dict[str, str]
     nfrozen: int
     ghosts: frozenset[int]
+    functional: DoubleHybrid | None = None
+    grid: int | None = None
+    """PySCF's integration grid level for the exchange-correlation part (None: its default)."""
+
+    @property
+    def reference_name(self) -> str:
+        """rhf/uhf, or rks/uks for the Kohn-Sham reference of a double hybrid."""
+        return self.reference.replace("hf", "ks") if self.functional else self.reference
 
     @property
     def nocc(self) -> tuple[int, int]:
@@ -85,7 +96,15 @@ class Calculation:
             ecp=json.dumps(self.ecp, sort_keys=True), charge=int(self.mol.charge),
             spin=int(self.mol.spin), ghost_atoms=json.dumps(sorted(self.ghosts)),
             scf=self.scf_method, jk_auxbasis=self.jk_name(),
-            reference=self.reference, frozen=self.nfrozen)
+            reference=self.reference, frozen=self.nfrozen, **self._functional_inputs())
+
+    def _functional_inputs(self) -> dict:
+        functional = self.functional
+        if functional is None:
+            return {}
+        return {"xc": functional.name, "xc_functional": functional.xc,
+                "xc_os": functional.os_scale, "xc_ss": functional.ss_scale,
+                "grid_level": -1 if self.grid is None else self.grid}
 
 
 def ecp_core_electrons(geometry: Geometry, ecp: dict[str, str],
@@ -102,6 +121,11 @@ def define_calculation(geometry: Geometry, request: CalculationRequest) -> Calcu
         raise InputError("give either --frozen-core or --frozen N, not both")
     if not request.basis.strip():
         raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
+    if request.grid is not None and request.functional is None:
+        raise InputError("--grid sets the Kohn-Sham integration grid; it needs --xc")
+    if request.grid is not None and request.grid not in GRID_LEVELS:
+        raise InputError(f"--grid {request.grid}: PySCF's grid levels run from "
+                         f"{GRID_LEVELS.start} to {GRID_LEVELS.stop - 1}")
     ecp = resolve_ecp(request.basis, request.ecp, geometry.symbols)
     charge, spin = resolve_charge_spin(geometry, request.charge, request.spin, request.ghosts,
                                        ecp_core_electrons(geometry, ecp, request.ghosts))
@@ -111,7 +135,7 @@ def define_calculation(geometry: Geometry, request: CalculationRequest) -> Calcu
     jk_auxbasis = jk_basis(mol) if request.scf_method == "df" else None
     nfrozen = int(elements.chemcore(mol)) if request.frozen_core else (request.frozen or 0)
     calc = Calculation(geometry, mol, reference, request.scf_method, auxbasis, jk_auxbasis, ecp,
-                       nfrozen, request.ghosts)
+                       nfrozen, request.ghosts, request.functional, request.grid)
     _check_frozen(calc)
     return calc
 
@@ -142,5 +166,8 @@ def request_from_inputs(inputs: CalculationInputs) -> tuple[Geometry, Calculatio
         auxbasis=None if inputs.auxbasis_option == "default" else inputs.auxbasis_option,
         ecp=names[0] if names else NO_ECP, charge=inputs.charge, spin=inputs.spin,
         reference=inputs.reference, frozen=inputs.frozen, scf_method=inputs.scf,
-        ghosts=frozenset(json.loads(inputs.ghost_atoms)))
+        ghosts=frozenset(json.loads(inputs.ghost_atoms)),
+        functional=stored_functional(inputs.xc, inputs.xc_functional, inputs.xc_os,
+                                     inputs.xc_ss),
+        grid=None if inputs.grid_level < 0 else inputs.grid_level)
     return parse_xyz(inputs.xyz, source=inputs.source), request

@@ -27,10 +27,11 @@ from dfmp2.record import SCHEMA, read_record, schema
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.calculation import REFERENCES
 from dfmp2.scf import SCF_METHODS
+from dfmp2.functionals import GRID_LEVELS, known_names
 from dfmp2.scf_engine import ENGINES
+from dfmp2.settings import RunSettings
 
 METHODS = ("mp2", "scs-mp2", "sos-mp2")
-from dfmp2.settings import RunSettings
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 REQUIRE_NKI_ENV = "DFMP2_REQUIRE_NKI"
@@ -109,6 +110,18 @@ CALCULATION_OPTIONS = (
     VERBOSE,
 )
 
+XC_OPTIONS = (
+    click.option("--xc", default=None,
+                 help=f"Double hybrid on a Kohn-Sham reference: {known_names()}, or a PySCF "
+                      "exchange-correlation string with --mp2-os and --mp2-ss."),
+    click.option("--mp2-os", type=FiniteFloat(), default=None,
+                 help="Opposite-spin MP2 scale of a custom --xc."),
+    click.option("--mp2-ss", type=FiniteFloat(), default=None,
+                 help="Same-spin MP2 scale of a custom --xc."),
+    click.option("--grid", type=click.IntRange(GRID_LEVELS.start, GRID_LEVELS.stop - 1),
+                 default=None, help="PySCF integration grid level for --xc (default: PySCF's, 3)."),
+)
+
 MOLECULE_OPTIONS = (
     click.option("--charge", type=int, default=None,
                  help="Total charge (default: 'charge=N' in the XYZ comment, else 0)."),
@@ -150,7 +163,7 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("molecule", type=XYZ_FILE)
-@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@with_options(*CALCULATION_OPTIONS, *XC_OPTIONS, *MOLECULE_OPTIONS)
 @click.option("--allow-unconverged", is_flag=True, help="Accept an unconverged SCF.")
 @click.option("--check", is_flag=True,
               help="Also run PySCF's DFMP2 on the same orbitals; exit 1 if they disagree.")
@@ -159,11 +172,17 @@ def cli() -> None:
 @click.option("--resume", is_flag=True,
               help="Continue the interrupted run in -o (also done whenever -o holds one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--qcschema", "as_qcschema", is_flag=True,
+              help="Print the QCSchema AtomicResult as JSON (needs dfmp2[qcschema]).")
 @click.pass_obj
-def run(obj: dict, molecule: Path, as_json: bool, **options) -> int:
-    """Compute the DF-MP2 energy of MOLECULE (an XYZ file) and write a run record."""
+def run(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool, **options) -> int:
+    """Compute the DF-MP2 (or double-hybrid) energy of MOLECULE (an XYZ file) and write a run
+    record."""
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
+    if as_json and as_qcschema:
+        raise click.UsageError("give --json or --qcschema, not both")
+    qcschema = _qcschema_module() if as_qcschema else None
     world = distributed.init_world(distributed.launch_from(os.environ))
     try:
         if not world.is_root:
@@ -174,12 +193,26 @@ def run(obj: dict, molecule: Path, as_json: bool, **options) -> int:
         world.close()
     if not world.is_root:
         return 0
-    if as_json:
+    if qcschema is not None:
+        result = qcschema.atomic_result(qcschema.run_input(settings, outcome.record),
+                                        outcome.record, outcome.path)
+        click.echo(result.serialize("json"))
+    elif as_json:
         click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
     else:
         click.echo(report.summary(outcome.record))
         click.echo(f"\nrecord written to {outcome.path}")
     return outcome.exit_code
+
+
+def _qcschema_module():
+    """:mod:`dfmp2.qcschema`, or a usage error saying how to install what it needs."""
+    try:
+        from dfmp2 import qcschema
+    except ImportError as exc:
+        raise click.UsageError(f"--qcschema needs qcelemental ({exc.msg}); install it with "
+                               "pip install 'dfmp2[qcschema]'") from None
+    return qcschema
 
 
 METHOD = click.option("--method", type=click.Choice(METHODS), default="mp2", show_default=True,
@@ -257,7 +290,7 @@ def show(record: Path, show_all: bool) -> int:
 
 @cli.command()
 @click.argument("dimer", type=XYZ_FILE)
-@with_options(*CALCULATION_OPTIONS)
+@with_options(*CALCULATION_OPTIONS, *XC_OPTIONS)
 @click.option("--split", type=click.IntRange(min=1), default=None,
               help="Monomer A is the first N atoms (default: 'monomer A = first N atoms' in the "
                    "comment line).")
@@ -282,7 +315,7 @@ def interaction(obj: dict, dimer: Path, split: int | None, charges: str | None,
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
-@with_options(*CALCULATION_OPTIONS)
+@with_options(*CALCULATION_OPTIONS, *XC_OPTIONS)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("runs/batch"), show_default=True, help="Folder for the records.")
 @click.option("--shard", default=None,

@@ -2,8 +2,8 @@
 
 Against PySCF, each record's calculation is defined again from its stored inputs through the
 same path as ``dfmp2 run`` (molecule, core potentials, RHF or UHF, auxiliary basis, frozen
-core), then PySCF converges its own SCF (its own density fitting builds J and K) and runs its
-own DF-MP2 on it.
+core, double-hybrid functional and grid), then PySCF converges its own SCF (its own density
+fitting builds J and K) and runs its own DF-MP2 on it.
 """
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfmp2.calculation import define_calculation, request_from_inputs
-from dfmp2.errors import InputError, RunFailure
-from dfmp2.pyscf_check import pyscf_dfmp2_energy
-from dfmp2.record import (COMPLETE, Mp2Section, Node, ScfSection, read_inputs, read_record,
-                          status)
-from dfmp2.scf import ScfOptions, run_scf
+from dfmp2.errors import InputError
+from dfmp2.pyscf_check import pyscf_recipe
+from dfmp2.record import (COMPLETE, DoubleHybridSection, Mp2Section, Node, ScfSection,
+                          read_inputs, read_record, status)
 
 
 @dataclass
@@ -33,24 +32,24 @@ def record_row(path: Path, root: Node) -> Row:
     if status(root) != COMPLETE or energies is None or scf is None:
         raise InputError(f"{path} is not a complete run record (status {status(root)!r})")
     inputs = read_inputs(root)
+    double_hybrid = DoubleHybridSection.read(root)
+    e_tot = double_hybrid.e_tot if double_hybrid is not None else energies.e_tot
     return Row(str(path), inputs.basis if inputs else "-", inputs.auxbasis if inputs else "-",
-               scf.e_tot, energies.e_corr, energies.e_tot)
+               scf.e_tot, energies.e_corr, e_tot)
 
 
 def pyscf_row(path: Path, root: Node) -> Row:
-    """PySCF from scratch with the record's calculation: its own SCF, then its DF-MP2."""
+    """PySCF from scratch with the record's calculation: its own SCF, then its DF-MP2 (scaled
+    for a double hybrid)."""
     inputs = read_inputs(root)
     if inputs is None:
         raise InputError(f"{path} has no /input group, so its calculation cannot be "
                          "recomputed with PySCF; compare it with another record instead")
     geometry, request = request_from_inputs(inputs)
     calc = define_calculation(geometry, request)
-    reference = run_scf(calc, ScfOptions(engine="pyscf"))
-    if not reference.converged:
-        raise RunFailure(f"PySCF's SCF for {path} did not converge")
-    energies = pyscf_dfmp2_energy(reference.mf, calc.nfrozen, calc.auxbasis.spec)
-    return Row(f"pyscf ({path.name})", inputs.basis, calc.auxbasis.name, reference.e_tot,
-               energies.e_corr, reference.e_tot + energies.e_corr)
+    recipe = pyscf_recipe(calc, str(path))
+    return Row(f"pyscf ({path.name})", inputs.basis, calc.auxbasis.name, recipe.e_scf,
+               recipe.mp2.e_corr, recipe.e_tot)
 
 
 def compare(paths: list[Path], reference: str | None) -> list[tuple[Row, Row | None]]:

@@ -17,8 +17,9 @@ from dfmp2.b_store import ScratchArea
 from dfmp2.calculation import define_calculation
 from dfmp2.checkpoint import set_aside
 from dfmp2.errors import InputError
-from dfmp2.record import (COMPLETE, INTERACTION_SCHEMA, CalculationInputs, InteractionInputs,
-                          Mp2Section, Node, ScfSection, calculation_node, interaction_value,
+from dfmp2.record import (COMPLETE, INTERACTION_SCHEMA, CalculationInputs,
+                          DoubleHybridSection, InteractionInputs, Mp2Section, Node, ScfSection,
+                          calculation_node, interaction_value,
                           read_inputs, read_interaction, read_record, schema,
                           stale_temporaries, status, write_interaction)
 from dfmp2.settings import RunSettings
@@ -28,7 +29,10 @@ from dfmp2.xyz import Geometry, read_xyz
 KCAL_PER_HARTREE = 627.5094740631
 SPLIT_IN_COMMENT = re.compile(r"monomer A\s*=\s*first\s+(\d+)\s+atoms", re.IGNORECASE)
 CALCULATIONS = ("dimer", "monomer_a_cp", "monomer_b_cp", "monomer_a", "monomer_b")
-KINDS = ("scf", "mp2", "scs", "sos")
+HARTREE_FOCK_KINDS = ("scf", "mp2", "scs", "sos")
+# A double hybrid's energies: its Kohn-Sham reference and its total (SCS and SOS sums of
+# Kohn-Sham orbitals are not methods).
+DOUBLE_HYBRID_KINDS = ("scf", "dh")
 
 
 def parse_pair(text: str | None, option: str) -> tuple[int, int]:
@@ -55,9 +59,26 @@ def resolve_split(geometry: Geometry, split: int | None) -> int:
 
 
 def _energy(node: Node, kind: str) -> float:
+    if kind == "dh":
+        return DoubleHybridSection.read(node).e_tot
     scf, energies = ScfSection.read(node), Mp2Section.read(node)
     return {"scf": scf.e_tot, "mp2": energies.e_tot, "scs": energies.e_tot_scs,
             "sos": energies.e_tot_sos}[kind]
+
+
+def _double_hybrid(root: Node) -> DoubleHybridSection | None:
+    return DoubleHybridSection.read(calculation_node(root, "dimer"))
+
+
+def kinds(root: Node) -> tuple[str, ...]:
+    return DOUBLE_HYBRID_KINDS if _double_hybrid(root) is not None else HARTREE_FOCK_KINDS
+
+
+def kind_labels(root: Node) -> dict[str, str]:
+    double_hybrid = _double_hybrid(root)
+    if double_hybrid is not None:
+        return {"scf": "KS", "dh": double_hybrid.name}
+    return {"scf": "SCF", "mp2": "MP2", "scs": "SCS-MP2", "sos": "SOS-MP2"}
 
 
 def interaction_energies(root: Node) -> dict[str, tuple[float, float]]:
@@ -68,7 +89,7 @@ def interaction_energies(root: Node) -> dict[str, tuple[float, float]]:
     return {kind: (energy("dimer", kind) - energy("monomer_a_cp", kind)
                    - energy("monomer_b_cp", kind),
                    energy("dimer", kind) - energy("monomer_a", kind) - energy("monomer_b", kind))
-            for kind in KINDS}
+            for kind in kinds(root)}
 
 
 def _reusable(path: Path, inputs: dict[str, CalculationInputs]) -> Node | None:
@@ -160,22 +181,25 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
 def batch_values(root: Node) -> dict:
     """The batch summary's columns for an interaction record."""
     dimer = calculation_node(root, "dimer")
+    total = "dh" if _double_hybrid(root) is not None else "mp2"
     return {"e_scf": ScfSection.read(dimer).e_tot, "e_corr": Mp2Section.read(dimer).e_corr,
-            "e_tot": Mp2Section.read(dimer).e_tot,
-            "e_int_mp2_cp": interaction_value(read_interaction(root), "mp2", True)}
+            "e_tot": _energy(dimer, total),
+            f"e_int_{total}_cp": interaction_value(read_interaction(root), total, True)}
 
 
 def format_table(root: Node, path: Path) -> str:
     values = read_interaction(root)
-    lines = [f"{'calculation':<16} {'E(SCF) / Eh':>18} {'E(MP2) / Eh':>18} {'E(SCS) / Eh':>18}"]
+    labels = kind_labels(root)
+    shown = [kind for kind in kinds(root) if kind != "sos"]
+    lines = [f"{'calculation':<16} " + " ".join(f"{f'E({labels[k]}) / Eh'[:18]:>18}"
+                                                for k in shown)]
     for name in CALCULATIONS:
         node = calculation_node(root, name)
-        lines.append(f"{name:<16} {_energy(node, 'scf'):18.10f} "
-                     f"{_energy(node, 'mp2'):18.10f} {_energy(node, 'scs'):18.10f}")
+        lines.append(f"{name:<16} " + " ".join(f"{_energy(node, k):18.10f}" for k in shown))
     lines += ["", f"{'interaction':<16} {'CP / Eh':>16} {'CP kcal/mol':>12} "
                   f"{'no CP / Eh':>16} {'no CP kcal/mol':>15}"]
-    for kind, label in (("scf", "SCF"), ("mp2", "MP2"), ("scs", "SCS-MP2"), ("sos", "SOS-MP2")):
-        lines.append(f"{label:<16} {interaction_value(values, kind, True):16.10f} "
+    for kind, label in labels.items():
+        lines.append(f"{label[:16]:<16} {interaction_value(values, kind, True):16.10f} "
                      f"{interaction_value(values, kind, True, kcal=True):12.4f} "
                      f"{interaction_value(values, kind, False):16.10f} "
                      f"{interaction_value(values, kind, False, kcal=True):15.4f}")

@@ -32,11 +32,13 @@ from dfmp2 import gradient
 from dfmp2.energy import Mp2Energies, PairLedger, SOS_OS_DEFAULT
 from dfmp2.gradient import GradientResult
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
+from dfmp2.functionals import resolve_functional
 from dfmp2.memory import default_budget
 from dfmp2.planner import plan_blocks
-from dfmp2.pyscf_check import TOLERANCE, pyscf_dfmp2_energy
+from dfmp2.pyscf_check import TOLERANCE, pyscf_dfmp2_energy, pyscf_recipe
 from dfmp2.record import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, BackendFacts,
-                          CalculationInputs, CheckSection, GradientSection, Mp2Section, Node,
+                          CalculationInputs, CheckSection, DoubleHybridSection,
+                          GradientSection, Mp2Section, Node,
                           PlanSection, RecordWriteError, ScfEngineSection, Sizes,
                           is_record_file, new_record, read_inputs, read_record, read_scf,
                           set_resumed, set_status, write_distributed, write_gradient,
@@ -46,7 +48,7 @@ from dfmp2.scf import (ScfOptions, ScfResult, check_scf_memory, release_integral
                        restored_scf, run_scf)
 from dfmp2.scf_engine import ScfKernels, scf_kernels
 from dfmp2.settings import DEFAULT_OUTPUT_DIR, RunSettings
-from dfmp2.xyz import read_xyz
+from dfmp2.xyz import Geometry, read_xyz
 
 log = logging.getLogger(__name__)
 
@@ -131,10 +133,16 @@ def resolve_environment(settings: RunSettings, record_path: Path,
 
 def request_of(settings: RunSettings, charge: int | None, spin: int | None,
                ghosts: frozenset[int] = frozenset()) -> CalculationRequest:
+    if settings.xc is not None and settings.task == "gradient":
+        raise InputError("analytic gradients of double hybrids are not implemented; drop --xc "
+                         "for an MP2 (SCS, SOS) gradient")
     return CalculationRequest(basis=settings.basis, auxbasis=settings.auxbasis, ecp=settings.ecp,
                               charge=charge, spin=spin, reference=settings.reference,
                               frozen_core=settings.frozen_core, frozen=settings.frozen,
-                              scf_method=settings.scf_method, ghosts=ghosts)
+                              scf_method=settings.scf_method, ghosts=ghosts,
+                              functional=resolve_functional(settings.xc, settings.mp2_os,
+                                                            settings.mp2_ss),
+                              grid=settings.grid)
 
 
 def check_feasible(calc: Calculation, settings: RunSettings, env: Environment) -> None:
@@ -254,6 +262,8 @@ def mp2_stage(calc: Calculation, settings: RunSettings, env: Environment, node: 
     PlanSection(plan.occ_block, plan.nblocks, plan.out_of_core, plan.b_bytes, plan.energy_bytes,
                 plan.build_block_bytes, plan.budget, result.metric_kind).write(node)
     mp2_section(result.energies, scf_result.e_tot, settings).write(node)
+    if calc.functional is not None:
+        double_hybrid_section(calc, scf_result, result.energies).write(node)
     if world.size > 1:
         write_distributed(node, world.size, world.backend, result.ranks)
     return result
@@ -308,9 +318,23 @@ def mp2_section(energies: Mp2Energies, e_scf: float, settings: RunSettings) -> M
                       settings.scs_os, settings.scs_ss, SOS_OS_DEFAULT, **energies.components)
 
 
+def double_hybrid_section(calc: Calculation, scf_result: ScfResult,
+                          energies: Mp2Energies) -> DoubleHybridSection:
+    functional, scf = calc.functional, scf_result.section
+    return DoubleHybridSection(functional.name, functional.xc, functional.os_scale,
+                               functional.ss_scale, functional.source, scf.grid_level,
+                               scf.grid_points, scf.e_tot,
+                               functional.pt2(energies.e_os, energies.e_ss),
+                               functional.total(scf.e_tot, energies.e_os, energies.e_ss))
+
+
 def run_check(calc: Calculation, outcome: CalculationOutcome, precision: str,
               node: Node) -> bool:
-    """``--check``: PySCF's DF-MP2 on the same orbitals, auxiliary basis and frozen core."""
+    """``--check``: PySCF's DF-MP2 on the same orbitals, auxiliary basis and frozen core; for
+    a double hybrid, PySCF's whole recipe (its own Kohn-Sham SCF with the same functional
+    and grid, its DF-MP2, scaled), compared on the total energy too."""
+    if calc.functional is not None:
+        return _check_recipe(calc, outcome, precision, node)
     reference = pyscf_dfmp2_energy(outcome.scf.mf, calc.nfrozen, calc.auxbasis.spec)
     tolerance = TOLERANCE[precision]
     delta = outcome.mp2.energies.e_corr - reference.e_corr
@@ -319,6 +343,22 @@ def run_check(calc: Calculation, outcome: CalculationOutcome, precision: str,
                  reference.e_os, reference.e_ss, outcome.scf.e_tot + reference.e_corr, delta,
                  tolerance, passed, reference.seconds).write(node)
     write_timings(node, {"reference": reference.seconds})
+    return passed
+
+
+def _check_recipe(calc: Calculation, outcome: CalculationOutcome, precision: str,
+                  node: Node) -> bool:
+    recipe = pyscf_recipe(calc, "the check")
+    energies = outcome.mp2.energies
+    e_tot = calc.functional.total(outcome.scf.e_tot, energies.e_os, energies.e_ss)
+    tolerance = TOLERANCE[precision]
+    delta_corr, delta_tot = energies.e_corr - recipe.mp2.e_corr, e_tot - recipe.e_tot
+    passed = abs(delta_corr) <= tolerance and abs(delta_tot) <= tolerance
+    CheckSection(f"pyscf {pyscf.__version__} DF-{calc.reference_name.upper()} "
+                 f"({calc.functional.xc}) then DFMP2/DFUMP2, scaled", recipe.mp2.e_corr,
+                 recipe.mp2.e_os, recipe.mp2.e_ss, recipe.e_tot, delta_corr, tolerance, passed,
+                 recipe.seconds, recipe.e_scf, delta_tot).write(node)
+    write_timings(node, {"reference": recipe.seconds})
     return passed
 
 
@@ -398,18 +438,20 @@ def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
     return f" (record {session.path} not updated: {unwritten})"
 
 
-def run(settings: RunSettings, world: World | None = None,
-        reuse_complete: bool = False) -> RunOutcome:
+def run(settings: RunSettings, world: World | None = None, reuse_complete: bool = False,
+        geometry: Geometry | None = None, ghosts: frozenset[int] = frozenset()) -> RunOutcome:
     """The whole job. The record is checkpointed after the SCF and after every block pair, and
     a run restarted on the same record skips both. With a ``world`` of several ranks, rank 0
     alone writes the record. With ``reuse_complete`` a complete record of the same inputs is
-    returned as it is (``batch`` reruns)."""
+    returned as it is (``batch`` reruns). The molecule is ``geometry`` when given (QCSchema,
+    ASE), with ``ghosts`` as ghost atoms, else the XYZ file ``settings.molecule``."""
     world = world or World()
     path = settings.output_path()
     check_output_path(path, settings.resume)
-    geometry = read_xyz(settings.molecule)
+    geometry = geometry if geometry is not None else read_xyz(settings.molecule)
     env = resolve_environment(settings, path, world)
-    calc = define_calculation(geometry, request_of(settings, settings.charge, settings.spin))
+    calc = define_calculation(geometry, request_of(settings, settings.charge, settings.spin,
+                                                   ghosts))
     check_feasible(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env) as session:

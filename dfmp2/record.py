@@ -257,9 +257,9 @@ class CalculationInputs(Section):
     RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
         "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
         "scf_engine", "jk_auxbasis", "reference", "frozen", "backend", "precision",
-        "fused_energy", "task", "method")
+        "fused_energy", "task", "method", "xc_functional", "grid_level")
     REUSE_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
-        "scs_os", "scs_ss", "allow_unconverged", "check")
+        "scs_os", "scs_ss", "xc", "xc_os", "xc_ss", "allow_unconverged", "check")
 
     xyz: str
     source: str
@@ -282,6 +282,14 @@ class CalculationInputs(Section):
     method: str = "mp2"
     scs_os: float = 1.2
     scs_ss: float = 1.0 / 3.0
+    xc: str = ""
+    """The double hybrid's name (empty: a Hartree-Fock reference)."""
+    xc_functional: str = ""
+    """Its exchange-correlation mix as PySCF reads it."""
+    xc_os: float = 0.0
+    xc_ss: float = 0.0
+    grid_level: int = -1
+    """PySCF's integration grid level; -1: PySCF's default (or no grid)."""
     allow_unconverged: bool = False
     check: bool = False
     memory_bytes: int = 0
@@ -365,6 +373,10 @@ class ScfSection(Section):
     reference: str
     jk_auxbasis: str
     engine: str = "pyscf"
+    xc: str = ""
+    """The Kohn-Sham exchange-correlation mix (empty for Hartree-Fock)."""
+    grid_level: int = -1
+    grid_points: int = 0
 
 
 @dataclass(frozen=True)
@@ -466,6 +478,26 @@ class Mp2Section(Section):
 
 
 @dataclass(frozen=True)
+class DoubleHybridSection(Section):
+    """``/double_hybrid``: the functional (name, exchange-correlation mix, MP2 scales, source),
+    the Kohn-Sham grid, and the total E_KS + os_scale E_OS + ss_scale E_SS. ``/scf`` holds
+    E_KS and ``/mp2`` the unscaled MP2 parts; /mp2's totals are the plain sums, not this
+    method's energy."""
+
+    group_name: ClassVar[str] = "double_hybrid"
+    name: str
+    xc: str
+    os_scale: float
+    ss_scale: float
+    source: str
+    grid_level: int
+    grid_points: int
+    e_ks: float
+    e_pt2: float
+    e_tot: float
+
+
+@dataclass(frozen=True)
 class GradientSection(Section):
     """``/gradient``: the method's total energy and its nuclear gradient (dataset
     ``gradient``, one row [gx, gy, gz] per atom, Eh/Bohr: dE/dR, the negative force)."""
@@ -539,7 +571,8 @@ def write_optimization(node: Node, section: OptimizationSection) -> None:
 
 @dataclass(frozen=True)
 class CheckSection(Section):
-    """``/reference``: PySCF's DF-MP2 on the same orbitals (``--check``)."""
+    """``/reference``: PySCF's DF-MP2 on the same orbitals (``--check``); for a double hybrid,
+    PySCF's whole recipe, with its SCF energy and the difference in the total."""
 
     group_name: ClassVar[str] = "reference"
     program: str
@@ -551,6 +584,8 @@ class CheckSection(Section):
     tolerance: float
     passed: bool
     seconds: float
+    e_scf: float | None = None
+    delta_e_tot: float | None = None
 
 
 def write_timings(node: Node, seconds: dict[str, float]) -> None:

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from dfmp2.record import (CheckSection, Mp2Section, Node, ScfSection, Sizes, error,
-                          read_gradient, read_inputs, read_kernel_ledger, read_timings, status)
+from dfmp2.record import (CheckSection, DoubleHybridSection, Mp2Section, Node, ScfSection,
+                          Sizes, error, read_gradient, read_inputs, read_kernel_ledger,
+                          read_timings, status)
 from dfmp2.xyz import KNOWN_SYMBOLS
 
 TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "gradient",
                 "reference", "total")
 
 
-def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None) -> list[tuple[str, float]]:
+def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None,
+                 double_hybrid: DoubleHybridSection | None) -> list[tuple[str, float]]:
+    """The energies a run made. A double hybrid's are E_KS, the unscaled MP2 parts on its
+    orbitals, the scaled sum and its total: SCS and SOS sums of Kohn-Sham orbitals are not
+    methods, so they are not shown."""
+    if double_hybrid is not None and energies is not None:
+        return [("E(KS)", double_hybrid.e_ks), ("E_OS", energies.e_os),
+                ("E_SS", energies.e_ss), ("E_corr", energies.e_corr),
+                ("E_PT2", double_hybrid.e_pt2), ("E_tot", double_hybrid.e_tot)]
     rows = []
     if scf is not None:
         rows.append(("E(SCF)", scf.e_tot))
@@ -33,6 +42,11 @@ def summary(root: Node) -> str:
                      f"spin {inputs.spin}  frozen {inputs.frozen}")
         if inputs.ecp not in ("{}", ""):
             lines.append(f"  ECP      {inputs.ecp}")
+    double_hybrid = DoubleHybridSection.read(root)
+    if double_hybrid is not None:
+        lines.append(f"  xc       {double_hybrid.name}: {double_hybrid.xc}; MP2 scales "
+                     f"{double_hybrid.os_scale:g} OS, {double_hybrid.ss_scale:g} SS; grid level "
+                     f"{double_hybrid.grid_level} ({double_hybrid.grid_points} points)")
     sizes = Sizes.read(root)
     if sizes is not None:
         lines.append(f"  sizes    nao {sizes.nao}  naux {sizes.naux}  nocc {sizes.nocc}  "
@@ -52,13 +66,12 @@ def summary(root: Node) -> str:
     if error(root):
         lines.append(f"  error    {error(root)}")
     lines.append("")
-    for label, value in _energy_rows(ScfSection.read(root), Mp2Section.read(root)):
+    for label, value in _energy_rows(ScfSection.read(root), Mp2Section.read(root),
+                                     double_hybrid):
         lines.append(f"  {label:<10} {value:20.10f} Eh")
     check = CheckSection.read(root)
     if check is not None:
-        verdict = "PASS" if check.passed else "FAIL"
-        lines.append(f"  PySCF DFMP2 E_corr {check.e_corr:.10f} Eh   dE = "
-                     f"{check.delta_e_corr:.2e} Eh (tolerance {check.tolerance:.0e}): {verdict}")
+        lines.append(_check_line(check))
     gradient = read_gradient(root)
     if gradient is not None:
         lines += ["", *gradient_table(root, *gradient)]
@@ -68,6 +81,16 @@ def summary(root: Node) -> str:
         parts = [f"{k} {timings[k]:.2f}s" for k in TIMING_ORDER if k in timings]
         lines.append("  timings  " + "  ".join(parts))
     return "\n".join(lines)
+
+
+def _check_line(check: CheckSection) -> str:
+    verdict = "PASS" if check.passed else "FAIL"
+    if check.delta_e_tot is None:
+        return (f"  PySCF DFMP2 E_corr {check.e_corr:.10f} Eh   dE = {check.delta_e_corr:.2e} Eh "
+                f"(tolerance {check.tolerance:.0e}): {verdict}")
+    return (f"  PySCF recipe E_tot {check.e_tot:.10f} Eh   dE_tot = {check.delta_e_tot:.2e} Eh, "
+            f"dE_corr = {check.delta_e_corr:.2e} Eh (tolerance {check.tolerance:.0e}): "
+            f"{verdict}")
 
 
 def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
@@ -97,16 +120,41 @@ def json_summary(root: Node, path: str) -> dict:
                "e_tot": energies.e_tot, "record": path, "status": status(root),
                "backend": ledger.backend, "precision": ledger.precision,
                "fallbacks": ledger.fallbacks}
+    double_hybrid = DoubleHybridSection.read(root)
+    if double_hybrid is not None:
+        for key in ("e_scs", "e_sos"):
+            del summary[key]
+        summary.update({"xc": double_hybrid.name, "xc_functional": double_hybrid.xc,
+                        "mp2_os": double_hybrid.os_scale, "mp2_ss": double_hybrid.ss_scale,
+                        "grid_level": double_hybrid.grid_level,
+                        "grid_points": double_hybrid.grid_points,
+                        "e_pt2": double_hybrid.e_pt2, "e_tot": double_hybrid.e_tot})
     check = CheckSection.read(root)
     if check is not None:
         summary.update({"reference_e_corr": check.e_corr, "delta_e_corr": check.delta_e_corr,
                         "check_passed": check.passed})
+        if check.delta_e_tot is not None:
+            summary.update({"reference_e_tot": check.e_tot, "delta_e_tot": check.delta_e_tot})
     gradient = read_gradient(root)
     if gradient is not None:
         section, values = gradient
         summary.update({"method": section.method, "e_tot": section.e_tot,
                         "gradient": np.asarray(values).tolist(), "units": section.units})
     return summary
+
+
+def method_energy(root: Node, method: str) -> float:
+    """The total energy of ``method`` (mp2, scs-mp2, sos-mp2, or the run's double hybrid) in a
+    complete record: a gradient record's own energy, else the matching sum."""
+    gradient = read_gradient(root)
+    if gradient is not None:
+        return gradient[0].e_tot
+    double_hybrid = DoubleHybridSection.read(root)
+    if double_hybrid is not None:
+        return double_hybrid.e_tot
+    energies = Mp2Section.read(root)
+    return {"mp2": energies.e_tot, "scs-mp2": energies.e_tot_scs,
+            "sos-mp2": energies.e_tot_sos}[method.strip().lower()]
 
 
 def _format_value(value) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.functionals import named_functional
 
 DEFAULT_OUTPUT_DIR = Path("runs")
 
@@ -34,6 +35,10 @@ class RunSettings:
     method: str = "mp2"
     scs_os: float = SCS_OS_DEFAULT
     scs_ss: float = SCS_SS_DEFAULT
+    xc: str | None = None
+    mp2_os: float | None = None
+    mp2_ss: float | None = None
+    grid: int | None = None
     allow_unconverged: bool = False
     check: bool = False
     output: Path | None = None
@@ -46,8 +51,17 @@ class RunSettings:
     require_nki: bool = False
     command: str = "dfmp2 (python API)"
 
+    def xc_suffix(self) -> str:
+        """``-<functional>`` in default record names of a double hybrid (``-xc`` for a custom
+        exchange-correlation string), so they do not replace the MP2 record of the molecule."""
+        if self.xc is None:
+            return ""
+        named = named_functional(self.xc)
+        return f"-{named.name.lower()}" if named is not None else "-xc"
+
     def output_path(self, suffix: str = "") -> Path:
-        """``-o``, else ``runs/<molecule>-<basis><suffix>.h5``."""
+        """``-o``, else ``runs/<molecule>-<basis>[-<functional>]<suffix>.h5``."""
         if self.output is not None:
             return Path(self.output)
-        return DEFAULT_OUTPUT_DIR / f"{Path(self.molecule).stem}-{self.basis.lower()}{suffix}.h5"
+        return DEFAULT_OUTPUT_DIR / (f"{Path(self.molecule).stem}-{self.basis.lower()}"
+                                     f"{self.xc_suffix()}{suffix}.h5")

@@ -204,6 +204,18 @@ def parse_xyz(text: str, source: str = "<input>") -> Geometry:
                     fields.multiplicity, text, source)
 
 
+def geometry_from_atoms(symbols: list[str] | tuple[str, ...], coords: np.ndarray, units: str,
+                        source: str) -> Geometry:
+    """Atoms handed over by another program (a QCSchema molecule, ASE Atoms) as the XYZ text
+    they amount to, through the same checks as a file; coordinates are written to full
+    precision in their own ``units`` (angstrom or bohr)."""
+    coords = np.asarray(coords, dtype=float).reshape(-1, 3)
+    lines = [str(len(symbols)), f"units={units}"]
+    lines += [f"{symbol} " + " ".join(format(float(value), ".17g") for value in row)
+              for symbol, row in zip(symbols, coords)]
+    return parse_xyz("\n".join(lines) + "\n", source=source)
+
+
 def _check_distances(symbols: list[str], coords: np.ndarray, source: str) -> None:
     """The closest pair of atoms, found with a k-d tree: O(N log N) time and O(N) memory, so
     a file of many thousands of atoms is checked without an N x N distance matrix."""

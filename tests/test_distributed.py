@@ -88,9 +88,13 @@ def test_a_dead_rank_ends_the_job_and_resume_works_with_one_rank(tmp_path):
     assert proc.returncode != 0
     assert time.monotonic() - start < 120, "the job did not end promptly"
     killed = read_record(record)
-    assert killed.attrs["status"] in ("running", "failed")
+    # Rank 0 either notices the dead rank first (failed) or is stopped by torchrun's SIGTERM
+    # to the surviving ranks (interrupted); both leave a resumable record.
+    assert killed.attrs["status"] in ("running", "failed", "interrupted")
     if killed.attrs["status"] == "failed":
         assert "distributed run broken" in killed.attrs["error"]
+    if killed.attrs["status"] == "interrupted":
+        assert "SIGTERM" in killed.attrs["error"]
     assert "Error: distributed run broken" in stderr or "failed" in stderr
     done = _pairs_done(record)
     assert 4 <= done < 21 * 22 // 2
@@ -99,8 +103,11 @@ def test_a_dead_rank_ends_the_job_and_resume_works_with_one_rank(tmp_path):
                              capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
                              env=environment())
     assert resumed.returncode == 0, resumed.stderr
+    # The same thread count as the killed job's SCF, whose orbitals the resumed run reuses:
+    # SCFs on different thread counts end 1e-10 Eh apart in E_corr.
     fresh = subprocess.run([python_exe(), "-m", "dfmp2", "run", str(molecule_path("benzene")),
-                            "--backend", "torch", "--json", "-o", str(tmp_path / "fresh.h5")],
+                            "--backend", "torch", "--threads", "1", "--json",
+                            "-o", str(tmp_path / "fresh.h5")],
                            capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS)
     assert abs(json.loads(resumed.stdout)["e_corr"] - json.loads(fresh.stdout)["e_corr"]) <= 1e-10
     with h5py.File(record, "r") as h5:

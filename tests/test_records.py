@@ -110,10 +110,15 @@ def _pairs_done(record: Path) -> int:
     return 0 if checkpoint is None else len(checkpoint.datasets.get("pairs", []))
 
 
-def _wait_for_pairs(proc: subprocess.Popen, record: Path, count: int) -> None:
+def _wait_for_pairs(proc: subprocess.Popen, record: Path, count: int,
+                    stop: bool = False) -> None:
+    """Until the record holds ``count`` finished pairs; with ``stop`` the run is then frozen
+    (SIGSTOP), so that it cannot finish while the test looks at it (SIGCONT resumes it)."""
     deadline = time.monotonic() + TIMEOUT_SECONDS
     while _pairs_done(record) < count and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
+    if stop:
+        proc.send_signal(signal.SIGSTOP)
     assert proc.poll() is None, "the run finished before the test could act on it"
 
 
@@ -128,8 +133,9 @@ def test_a_second_run_on_a_record_in_use_is_refused(tmp_path, run_cli):
     record = tmp_path / "dimer.h5"
     first = subprocess.Popen(dfmp2_command("run", *DIMER, "-o", record),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_pairs(first, record, 2)
+    _wait_for_pairs(first, record, 2, stop=True)
     second = run_cli("run", *DIMER, "-o", record)
+    first.send_signal(signal.SIGCONT)
     assert second.code == 2
     line = one_error_line(second.err)
     assert "in use by another dfmp2 run" in line and str(first.pid) in line
@@ -150,9 +156,10 @@ def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path):
     args = (*DIMER, *OUT_OF_CORE, "-o", record)
     proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    _wait_for_pairs(proc, record, 3)
+    _wait_for_pairs(proc, record, 3, stop=True)
     assert [p for p in leftovers(tmp_path) if p.endswith(".bin")], "B is not out of core"
     proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
     assert proc.returncode == 128 + signal.SIGTERM
     assert "terminated by signal SIGTERM" in one_error_line(err)

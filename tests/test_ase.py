@@ -1,0 +1,68 @@
+"""The ASE calculator against `dfmp2 run` and `dfmp2 gradient` on the same molecule."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ase import Atoms
+from ase.calculators.calculator import PropertyNotImplementedError
+from ase.units import Bohr, Hartree
+
+from conftest import molecule_path
+from dfmp2 import pipeline
+from dfmp2.ase import DFMP2
+from dfmp2.errors import InputError
+from dfmp2.report import json_summary
+from dfmp2.settings import RunSettings
+from dfmp2.xyz import read_xyz
+
+
+def atoms_of(name: str) -> Atoms:
+    geometry = read_xyz(molecule_path(name))
+    return Atoms(symbols=list(geometry.symbols), positions=geometry.coords)
+
+
+def run_record(tmp_path, name: str, **options):
+    settings = RunSettings(molecule=molecule_path(name), output=tmp_path / f"{name}.h5",
+                           show_progress=False, **options)
+    return pipeline.run(settings).record
+
+
+def test_energy_and_forces_equal_dfmp2(tmp_path):
+    atoms = atoms_of("water")
+    atoms.calc = DFMP2(basis="cc-pvdz", method="sos-mp2", frozen_core=True,
+                       records=tmp_path / "kept")
+    forces = atoms.get_forces()
+    energy = atoms.get_potential_energy()
+    record = run_record(tmp_path, "water", task="gradient", method="sos-mp2",
+                        frozen_core=True)
+    gradient = record.groups["gradient"]
+    assert energy / Hartree == pytest.approx(gradient.attrs["e_tot"], abs=1e-8)
+    expected = -np.asarray(gradient.datasets["gradient"]) * Hartree / Bohr
+    assert np.abs(forces - expected).max() <= 1e-8
+    assert sorted(p.name for p in (tmp_path / "kept").glob("*.h5")) == ["dfmp2-1.h5"]
+
+    atoms.positions[1, 0] += 0.01
+    moved = atoms.get_potential_energy()
+    assert moved != energy and atoms.calc.count == 2
+
+
+def test_charge_and_spin_from_initial_moments_and_double_hybrid(tmp_path):
+    methyl = atoms_of("methyl")
+    methyl.set_initial_magnetic_moments([1.0, 0.0, 0.0, 0.0])
+    methyl.calc = DFMP2(basis="cc-pvdz", xc="B2PLYP")
+    ours = json_summary(run_record(tmp_path, "methyl", xc="b2plyp"), "")
+    assert methyl.get_potential_energy() / Hartree == pytest.approx(ours["e_tot"], abs=1e-8)
+    with pytest.raises(PropertyNotImplementedError, match="double hybrids"):
+        methyl.get_forces()
+
+
+def test_bad_arguments_are_clear(tmp_path):
+    with pytest.raises(InputError, match="unknown option basis_set"):
+        DFMP2(basis_set="cc-pvdz")
+    with pytest.raises(InputError, match="choose one of mp2, scs-mp2, sos-mp2"):
+        DFMP2(method="ccsd")
+    atoms = atoms_of("water")
+    atoms.set_initial_charges([0.5, 0.0, 0.0])
+    atoms.calc = DFMP2()
+    with pytest.raises(InputError, match="not a whole number"):
+        atoms.get_potential_energy()

@@ -1,0 +1,159 @@
+"""QCSchema: the QCEngine harness `dfmp2` and `dfmp2 run --qcschema` against `dfmp2 run`."""
+from __future__ import annotations
+
+import base64
+import json
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import qcengine
+from qcelemental.models.v2 import Molecule
+
+import dfmp2.qcengine  # noqa: F401  (registers the harness)
+from conftest import molecule_path
+from dfmp2 import pipeline
+from dfmp2.report import json_summary
+from dfmp2.settings import RunSettings
+from dfmp2.xyz import read_xyz
+
+BOHR = 0.52917721092  # PySCF's Angstrom per Bohr, the one dfmp2 converts with
+
+
+def water_molecule() -> dict:
+    """Bundled water as a QCSchema molecule. QCElemental rounds geometries to 1e-8 Bohr, so
+    the coordinates are those it keeps (and :func:`water_xyz` writes the same numbers)."""
+    geometry = read_xyz(molecule_path("water")).coords / BOHR
+    molecule = {"symbols": ["O", "H", "H"], "geometry": geometry.ravel().tolist(),
+                "fix_com": True, "fix_orientation": True}
+    return {**molecule, "geometry": Molecule(**molecule).geometry.ravel().tolist()}
+
+
+def water_xyz(tmp_path) -> Path:
+    coords = np.asarray(water_molecule()["geometry"]).reshape(-1, 3)
+    path = tmp_path / "water-qcschema.xyz"
+    path.write_text("3\nunits=bohr\n" + "".join(
+        f"{s} {x!r} {y!r} {z!r}\n" for s, (x, y, z) in zip("OHH", coords.tolist())))
+    return path
+
+
+def run_record(tmp_path, name: str, **options):
+    settings = RunSettings(molecule=water_xyz(tmp_path), output=tmp_path / f"{name}.h5",
+                           show_progress=False, **options)
+    return pipeline.run(settings).record
+
+
+def test_energy_equals_dfmp2_run_with_record_among_native_files(tmp_path):
+    result = qcengine.compute(
+        {"molecule": water_molecule(), "driver": "energy",
+         "model": {"method": "mp2", "basis": "cc-pvdz"}, "keywords": {"frozen_core": True},
+         "protocols": {"native_files": "all"}},
+        "dfmp2", return_version=2)
+    assert result.success, getattr(result, "error", None)
+    ours = json_summary(run_record(tmp_path, "run", frozen_core=True), "")
+    properties = result.properties
+    assert result.return_result == pytest.approx(ours["e_tot"], abs=1e-10)
+    assert properties.return_energy == pytest.approx(ours["e_tot"], abs=1e-10)
+    assert properties.scf_total_energy == pytest.approx(ours["e_scf"], abs=1e-10)
+    assert properties.mp2_correlation_energy == pytest.approx(ours["e_corr"], abs=1e-10)
+    assert properties.mp2_same_spin_correlation_energy == pytest.approx(ours["e_ss"], abs=1e-10)
+    assert properties.mp2_opposite_spin_correlation_energy == pytest.approx(ours["e_os"],
+                                                                            abs=1e-10)
+    assert properties.mp2_total_energy == pytest.approx(ours["e_tot"], abs=1e-10)
+    assert (properties.calcinfo_nbasis, properties.calcinfo_nmo, properties.calcinfo_nalpha,
+            properties.calcinfo_nbeta, properties.calcinfo_natom) == (24, 24, 5, 5, 3)
+    assert result.provenance.creator == "dfmp2"
+    assert result.extras["dfmp2"]["backend"] == "torch"
+    record = tmp_path / "from-native-files.h5"
+    record.write_bytes(base64.b64decode(result.native_files["record.h5.base64"]))
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert h5["mp2"].attrs["e_tot"] == pytest.approx(ours["e_tot"], abs=1e-10)
+
+
+def test_gradient_equals_dfmp2_gradient(tmp_path):
+    result = qcengine.compute(
+        {"molecule": water_molecule(), "driver": "gradient",
+         "model": {"method": "scs-mp2", "basis": "cc-pvdz"}}, "dfmp2", return_version=2)
+    assert result.success, getattr(result, "error", None)
+    record = run_record(tmp_path, "grad", task="gradient", method="scs-mp2")
+    expected = np.asarray(record.groups["gradient"].datasets["gradient"])
+    assert np.abs(np.asarray(result.return_result) - expected).max() <= 1e-9
+    assert result.properties.return_energy == pytest.approx(
+        record.groups["gradient"].attrs["e_tot"], abs=1e-10)
+
+
+def test_scs_energy_and_double_hybrid_methods(tmp_path):
+    energies = {}
+    for method in ("scs-mp2", "B2PLYP"):
+        result = qcengine.compute(
+            {"molecule": water_molecule(), "driver": "energy",
+             "model": {"method": method, "basis": "cc-pvdz"}}, "dfmp2", return_version=2)
+        assert result.success, getattr(result, "error", None)
+        energies[method] = result
+    mp2 = json_summary(run_record(tmp_path, "mp2"), "")
+    assert energies["scs-mp2"].return_result == pytest.approx(
+        mp2["e_scf"] + mp2["e_scs"], abs=1e-10)
+    b2plyp = json_summary(run_record(tmp_path, "b2plyp", xc="b2plyp"), "")
+    assert energies["B2PLYP"].return_result == pytest.approx(b2plyp["e_tot"], abs=1e-10)
+    assert energies["B2PLYP"].properties.scf_total_energy == pytest.approx(b2plyp["e_scf"],
+                                                                           abs=1e-10)
+    assert energies["B2PLYP"].properties.mp2_total_energy is None
+
+
+def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
+    """A QCSchema dimer whose second water is ghost (real false) is the interaction
+    command's monomer A in the dimer basis."""
+    dimer = read_xyz(molecule_path("water_dimer"))
+    molecule = {"symbols": list(dimer.symbols),
+                "geometry": (dimer.coords / BOHR).ravel().tolist(),
+                "real": [True] * 3 + [False] * 3, "fix_com": True, "fix_orientation": True}
+    result = qcengine.compute({"molecule": molecule, "driver": "energy",
+                               "model": {"method": "mp2", "basis": "sto-3g"}}, "dfmp2",
+                              return_version=2)
+    assert result.success, getattr(result, "error", None)
+    interaction = run_cli("interaction", molecule_path("water_dimer"), "--basis", "sto-3g",
+                          "-o", tmp_path / "i.h5")
+    assert interaction.code == 0, interaction.err
+    with h5py.File(tmp_path / "i.h5", "r") as h5:
+        expected = h5["monomer_a_cp/mp2"].attrs["e_tot"]
+    assert result.return_result == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"driver": "hessian", "model": {"method": "mp2", "basis": "cc-pvdz"}}, "driver 'hessian'"),
+    ({"driver": "energy", "model": {"method": "ccsd", "basis": "cc-pvdz"}},
+     "not an MP2 method (mp2, scs-mp2, sos-mp2)"),
+    ({"driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
+      "keywords": {"frozen_cor": True}}, "unknown keyword 'frozen_cor'"),
+    ({"driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
+      "keywords": {"frozen_core": "yes"}}, "must be true or false"),
+    ({"driver": "gradient", "model": {"method": "b2plyp", "basis": "cc-pvdz"}},
+     "gradients of double hybrids"),
+])
+def test_bad_inputs_are_input_errors(spec, message):
+    result = qcengine.compute({"molecule": water_molecule(), **spec}, "dfmp2",
+                              return_version=2)
+    assert not result.success
+    assert result.error.error_type == "input_error" and message in result.error.error_message
+
+
+def test_run_qcschema_prints_the_harness_result(run_cli, tmp_path):
+    printed = run_cli("run", water_xyz(tmp_path), "--xc", "pbe0-dh", "--frozen-core",
+                      "--qcschema", "-o", tmp_path / "w.h5")
+    assert printed.code == 0, printed.err
+    document = json.loads(printed.out)
+    assert document["schema_name"] == "qcschema_atomic_result" and document["success"]
+    specification = document["input_data"]["specification"]
+    assert specification["model"] == {"method": "pbe0-dh", "basis": "cc-pvdz"}
+    assert specification["keywords"] == {"frozen_core": True}
+    harness = qcengine.compute(document["input_data"], "dfmp2", return_version=2)
+    assert harness.success, getattr(harness, "error", None)
+    assert document["return_result"] == pytest.approx(harness.return_result, abs=1e-10)
+    for key in ("scf_total_energy", "mp2_correlation_energy", "return_energy",
+                "calcinfo_nbasis"):
+        assert document["properties"][key] == pytest.approx(getattr(harness.properties, key),
+                                                            abs=1e-10)
+    assert run_cli("run", molecule_path("water"), "--json", "--qcschema").code == 2
