@@ -122,7 +122,8 @@ def test_batch_under_torchrun_spreads_molecules(tmp_path):
     proc = subprocess.run(command, capture_output=True, text=True,
                           timeout=JOB_TIMEOUT_SECONDS, env=environment())
     assert proc.returncode == 0, proc.stderr
-    assert (out / "summary-shard-0-of-2.csv").exists() and (out / "summary-shard-1-of-2.csv").exists()
+    assert (out / "summary-shard-0-of-2.csv").exists()
+    assert (out / "summary-shard-1-of-2.csv").exists()
     assert len(list(out.glob("*.h5"))) == 3
 
 

@@ -92,7 +92,8 @@ def test_keyword_style_matmul_matches_numpy():
 def test_bf16_inputs_are_rounded_before_the_fp32_matmul():
     torch = pytest.importorskip("torch")
     lhsT, rhs = operands(128, 128, 128, seed=2)
-    as_bf16 = [torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy() for x in (lhsT, rhs)]
+    as_bf16 = [torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
+               for x in (lhsT, rhs)]
     result = simulate(matmul_keyword_style)(lhsT, rhs, 128, True)
     np.testing.assert_allclose(result, as_bf16[0].T @ as_bf16[1], rtol=1e-5, atol=1e-4)
     assert np.abs(result - lhsT.T @ rhs).max() > 1e-3  # bf16 rounding is visible

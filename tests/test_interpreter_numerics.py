@@ -60,7 +60,8 @@ ROUNDING = {
     ],
     "float16": [(1 + 2.0**-11, 1.0), (1 + 3 * 2.0**-11, 1 + 2.0**-9), (70000.0, np.inf)],
     "tfloat32": [(1 + 2.0**-11, 1.0), (1 + 3 * 2.0**-11, 1 + 2.0**-9), (70000.0, 70016.0)],
-    "float8_e4m3": [(1 + 2.0**-4, 1.0), (1 + 3 * 2.0**-4, 1.25), (500.0, 448.0), (2.0**-9, 2.0**-9)],
+    "float8_e4m3": [(1 + 2.0**-4, 1.0), (1 + 3 * 2.0**-4, 1.25), (500.0, 448.0),
+                    (2.0**-9, 2.0**-9)],
     "float8_e5m2": [(1 + 2.0**-3, 1.0), (1 + 3 * 2.0**-3, 1.5), (1e6, np.inf)],
 }
 
@@ -355,7 +356,8 @@ def test_nl_power_and_nl_equal():
     a = np.array([[1.0, 2.0, 3.0], [4.0, 0.5, 3.0]], F32)
     b = np.array([[2.0, 2.0, 0.5], [1.0, 3.0, 3.0]], F32)
     profile = Profile()
-    power_tt, power_ts, power_st, equal_tt, equal_ts = simulate(power_and_equal, profile=profile)(a, b)
+    power_tt, power_ts, power_st, equal_tt, equal_ts = simulate(power_and_equal,
+                                                                profile=profile)(a, b)
     np.testing.assert_allclose(power_tt, a ** b, rtol=1e-6)
     np.testing.assert_allclose(power_ts, a ** 2, rtol=1e-6)
     np.testing.assert_allclose(power_st, 2.0 ** b, rtol=1e-6)

@@ -755,7 +755,8 @@ def test_is_check_reaches_helper_modules_written_against_nki(tmp_path, monkeypat
     names = ("rule_kernels", "rule_nki_helpers", "rule_plain_helpers")
     try:
         kernels = importlib.import_module("rule_kernels")
-        with pytest.raises(NKIRuleError, match=r"^\[is-operator\] `is` in width .*rule_nki_helpers"):
+        with pytest.raises(NKIRuleError,
+                           match=r"^\[is-operator\] `is` in width .*rule_nki_helpers"):
             simulate(kernels.via_nki_helper)(arr(128, 4))
         np.testing.assert_array_equal(simulate(kernels.via_plain_helper)(arr(128, 4)), arr(128, 4))
     finally:

@@ -92,7 +92,8 @@ def broadcast_to(x, shape) -> Tensor:
     x = on_chip(x, "x")
     shape = check_shape(shape)
     if len(shape) != x.ndim or any(s != d and s != 1 for s, d in zip(x.shape, shape)):
-        raise NKIRuleError("broadcast-shape", f"cannot broadcast {shape_str(x.shape)} to {shape_str(shape)}")
+        raise NKIRuleError("broadcast-shape",
+                           f"cannot broadcast {shape_str(x.shape)} to {shape_str(shape)}")
     out = allocate(shape, x.dtype, _buffers.sbuf)
     write(out, np.broadcast_to(read(x, "x"), shape))
     current().profile.record_elementwise("vector", out.partitions, out.free_size)
@@ -103,7 +104,8 @@ def transpose(x, dtype=None) -> Tensor:
     """Tensor Engine transpose of a 2-D SBUF tile into a new PSUM tile."""
     x = on_chip(x, "x")
     if dtype is not None and resolve(dtype) is not x.dtype:
-        raise NKIRuleError("transpose-dtype", f"nl.transpose keeps the dtype of {shape_str(x.shape)} {x.dtype!r}")
+        raise NKIRuleError("transpose-dtype",
+                           f"nl.transpose keeps the dtype of {shape_str(x.shape)} {x.dtype!r}")
     isa.check_transpose_limit(x, "tensor")
     out = allocate((x.free_size, x.partitions), x.dtype, _buffers.psum)
     isa.nc_transpose(dst=out, data=x)

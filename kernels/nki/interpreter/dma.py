@@ -45,7 +45,8 @@ def _record(src: Tensor, dst_dtype: DType) -> None:
 def _from_hbm(src: object, what: str) -> Tensor:
     t = tensor_arg(src, what)
     if t.buffer.on_chip:
-        raise NKIRuleError("load-source", f"{what} {shape_str(t.shape)} must be an HBM tensor, not {t.buffer!r}")
+        raise NKIRuleError("load-source",
+                           f"{what} {shape_str(t.shape)} must be an HBM tensor, not {t.buffer!r}")
     return t
 
 
@@ -61,7 +62,9 @@ def _not_psum_source(t: Tensor, what: str) -> None:
 def _same_count(dst: Tensor, src: Tensor) -> None:
     if dst.data.size != src.data.size:
         raise NKIRuleError(
-            "dma-count", f"dst {shape_str(dst.shape)} and src {shape_str(src.shape)} hold different element counts")
+            "dma-count",
+            f"dst {shape_str(dst.shape)} and src {shape_str(src.shape)} hold different element "
+            "counts")
 
 
 def _check_hwdge(dst: Tensor, src: Tensor) -> None:
@@ -96,7 +99,8 @@ def load_transpose2d(src, dtype=None) -> Tensor:
     """Copy a 2-D HBM tensor [F, P] into a new SBUF tile [P, F] (transposed)."""
     src = _from_hbm(src, "src")
     if src.ndim != 2:
-        raise NKIRuleError("shape", f"load_transpose2d needs a 2-D source, got {shape_str(src.shape)}")
+        raise NKIRuleError("shape",
+                           f"load_transpose2d needs a 2-D source, got {shape_str(src.shape)}")
     out_dtype = src.dtype if dtype is None else resolve(dtype)
     tile = allocate((src.shape[1], src.shape[0]), out_dtype, _buffers.sbuf)
     write(tile, read(src, "src").T)
@@ -109,7 +113,8 @@ def store(dst, value) -> None:
     dst = tensor_arg(dst, "dst")
     value = tensor_arg(value, "value")
     if dst.buffer.on_chip:
-        raise NKIRuleError("store-destination", f"dst {shape_str(dst.shape)} must be an HBM tensor, not {dst.buffer!r}")
+        raise NKIRuleError("store-destination",
+                           f"dst {shape_str(dst.shape)} must be an HBM tensor, not {dst.buffer!r}")
     _not_psum_source(value, "value")
     if not value.buffer.on_chip:
         raise NKIRuleError("store-source", f"value {shape_str(value.shape)} must be an SBUF tile")
@@ -139,7 +144,8 @@ def dma_copy(dst, src, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, name=
     src = tensor_arg(src, "src")
     _not_psum_source(src, "src")
     if dst.buffer is _buffers.psum:
-        raise NKIRuleError("dma-to-psum", f"dst {shape_str(dst.shape)} is a PSUM tile; DMA cannot write PSUM")
+        raise NKIRuleError("dma-to-psum",
+                           f"dst {shape_str(dst.shape)} is a PSUM tile; DMA cannot write PSUM")
     _same_count(dst, src)
     if dge_mode is _DGE.hwdge:
         _check_hwdge(dst, src)

@@ -72,7 +72,8 @@ class DType:
 
     __slots__ = ("name", "storage", "itemsize", "is_float", "rounder", "low", "high")
 
-    def __init__(self, name: str, storage: type, itemsize: int, rounder: Rounder | None = None) -> None:
+    def __init__(self, name: str, storage: type, itemsize: int,
+                 rounder: Rounder | None = None) -> None:
         self.name = name
         self.storage = np.dtype(storage)
         self.itemsize = itemsize
@@ -158,7 +159,8 @@ def resolve(dtype: object) -> DType:
     if isinstance(dtype, DType):
         return dtype
     if isinstance(dtype, str):
-        raise NKIRuleError("unsupported-dtype", f"dtype must be an nl dtype, not the string {dtype!r}")
+        raise NKIRuleError("unsupported-dtype",
+                           f"dtype must be an nl dtype, not the string {dtype!r}")
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:

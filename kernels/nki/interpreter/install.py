@@ -48,7 +48,8 @@ def install() -> bool:
         return True
     if _real_nki_importable():
         return False
-    module = types.ModuleType("nki", "CPU interpreter of the NKI 0.3.0 subset (dfmp2), not real NKI.")
+    module = types.ModuleType("nki",
+                              "CPU interpreter of the NKI 0.3.0 subset (dfmp2), not real NKI.")
     module.__path__ = []  # a package whose only submodules are the ones registered below
     module.__version__ = "0.3.0+dfmp2.interpreter"
     setattr(module, _MARKER, True)

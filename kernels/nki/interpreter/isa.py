@@ -1,4 +1,5 @@
-"""Stand-in for ``nki.isa``: the instructions of the NKI 0.3.0 subset (destination-passing style)."""
+"""Stand-in for ``nki.isa``: the instructions of the NKI 0.3.0 subset (destination-passing
+style)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def _engine_name(selected: object, default: str, allowed: tuple[str, ...],
     name = default if selected is engine.unknown else selected.value
     if name not in allowed:
         raise NKIRuleError(
-            rule, f"{instruction} cannot run on the {name} engine (supported: {', '.join(allowed)})")
+            rule,
+            f"{instruction} cannot run on the {name} engine (supported: {', '.join(allowed)})")
     return name
 
 
@@ -83,7 +85,8 @@ def _op(op: object, role: str, what: str = "op") -> Op:
 def _unsupported(**options: object) -> None:
     for name, value in options.items():
         if value:
-            raise NKIRuleError("unsupported", f"{name}={value!r} is not supported by the interpreter")
+            raise NKIRuleError("unsupported",
+                               f"{name}={value!r} is not supported by the interpreter")
 
 
 def matmul_dims(stationary, moving) -> tuple[int, int, int]:
@@ -92,7 +95,8 @@ def matmul_dims(stationary, moving) -> tuple[int, int, int]:
     shapes = f"stationary {shape_str(stationary.shape)}, moving {shape_str(moving.shape)}"
     if moving.partitions != k:
         raise NKIRuleError("matmul-shape", f"contraction (partition) dims differ: {shapes}")
-    for label, size, limit in (("K", k, MATMUL_K_MAX), ("M", m, MATMUL_M_MAX), ("N", n, MATMUL_N_MAX)):
+    for label, size, limit in (("K", k, MATMUL_K_MAX), ("M", m, MATMUL_M_MAX),
+                               ("N", n, MATMUL_N_MAX)):
         if size > limit:
             raise NKIRuleError("matmul-limit", f"{label}={size} exceeds {limit}: {shapes}")
     return k, m, n
@@ -134,9 +138,11 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     if dst.dtype is not float32:
         raise NKIRuleError("matmul-dtype", f"dst must be float32, not {dst.dtype!r} ({shapes})")
     if accumulate not in (None, True, False):
-        raise NKIRuleError("operand-type", f"accumulate must be None, True or False, got {accumulate!r}")
+        raise NKIRuleError("operand-type",
+                           f"accumulate must be None, True or False, got {accumulate!r}")
     accumulate = None if accumulate is None else bool(accumulate)
-    product = read_f32(stationary, "stationary").reshape(k, m).T @ read_f32(moving, "moving").reshape(k, n)
+    product = (read_f32(stationary, "stationary").reshape(k, m).T
+               @ read_f32(moving, "moving").reshape(k, n))
     if accumulate is False or (accumulate is None and not dst.written.any()):
         write(dst, product, by_tensor_engine=True)
     elif dst.matmul_written.all():
@@ -178,7 +184,8 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
         in_buffer(dst, _buffers.psum, "transpose-buffer", "dst")
     if dst.partitions != f or dst.free_size != p:
         raise NKIRuleError(
-            "transpose-shape", f"dst {shape_str(dst.shape)} must be ({f}, {p}) for data {shape_str(data.shape)}")
+            "transpose-shape",
+            f"dst {shape_str(dst.shape)} must be ({f}, {p}) for data {shape_str(data.shape)}")
     if dst.dtype is not data.dtype:
         raise NKIRuleError(
             "transpose-dtype",
@@ -333,7 +340,8 @@ def reduce_axes(axis: object, data_shape: tuple[int, ...]) -> tuple[int, ...]:
     rank = len(data_shape)
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < rank:
-            raise NKIRuleError("reduce-axis", f"axis {axis!r} invalid for data {shape_str(data_shape)}")
+            raise NKIRuleError("reduce-axis",
+                               f"axis {axis!r} invalid for data {shape_str(data_shape)}")
     axes = tuple(sorted(int(a) for a in axes))
     if 0 in axes:
         raise NKIRuleError(
@@ -379,7 +387,9 @@ def memset(dst, value, engine=engine.unknown, name=None) -> None:
     _gpsimd_keeps_off_psum(where, "memset", dst=dst)
     if not dst.dtype.is_float and not isinstance(value, (int, np.integer)):
         raise NKIRuleError(
-            "memset-type", f"memset of {dst.dtype!r} tile {shape_str(dst.shape)} needs an int value, got {value!r}")
+            "memset-type",
+            f"memset of {dst.dtype!r} tile {shape_str(dst.shape)} needs an int value, "
+            f"got {value!r}")
     if dst.dtype.is_float:
         value = scalar_f32(value, "value")
     write(dst, np.full(dst.shape, value))

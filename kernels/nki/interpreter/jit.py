@@ -32,7 +32,8 @@ def jit(func: Callable[..., Any] | None = None, **options: Any) -> Any:
     """Use as ``@nki.jit`` or ``@nki.jit(...)``."""
     for name in _REJECTED_OPTIONS:
         if name in options:
-            raise NKIRuleError("jit-option", f"nki.jit({name}=...) is removed/deprecated in NKI 0.3.0")
+            raise NKIRuleError("jit-option",
+                               f"nki.jit({name}=...) is removed/deprecated in NKI 0.3.0")
     if func is None:
         return lambda f: JitKernel(f, options)
     return JitKernel(func, options)

@@ -40,7 +40,8 @@ def on_chip(value: object, what: str) -> Tensor:
 def in_buffer(t: Tensor, buffer: _buffers.Buffer, rule: str, what: str) -> None:
     """Require ``t`` to live in ``buffer``."""
     if t.buffer is not buffer:
-        raise NKIRuleError(rule, f"{what} {shape_str(t.shape)} must be in {buffer!r}, not {t.buffer!r}")
+        raise NKIRuleError(rule,
+                           f"{what} {shape_str(t.shape)} must be in {buffer!r}, not {t.buffer!r}")
 
 
 def read(t: Tensor, what: str) -> np.ndarray:
@@ -118,6 +119,7 @@ def vector_operand(value: object, data: Tensor, what: str) -> np.ndarray | np.fl
             f"for data {shape_str(data.shape)}",
         )
     if t.dtype.name != "float32":
-        raise NKIRuleError("operand-dtype", f"{what} {shape_str(t.shape)} must be float32, not {t.dtype!r}")
+        raise NKIRuleError("operand-dtype",
+                           f"{what} {shape_str(t.shape)} must be float32, not {t.dtype!r}")
     col = read_f32(t, what)
     return col.reshape((data.partitions,) + (1,) * (data.ndim - 1))

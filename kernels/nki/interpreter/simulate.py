@@ -35,7 +35,8 @@ def _check_signature(func: Callable[..., Any]) -> inspect.Signature:
 def _convert_argument(value: object, name: str) -> object:
     """numpy arrays become HBM input tensors; compile-time constants pass through."""
     if isinstance(value, np.ndarray):
-        return wrap_input(value, from_numpy(value.dtype, f"input {name!r} {shape_str(value.shape)}"), name)
+        dtype = from_numpy(value.dtype, f"input {name!r} {shape_str(value.shape)}")
+        return wrap_input(value, dtype, name)
     if isinstance(value, list):
         raise NKIRuleError("list-argument", f"argument {name!r} is a list; pass a tuple")
     if isinstance(value, tuple):

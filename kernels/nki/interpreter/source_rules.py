@@ -60,8 +60,8 @@ def _first_violation(kernel: types.FunctionType) -> str | None:
                         spelled = "is not" if isinstance(op, ast.IsNot) else "is"
                         line = func.__code__.co_firstlineno + node.lineno - 1
                         return (f"`{spelled}` in {func.__qualname__} "
-                                f"({func.__code__.co_filename}:{line}): the NKI 0.3.0 compiler does "
-                                "not support is / is not; compare with == / !=")
+                                f"({func.__code__.co_filename}:{line}): the NKI 0.3.0 "
+                                "compiler does not support is / is not; compare with == / !=")
             elif isinstance(node, ast.Call):
                 callee = _resolve(node.func, func.__globals__)
                 if callee is not None and _written_against_nki(callee):

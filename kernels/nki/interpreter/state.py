@@ -19,8 +19,9 @@ class MemoryTracker:
     """Live on-chip bytes per partition (SBUF) and live PSUM banks of one launch.
 
     A tile is live while any view of it is referenced; ``weakref.finalize`` releases it. The
-    capacity check of a new tile is deferred to the next allocation or instruction, so that ``t = nl.ndarray(...)`` inside an unrolled
-    loop is not charged while the previous ``t`` is still bound during the assignment.
+    capacity check of a new tile is deferred to the next allocation or instruction, so that
+    ``t = nl.ndarray(...)`` inside an unrolled loop is not charged while the previous ``t`` is
+    still bound during the assignment.
     """
 
     def __init__(self, profile: Profile) -> None:
@@ -61,7 +62,8 @@ class MemoryTracker:
         if shape is None:
             return
         profile = self.profile
-        profile.peak_sbuf_bytes_per_partition = max(profile.peak_sbuf_bytes_per_partition, self.sbuf_bytes)
+        profile.peak_sbuf_bytes_per_partition = max(profile.peak_sbuf_bytes_per_partition,
+                                                    self.sbuf_bytes)
         profile.peak_psum_banks = max(profile.peak_psum_banks, self.psum_banks)
         if self.sbuf_bytes > SBUF_BYTES_PER_PARTITION:
             raise NKIRuleError(

@@ -192,7 +192,8 @@ def check_address(t: Tensor, address: object) -> None:
     rejected here overflows under either reading."""
     shape = shape_str(t.shape)
     if not t.buffer.on_chip:
-        raise NKIRuleError("address", f"address= places SBUF/PSUM tiles; {shape} is in {t.buffer!r}")
+        raise NKIRuleError("address",
+                           f"address= places SBUF/PSUM tiles; {shape} is in {t.buffer!r}")
     if (not isinstance(address, tuple) or len(address) != 2
             or not all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) and a >= 0
                        for a in address)):
@@ -243,7 +244,8 @@ def _normalize_key(key: object, shape: tuple[int, ...], on_chip: bool) -> tuple:
         at = key.index(Ellipsis)
         key = key[:at] + (slice(None),) * (len(shape) - len(key) + 1) + key[at + 1:]
     if len(key) > len(shape):
-        raise NKIRuleError("index-rank", f"{len(key)} indices for tensor of shape {shape_str(shape)}")
+        raise NKIRuleError("index-rank",
+                           f"{len(key)} indices for tensor of shape {shape_str(shape)}")
     out = []
     for axis, k in enumerate(key):
         n = shape[axis]
@@ -271,7 +273,8 @@ def _normalize_key(key: object, shape: tuple[int, ...], on_chip: bool) -> tuple:
             i = int(k)
             if not 0 <= i < n:
                 raise NKIRuleError(
-                    "index-bounds", f"index {i} on axis {axis} outside tensor of shape {shape_str(shape)}")
+                    "index-bounds",
+                    f"index {i} on axis {axis} outside tensor of shape {shape_str(shape)}")
             # An integer partition index keeps a partition dim of size 1 on chip.
             out.append(slice(i, i + 1) if (axis == 0 and on_chip) else i)
         else:
