@@ -41,7 +41,8 @@ def _disk_error(path: Path, exc: OSError) -> ScratchError:
 
 class ScratchArea:
     """The scratch files of one calculation: ``<folder>/.<prefix>.b<channel>[.raw].bin`` for
-    MP2's B and ``<folder>/.<prefix>.jk[.raw].bin`` for the SCF's JK-fit tensor."""
+    MP2's B, ``<folder>/.<prefix>.jk[.raw].bin`` for the SCF's JK-fit tensor and
+    ``<folder>/.<prefix>.<name>.bin`` for any other tensor."""
 
     def __init__(self, folder: Path, prefix: str) -> None:
         self.folder = Path(folder)
@@ -50,8 +51,16 @@ class ScratchArea:
     def path(self, channel: int, raw: bool = False) -> Path:
         return self.folder / f".{self.prefix}.b{channel}{'.raw' if raw else ''}.bin"
 
+    def named(self, name: str) -> Path:
+        return self.folder / f".{self.prefix}.{name}.bin"
+
     def jk_path(self, raw: bool = False) -> Path:
         return self.folder / f".{self.prefix}.jk{'.raw' if raw else ''}.bin"
+
+    def area(self, name: str) -> "ScratchArea":
+        """The files of one stage (e.g. the gradient's): their own prefix, so that stage's
+        leftovers are removed without touching the files of the stages around it."""
+        return ScratchArea(self.folder, f"{self.prefix}.{name}")
 
     def leftovers(self) -> list[Path]:
         return sorted(self.folder.glob(f".{self.prefix}.*.bin"))
@@ -137,7 +146,7 @@ class ScratchB:
         except ScratchError:
             store.close()
             raise
-        log.info("B (%d x %d) in scratch file %s", naux, ncols, path)
+        log.info("a %d x %d tensor in scratch file %s", naux, ncols, path)
         return store
 
     @classmethod

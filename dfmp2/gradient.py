@@ -17,6 +17,9 @@ and same-spin parts. The stages, each handed what it needs:
    (:func:`dfmp2.gradient_integrals.jk_pass`), then the one-electron, overlap and nuclear
    terms.
 
+B, Gamma and the JK pass's half-transformed integrals live in memory or, when they would take
+more than half the memory budget, in scratch files (:func:`plan_storage`).
+
 Sign convention: ``gradient`` is dE/dR (Eh/Bohr), one row per atom, the negative force.
 """
 from __future__ import annotations
@@ -31,17 +34,22 @@ from pyscf import df
 
 import kernels
 from dfmp2.auxbasis import AuxBasis, describe, make_auxmol, ri_basis
+from dfmp2.b_store import ScratchArea, open_store
 from dfmp2.df_tensors import build_fitted_tensors
+from dfmp2.disk import check_space
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT, BlockReader
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.gradient_amplitudes import (AmplitudeIntermediates, Scales,
+from dfmp2.gradient_amplitudes import (MAX_SLAB_BYTES, AmplitudeIntermediates, Scales,
                                        amplitude_intermediates, gradient_occ_block)
-from dfmp2.gradient_integrals import (JkChannel, RiChannel, aux_block_functions, jk_pass,
-                                      one_electron_gradient, ri_pass, two_index_gradient)
+from dfmp2.gradient_integrals import (DERIVATIVE_BLOCK_ARRAYS, JkChannel, RiChannel,
+                                      aux_block_functions, jk_pass, one_electron_gradient,
+                                      ri_pass, two_index_gradient)
 from dfmp2.gradient_response import (Channel, ScfPotential, channels_of, orbital_derivative,
                                      relax)
+from dfmp2.memory import format_size
 from dfmp2.metric import JK_LINDEP_THRESHOLD, FitMetric
 from dfmp2.mp2 import FitBasis, fit_basis
+from dfmp2.planner import FP64_BYTES, IN_CORE_MAX_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +73,7 @@ class GradientResult:
     timings: dict[str, float] = field(default_factory=dict)
     jk_builds: int = 0
     """J/K builds of the orbital response (Lagrangian, Z-vector iterations, relaxed density)."""
+    out_of_core: bool = False
 
 
 def _as_aux(aux: AuxBasis | str | dict) -> AuxBasis:
@@ -94,24 +103,117 @@ def fitted_form(metric: FitMetric, gamma: torch.Tensor) -> torch.Tensor:
     return factor @ gamma
 
 
+@dataclass(frozen=True)
+class GradientStorage:
+    """Where the gradient's large tensors live: B and Gamma of the RI basis per channel and
+    the JK pass's half-transformed integrals, in memory or (``scratch``) in scratch files;
+    the work memory of one auxiliary block of the integral sweeps (``block_bytes``), the slab
+    of the amplitude sweep and the occupied orbitals of B read at once for a slab's rows
+    (``row_block``: all when B is in memory)."""
+
+    scratch: ScratchArea | None = None
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+    slab_bytes: int = MAX_SLAB_BYTES
+    row_block: int | None = None
+
+    @property
+    def out_of_core(self) -> bool:
+        return self.scratch is not None
+
+    def open(self, name: str, naux: int, ncols: int):
+        return open_store(naux, ncols, None if self.scratch is None else self.scratch.named(name))
+
+
+def held_bytes(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int) -> int:
+    """Bytes of the tensors :class:`GradientStorage` places: B and Gamma (fp64) per channel
+    and the JK pass's half-transformed integrals."""
+    ri = sum(2 * naux_ri * len(c.active) * len(c.virtual) for c in channels)
+    jk = sum(naux_jk * nao * len(c.occupied) for c in channels)
+    return FP64_BYTES * (ri + jk)
+
+
+def plan_storage(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int,
+                 budget: int | None, scratch: ScratchArea | None) -> GradientStorage:
+    """In memory while the placed tensors take at most half of ``budget`` (always without a
+    budget); otherwise in scratch files, with the work blocks shrunk to fit the budget."""
+    held = held_bytes(channels, naux_ri, naux_jk, nao)
+    if budget is None:
+        return GradientStorage()
+    block_bytes = min(DEFAULT_BLOCK_BYTES, budget // 4)
+    if held <= IN_CORE_MAX_SHARE * budget:
+        return GradientStorage(block_bytes=block_bytes)
+    if scratch is None:
+        raise InputError(f"the gradient's tensors ({format_size(held)}) do not fit in "
+                         f"{format_size(budget)} and no scratch folder was given")
+    nvir = max(len(c.virtual) for c in channels)
+    nocc = max(len(c.active) for c in channels)
+    slab_bytes = min(MAX_SLAB_BYTES, budget // 16)
+    row_block = max(1, slab_bytes // (FP64_BYTES * naux_ri * nvir))
+    # One occupied orbital per slab column and per row read, one auxiliary function per block.
+    minimum = FP64_BYTES * (4 * nocc * nvir * nvir + 3 * naux_ri * nvir
+                            + DERIVATIVE_BLOCK_ARRAYS * nao * nao)
+    if budget < minimum:
+        raise InputError(f"memory budget {format_size(budget)} is too small for this gradient: "
+                         f"at least {format_size(minimum)} is needed; raise --memory")
+    check_space(scratch.folder, held, "the gradient's tensors")
+    log.info("gradient tensors (%s) in scratch files under %s", format_size(held),
+             scratch.folder)
+    return GradientStorage(scratch, block_bytes, slab_bytes, row_block)
+
+
 @dataclass
 class RiStage:
-    """What the RI basis hands on: the amplitude sweep's densities and energies, G (fitted
-    Gamma) per channel and V = sum_c n_c c_c G_c^T (naux x naux)."""
+    """What the RI basis hands on: the amplitude sweep's densities and energies, the stores of
+    G (fitted Gamma) per channel and V = sum_c n_c c_c G_c^T (naux x naux)."""
 
     amplitudes: AmplitudeIntermediates
-    gamma_fit: list[torch.Tensor]
+    gamma_fit: list
     v_ri: np.ndarray
 
 
+def _column_blocks(naux: int, ncols: int, max_bytes: int) -> list[tuple[int, int]]:
+    width = max(1, max_bytes // (3 * FP64_BYTES * naux))
+    return [(c0, min(ncols, c0 + width)) for c0 in range(0, ncols, width)]
+
+
+def _coupling(b_store, gamma_store, max_bytes: int) -> torch.Tensor:
+    """sum_ia B_ia^P Gamma_ia^Q, column block by column block."""
+    naux, ncols = b_store.shape
+    total = torch.zeros((naux, gamma_store.shape[0]), dtype=torch.float64)
+    for c0, c1 in _column_blocks(naux, ncols, max_bytes):
+        total += b_store.read_columns(c0, c1) @ gamma_store.read_columns(c0, c1).T
+    return total
+
+
+def _fit(metric: FitMetric, gamma_store, storage: GradientStorage, name: str,
+         opened: list):
+    """The store of G = F Gamma: Gamma's own (fitted in place, column block by column block)
+    when the fit keeps the row count, else a new one (added to ``opened``) with a row per
+    auxiliary function."""
+    naux_fit, ncols = gamma_store.shape
+    if metric.naux == naux_fit:
+        fitted = gamma_store
+    else:
+        fitted = storage.open(name, metric.naux, ncols)
+        opened.append(fitted)
+    for c0, c1 in _column_blocks(max(metric.naux, naux_fit), ncols, storage.block_bytes):
+        fitted.write_columns(c0, c1, fitted_form(metric, gamma_store.read_columns(c0, c1)))
+    if fitted is not gamma_store:
+        gamma_store.close()
+    return fitted
+
+
 def _ri_stage(mol, ri: FitBasis, channels: list[Channel], kernel_set, scales: Scales,
-              occ_block: int | None, block_bytes: int, timings: dict[str, float]) -> RiStage:
+              occ_block: int | None, storage: GradientStorage,
+              timings: dict[str, float]) -> RiStage:
     clock = time.perf_counter
     t0 = clock()
     orbitals = [(c.mo_coeff[:, c.active], c.mo_coeff[:, c.virtual]) for c in channels]
-    stores = build_fitted_tensors(mol, ri.auxmol, orbitals, ri.metric, kernel_set, block_bytes,
-                                  None)
+    stores = build_fitted_tensors(mol, ri.auxmol, orbitals, ri.metric, kernel_set,
+                                  storage.block_bytes, storage.scratch)
     timings["ri_tensor"] = clock() - t0
+    gammas: list = []
+    opened: list = []
     try:
         t0 = clock()
         readers = [BlockReader(store, len(c.virtual), kernel_set.dtype, kernel_set.device)
@@ -120,30 +222,39 @@ def _ri_stage(mol, ri: FitBasis, channels: list[Channel], kernel_set, scales: Sc
                  for c in channels]
         e_vir = [torch.as_tensor(c.mo_energy[c.virtual], device=kernel_set.device)
                  for c in channels]
+        for n, store in enumerate(stores):
+            gammas.append(storage.open(f"gamma{n}", *store.shape))
+            opened.append(gammas[-1])
         itemsize = torch.tensor([], dtype=kernel_set.dtype).element_size()
         block = occ_block or gradient_occ_block(max(len(c.active) for c in channels),
                                                 max(len(c.virtual) for c in channels),
-                                                itemsize)
-        amplitudes = amplitude_intermediates(readers, e_occ, e_vir, kernel_set, block, scales)
+                                                itemsize, storage.slab_bytes)
+        amplitudes = amplitude_intermediates(readers, gammas, e_occ, e_vir, kernel_set, block,
+                                             scales, storage.row_block)
         timings["amplitudes"] = clock() - t0
         t0 = clock()
-        gamma = [g.cpu() for g in amplitudes.gamma]
-        # sum_ia B_ia^P Gamma_ia^Q in B form; F (.) F^T makes it V.
-        coupling = sum(c.occupancy * store.data @ g.T
-                       for c, store, g in zip(channels, stores, gamma))
+        coupling = sum(c.occupancy * _coupling(store, gamma, storage.block_bytes)
+                       for c, store, gamma in zip(channels, stores, gammas))
+        for store in stores:
+            store.close()
+        v_ri = fitted_form(ri.metric, fitted_form(ri.metric, coupling).T).numpy()
+        gammas = [_fit(ri.metric, gamma, storage, f"gfit{n}", opened)
+                  for n, gamma in enumerate(gammas)]
+    except BaseException:
+        for store in opened:
+            store.close()
+        raise
     finally:
         for store in stores:
             store.close()
-    v_ri = fitted_form(ri.metric, fitted_form(ri.metric, coupling).T).numpy()
-    gamma_fit = [fitted_form(ri.metric, g) for g in gamma]
     timings["ri_fit"] = clock() - t0
-    return RiStage(amplitudes, gamma_fit, 0.5 * (v_ri + v_ri.T))
+    return RiStage(amplitudes, gammas, 0.5 * (v_ri + v_ri.T))
 
 
 def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
            jk_aux: AuxBasis | str | dict | None = None, kernel_set=None,
            scs: tuple[float, float] = (1.0, 1.0), occ_block: int | None = None,
-           block_bytes: int = DEFAULT_BLOCK_BYTES) -> GradientResult:
+           budget: int | None = None, scratch: ScratchArea | None = None) -> GradientResult:
     """Energy and relaxed gradient of E_SCF + c_os E_OS + c_ss E_SS on the converged
     density-fitted SCF ``mf`` (RHF or UHF; its ``with_df`` is PySCF's DF or dfmp2's KernelDF),
     with the lowest ``nfrozen`` occupied orbitals of each spin frozen.
@@ -151,9 +262,9 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     ``ri_aux`` is the MP2 fitting basis (default: the RI partner of the orbital basis);
     ``jk_aux`` the SCF's JK-fit basis, which must be the one ``mf`` was converged with (the
     default). ``kernel_set`` runs the O(N^5) sweep (default: torch fp64); ``occ_block``
-    overrides the occupied block of that sweep; ``block_bytes`` bounds the work memory of one
-    auxiliary block of the integral sweeps. B, Gamma and the JK pass's fitted integrals are
-    held in memory.
+    overrides the occupied block of that sweep. B, Gamma and the JK pass's fitted integrals
+    are held in memory unless they would take more than half of ``budget`` (bytes); then they
+    go to scratch files in ``scratch`` (see :func:`plan_storage`).
     """
     clock = time.perf_counter
     timings: dict[str, float] = {}
@@ -178,13 +289,20 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
         log.warning("the RI metric is not positive definite: the gradient of the "
                     "eigen-truncated fit is approximate")
 
-    stage = _ri_stage(mol, ri, channels, kernel_set, scales, occ_block, block_bytes, timings)
+    jk_auxmol = make_auxmol(mol, jk)
+    storage = plan_storage(channels, ri.metric.naux_fit, jk_auxmol.nao_nr(), mol.nao_nr(),
+                           budget, None if scratch is None else scratch.area("gradient"))
+    stage = _ri_stage(mol, ri, channels, kernel_set, scales, occ_block, storage, timings)
     t0 = clock()
-    functions = aux_block_functions(mol.nao_nr(), block_bytes)
+    functions = aux_block_functions(mol.nao_nr(), storage.block_bytes)
     ri_channels = [RiChannel(torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.active])),
                              torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.virtual])),
                              g, c.occupancy) for c, g in zip(channels, stage.gamma_fit)]
-    halves, grad_ri = ri_pass(mol, ri.auxmol, ri_channels, functions)
+    try:
+        halves, grad_ri = ri_pass(mol, ri.auxmol, ri_channels, functions)
+    finally:
+        for store in stage.gamma_fit:
+            store.close()
     grad_ri += two_index_gradient(ri.auxmol, stage.v_ri, mol.natm)
     timings["ri_derivatives"] = clock() - t0
 
@@ -199,7 +317,8 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     t0 = clock()
     jk_channels = [JkChannel(c.mo_coeff[:, c.occupied], p, c.occupancy)
                    for c, p in zip(channels, relaxed.p_relaxed)]
-    grad_jk = jk_pass(mol, make_auxmol(mol, jk), jk_channels, functions, JK_LINDEP_THRESHOLD)
+    grad_jk = jk_pass(mol, jk_auxmol, jk_channels, functions, JK_LINDEP_THRESHOLD, storage.open,
+                      storage.block_bytes)
     timings["jk_derivatives"] = clock() - t0
 
     t0 = clock()
@@ -214,4 +333,4 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     e_scf = float(mf.e_tot)
     return GradientResult(e_scf + e_corr, e_scf, e_corr, energies.e_os, energies.e_ss,
                           (scales.os, scales.ss), grad_1e + grad_jk + grad_ri, timings,
-                          potential.builds)
+                          potential.builds, storage.out_of_core)

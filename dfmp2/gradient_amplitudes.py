@@ -18,11 +18,14 @@ shell (the density is summed over both spins) and 1 per spin of UHF.
 Why slabs and not the energy's pairs I <= J: P_ij with i and j in different occupied blocks
 sums t_ik A_jk over every k, so it needs every row orbital against one column block at once.
 A sweep therefore pairs ALL occupied orbitals of its row channel with one occupied block K of
-its column channel ("slab" (all, K)) and adds that slab's share of the row channel's Gamma,
-P_ij and P_ab; over every K these are complete. Closed-shell and same-spin slabs visit each
-ordered pair once; opposite spins are swept twice, alpha rows against beta blocks and beta
-rows against alpha blocks, once for each channel's quantities. The integral tiles cost twice
-the energy step's (which halves them by I <= J), Gamma as much again.
+its column channel ("slab" (all, K)) and adds that slab's share of the row channel's P_ij and
+P_ab. A is symmetric under (ia) <-> (kb), so the same slab completes the column channel's
+Gamma for K: Gamma_kb = sum_ia A_ia,kb B_ia. Each finished column block of Gamma is written
+once to its store (in memory or a scratch file), and the slab's rows of B are read in row
+blocks, so neither B nor Gamma has to be held whole. Closed-shell and same-spin slabs visit
+each ordered pair once; opposite spins are swept twice, alpha rows against beta blocks and
+beta rows against alpha blocks, once for each channel's quantities. The integral tiles cost
+twice the energy step's (which halves them by I <= J), Gamma as much again.
 
 Every O(N^5) product (the (ia|jb) slabs, Gamma and the densities) goes through the kernel
 set's gemm, so the sweep is counted like the energy step. Gamma and the densities are
@@ -70,10 +73,9 @@ OPEN_SHELL_SWEEPS = (Sweep("same", 0, 0), Sweep("same", 1, 1), Sweep("opposite",
 
 @dataclass
 class AmplitudeIntermediates:
-    """Per channel: ``gamma`` (naux_fit, nocc*nvir) in the layout of B, ``p_occ`` (nocc, nocc)
-    and ``p_vir`` (nvir, nvir), all fp64; the unscaled E_OS and E_SS."""
+    """Per channel: ``p_occ`` (nocc, nocc) and ``p_vir`` (nvir, nvir), fp64; the unscaled
+    E_OS and E_SS. Gamma went to the stores handed to the sweep."""
 
-    gamma: list[torch.Tensor]
     p_occ: list[torch.Tensor]
     p_vir: list[torch.Tensor]
     e_os: float
@@ -99,81 +101,118 @@ def _row_virtual_major(t: torch.Tensor, ni: int, nvir_i: int) -> torch.Tensor:
     return t.view(ni, nvir_i, -1).permute(1, 0, 2).reshape(nvir_i, -1)
 
 
-class _Accumulators:
-    def __init__(self, readers: list[BlockReader], nocc: list[int], nvir: list[int]) -> None:
-        device = readers[0].device
-        self.gamma = [torch.zeros((reader.store.shape[0], o * v), dtype=torch.float64,
-                                  device=device) for reader, o, v in zip(readers, nocc, nvir)]
-        self.p_occ = [torch.zeros((o, o), dtype=torch.float64, device=device) for o in nocc]
-        self.p_vir = [torch.zeros((v, v), dtype=torch.float64, device=device) for v in nvir]
+@dataclass
+class _Slab:
+    """One column block K against every row orbital: its t and A (rows (i, a), columns
+    (k, b)), the column channel's Gamma for K, and the (direct, exchange) sums."""
+
+    t: torch.Tensor
+    amp: torch.Tensor
+    gamma: torch.Tensor
+    direct: float = 0.0
+    exchange: float = 0.0
 
 
-def _slab(acc: _Accumulators, kernel_set, sweep: Sweep, scales: Scales, b_rows: torch.Tensor,
-          b_cols: torch.Tensor, denom_rows: torch.Tensor, denom_cols: torch.Tensor,
-          block: OccRange) -> tuple[float, float]:
-    """Add one slab's share of the row channel's Gamma, P_ij and P_ab; return its
-    (direct, exchange) sums sum (ia|jb) t_ij^ab and sum (ia|jb) t_ij^ba (exchange 0 for
-    opposite spins)."""
-    row = sweep.row_channel
-    nocc, nvir_i = denom_rows.shape
-    nj = block[1] - block[0]
-    gemm = kernel_set.gemm
-    ovov = gemm(b_rows.T, b_cols)
-    d_j = denom_cols[block[0]:block[1]].reshape(-1)
-    t = ovov / (denom_rows.reshape(-1)[:, None] + d_j[None, :])
+def _amplitudes(ovov: torch.Tensor, denom_rows: torch.Tensor, d_cols: torch.Tensor,
+                sweep: Sweep, scales: Scales) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """t and A of the row orbitals of ``ovov`` (whole rows i: the virtual swap stays inside
+    them) and their (direct, exchange) sums."""
+    t = ovov / (denom_rows.reshape(-1)[:, None] + d_cols[None, :])
     direct = float(torch.sum(ovov * t, dtype=torch.float64))
-    exchange = 0.0
     if sweep.kind == "opposite":
-        amp = scales.os * t
+        return t, scales.os * t, direct, 0.0
+    ni, nvir = denom_rows.shape
+    swapped = _swap_virtuals(t, ni, nvir, d_cols.shape[0] // nvir)
+    exchange = float(torch.sum(ovov * swapped, dtype=torch.float64))
+    if sweep.kind == "closed":
+        amp = (scales.os + scales.ss) * t - scales.ss * swapped
     else:
-        swapped = _swap_virtuals(t, nocc, nvir_i, nj)
-        exchange = float(torch.sum(ovov * swapped, dtype=torch.float64))
-        if sweep.kind == "closed":
-            amp = (scales.os + scales.ss) * t - scales.ss * swapped
-        else:
-            amp = scales.ss * (t - swapped)
-        del swapped
-    del ovov
-    density_factor = 2.0 if sweep.kind == "closed" else 1.0
-    acc.gamma[row] += gemm(b_cols, amp.T).to(torch.float64)
-    acc.p_occ[row] -= density_factor * gemm(t.reshape(nocc, -1),
-                                            amp.reshape(nocc, -1).T).to(torch.float64)
-    acc.p_vir[row] += density_factor * gemm(_row_virtual_major(t, nocc, nvir_i),
-                                            _row_virtual_major(amp, nocc, nvir_i).T
-                                            ).to(torch.float64)
-    return direct, exchange
+        amp = scales.ss * (t - swapped)
+    return t, amp, direct, exchange
 
 
-def amplitude_intermediates(readers: list[BlockReader], e_occ: list[torch.Tensor],
-                            e_vir: list[torch.Tensor], kernel_set, occ_block: int,
-                            scales: Scales) -> AmplitudeIntermediates:
-    """Gamma, P_ij, P_ab and the energies from every slab of every sweep.
+def _slab(kernel_set, sweep: Sweep, scales: Scales, row_reader: BlockReader,
+          row_blocks: list[OccRange], b_cols: torch.Tensor, denom_rows: torch.Tensor,
+          d_cols: torch.Tensor) -> _Slab:
+    """t, A, the column channel's Gamma_K = sum_ia A_ia,kb B_ia and the energy sums of one
+    slab, row block by row block of B."""
+    gemm = kernel_set.gemm
+    nocc, nvir_i = denom_rows.shape
+    ncols = b_cols.shape[1]
+    slab = _Slab(torch.empty((nocc * nvir_i, ncols), dtype=b_cols.dtype, device=b_cols.device),
+                 torch.empty((nocc * nvir_i, ncols), dtype=b_cols.dtype, device=b_cols.device),
+                 torch.zeros((b_cols.shape[0], ncols), dtype=torch.float64,
+                             device=b_cols.device))
+    for i0, i1 in row_blocks:
+        b_rows = row_reader.columns((i0, i1))
+        rows = slice(i0 * nvir_i, i1 * nvir_i)
+        t, amp, direct, exchange = _amplitudes(gemm(b_rows.T, b_cols), denom_rows[i0:i1],
+                                               d_cols, sweep, scales)
+        slab.t[rows], slab.amp[rows] = t, amp
+        slab.direct += direct
+        slab.exchange += exchange
+        slab.gamma += gemm(b_rows, amp).to(torch.float64)
+    return slab
+
+
+def _by_column_channel(sweeps: tuple[Sweep, ...], nchannels: int) -> list[list[Sweep]]:
+    """The sweeps that add to each channel's Gamma: a column block is finished, and written
+    once, after all of them."""
+    return [[sweep for sweep in sweeps if sweep.col_channel == col] for col in range(nchannels)]
+
+
+def amplitude_intermediates(readers: list[BlockReader], gamma_stores: list,
+                            e_occ: list[torch.Tensor], e_vir: list[torch.Tensor], kernel_set,
+                            occ_block: int, scales: Scales,
+                            row_block: int | None = None) -> AmplitudeIntermediates:
+    """P_ij, P_ab and the energies from every slab of every sweep; each channel's Gamma
+    (naux_fit, nocc*nvir), B's layout, written column block by column block into
+    ``gamma_stores``.
 
     ``readers`` give the columns of each channel's B (one channel: closed shell; two: UHF
     alpha and beta); ``e_occ``/``e_vir`` are the active occupied and virtual orbital energies;
-    ``occ_block`` is the column block of the slabs.
+    ``occ_block`` is the column block of the slabs, ``row_block`` the occupied orbitals of B
+    read at once for a slab's rows (default: all).
     """
     closed_shell = len(readers) == 1
     sweeps = CLOSED_SHELL_SWEEPS if closed_shell else OPEN_SHELL_SWEEPS
     denoms = [orbital_denominators(o, v, readers[0].dtype) for o, v in zip(e_occ, e_vir)]
     nocc = [int(o.shape[0]) for o in e_occ]
     nvir = [int(v.shape[0]) for v in e_vir]
-    acc = _Accumulators(readers, nocc, nvir)
+    device = readers[0].device
+    p_occ = [torch.zeros((o, o), dtype=torch.float64, device=device) for o in nocc]
+    p_vir = [torch.zeros((v, v), dtype=torch.float64, device=device) for v in nvir]
     sums: dict[str, list[tuple[float, float]]] = {}
-    for sweep in sweeps:
-        b_rows = readers[sweep.row_channel].columns((0, nocc[sweep.row_channel]))
-        parts = [_slab(acc, kernel_set, sweep, scales, b_rows,
-                       readers[sweep.col_channel].columns(block), denoms[sweep.row_channel],
-                       denoms[sweep.col_channel], block)
-                 for block in occupied_blocks(nocc[sweep.col_channel], occ_block)]
-        if sweep.energy:
-            sums.setdefault(sweep.kind, []).extend(parts)
+    gemm = kernel_set.gemm
+    for col, channel_sweeps in enumerate(_by_column_channel(sweeps, len(readers))):
+        for block in occupied_blocks(nocc[col], occ_block):
+            b_cols = readers[col].columns(block)
+            d_cols = denoms[col][block[0]:block[1]].reshape(-1)
+            gamma = None
+            for sweep in channel_sweeps:
+                row = sweep.row_channel
+                slab = _slab(kernel_set, sweep, scales, readers[row],
+                             occupied_blocks(nocc[row], row_block or nocc[row]), b_cols,
+                             denoms[row], d_cols)
+                gamma = slab.gamma if gamma is None else gamma.add_(slab.gamma)
+                density_factor = 2.0 if sweep.kind == "closed" else 1.0
+                p_occ[row] -= density_factor * gemm(slab.t.reshape(nocc[row], -1),
+                                                    slab.amp.reshape(nocc[row], -1).T
+                                                    ).to(torch.float64)
+                p_vir[row] += density_factor * gemm(
+                    _row_virtual_major(slab.t, nocc[row], nvir[row]),
+                    _row_virtual_major(slab.amp, nocc[row], nvir[row]).T).to(torch.float64)
+                if sweep.energy:
+                    sums.setdefault(sweep.kind, []).append((slab.direct, slab.exchange))
+                del slab
+            gamma_stores[col].write_columns(block[0] * nvir[col], block[1] * nvir[col],
+                                            gamma.cpu())
     totals = {kind: (math.fsum(d for d, _ in parts), math.fsum(x for _, x in parts))
               for kind, parts in sums.items()}
     if closed_shell:
         direct, exchange = totals["closed"]
-        return AmplitudeIntermediates(acc.gamma, acc.p_occ, acc.p_vir, direct, direct - exchange)
+        return AmplitudeIntermediates(p_occ, p_vir, direct, direct - exchange)
     # Both same-spin sweeps are summed together: E_SS = 1/2 sum over alpha and beta.
     same_direct, same_exchange = totals["same"]
-    return AmplitudeIntermediates(acc.gamma, acc.p_occ, acc.p_vir, totals["opposite"][0],
+    return AmplitudeIntermediates(p_occ, p_vir, totals["opposite"][0],
                                   0.5 * (same_direct - same_exchange))

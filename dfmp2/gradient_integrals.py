@@ -17,6 +17,7 @@ for the energy-weighted density W, -sum S^A W = 2 sum_{mu on A} (nabla mu|nu) W_
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from pyscf import gto, scf
 from pyscf.df import incore
 from pyscf.grad import rhf as rhf_grad
 
+from dfmp2.b_store import InMemoryB
 from dfmp2.df_tensors import ThreeIndexBlocks
 
 log = logging.getLogger(__name__)
@@ -112,12 +114,12 @@ def symmetrise(gamma: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class RiChannel:
-    """One channel for the RI pass: active occupied and virtual orbitals, the fitted
-    amplitude intermediate G = J^-1 (Q|...) form (naux, nocc*nvir), and the occupancy."""
+    """One channel for the RI pass: active occupied and virtual orbitals, the store of the
+    fitted amplitude intermediate G (naux, nocc*nvir) (read by rows), and the occupancy."""
 
     c_occ: torch.Tensor
     c_vir: torch.Tensor
-    gamma_fit: torch.Tensor
+    gamma_fit: object
     occupancy: float
 
 
@@ -138,7 +140,7 @@ def ri_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[RiChannel],
         gamma_sym = torch.zeros((npart, nao, nao), dtype=torch.float64)
         for ch, (xo, xv) in zip(channels, halves):
             nocc, nvir = ch.c_occ.shape[1], ch.c_vir.shape[1]
-            g = ch.gamma_fit[p0:p1].reshape(npart, nocc, nvir)
+            g = ch.gamma_fit.read_rows(p0, p1).reshape(npart, nocc, nvir)
             # g_vir_ao[P, i, nu] = sum_a G_ia^P C_nu a
             g_vir_ao = torch.matmul(g, ch.c_vir.T)
             # (mu nu|P) is symmetric in mu, nu: rows (P, nu) of the block times g_vir_ao.
@@ -179,8 +181,13 @@ def metric_inverse_solver(auxmol: gto.Mole, lindep: float):
         return lambda x: inverse @ x
 
 
+def _in_memory(name: str, naux: int, ncols: int) -> InMemoryB:
+    return InMemoryB(naux, ncols)
+
+
 def jk_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[JkChannel], block_functions: int,
-            lindep: float) -> np.ndarray:
+            lindep: float, open_tensor: Callable[[str, int, int], object] = _in_memory,
+            chunk_bytes: int = 256 * 2**20) -> np.ndarray:
     """Gradient of the DF-SCF two-electron energy of the SCF density D plus its coupling to
     the relaxed MP2 density P, through the JK-fit basis:
 
@@ -189,12 +196,17 @@ def jk_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[JkChannel], block_fu
     with (X|Y) = rho[X]^T J^-1 rho[Y], rho_P[X] = sum (P|mu nu) X_mu nu, and per spin s
     K(X, Y) = sum (mu nu|la si) X_mu la Y_nu si fitted alike (D_s = C_s C_s^T over the spin's
     occupied orbitals, P_s its share of P). With c[X] = J^-1 rho[X], the fitted half-transformed
-    integrals d_s[P, mu, i] = sum_Q J^-1_PQ (Q|mu i) and M_s = D_s / 2 + P_s:
+    integrals d_s[P, i, mu] = sum_Q J^-1_PQ (Q|mu i) and M_s = D_s / 2 + P_s:
 
         Gamma^P = (D + P) c_P[D] + D c_P[P] - 2 sum_s C_s (M_s d_s[P])^T,
-        V = c[D] c[D]^T / 2 + sym(c[P] c[D]^T) - sum_s sum_mu,i d_s (M_s d_s)^T,
+        V = c[D] c[D]^T / 2 + sym(c[P] c[D]^T) - sum_s sum_i,mu d_s (M_s d_s)^T,
 
     summed over both spins of a closed-shell channel (``occupancy`` 2).
+
+    The half-transformed integrals of each channel, (naux, nocc*nao) with the occupied index
+    outer, live in a store from ``open_tensor(name, rows, columns)`` (in memory or a scratch
+    file): written by auxiliary blocks, fitted and turned into M_s d_s in place by occupied
+    column blocks of about ``chunk_bytes``, and read back by auxiliary blocks.
     """
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     density = sum(ch.occupancy * ch.c_occ @ ch.c_occ.T for ch in channels)
@@ -202,35 +214,47 @@ def jk_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[JkChannel], block_fu
     c_occ = [torch.from_numpy(np.ascontiguousarray(ch.c_occ)) for ch in channels]
     integrals = ThreeIndexBlocks(mol, auxmol, block_functions)
     rho = torch.zeros((2, naux), dtype=torch.float64)
-    fitted = [torch.empty((naux, nao, c.shape[1]), dtype=torch.float64) for c in c_occ]
-    both = torch.from_numpy(np.stack([density, p_total]).reshape(2, nao * nao))
-    for shell0, shell1, p0, p1 in integrals.blocks:
-        ints = integrals.block(shell0, shell1, p1 - p0)
-        rho[:, p0:p1] = both @ ints.reshape(p1 - p0, nao * nao).T
-        for c, target in zip(c_occ, fitted):
-            target[p0:p1] = torch.matmul(ints, c)
-    solve = metric_inverse_solver(auxmol, lindep)
-    coef_d, coef_p = torch.from_numpy(solve(rho.numpy().T).T)
-    v = 0.5 * torch.outer(coef_d, coef_d) + 0.5 * (torch.outer(coef_p, coef_d)
-                                                   + torch.outer(coef_d, coef_p))
-    exchange = []
-    for ch, target in zip(channels, fitted):
-        target.copy_(torch.from_numpy(solve(target.reshape(naux, -1).numpy())).reshape(
-            target.shape))
-        m = torch.from_numpy(0.5 * ch.c_occ @ ch.c_occ.T + ch.p_relaxed / ch.occupancy)
-        exchange.append(torch.matmul(m, target))
-        v -= ch.occupancy * target.reshape(naux, -1) @ exchange[-1].reshape(naux, -1).T
-    del fitted
-    v = 0.5 * (v + v.T)
+    stores = []
+    try:
+        for n, c in enumerate(c_occ):
+            stores.append(open_tensor(f"jk{n}", naux, c.shape[1] * nao))
+        both = torch.from_numpy(np.stack([density, p_total]).reshape(2, nao * nao))
+        for shell0, shell1, p0, p1 in integrals.blocks:
+            ints = integrals.block(shell0, shell1, p1 - p0)
+            rho[:, p0:p1] = both @ ints.reshape(p1 - p0, nao * nao).T
+            for c, store in zip(c_occ, stores):
+                store.write_rows(p0, p1, torch.matmul(ints, c).transpose(1, 2).reshape(
+                    p1 - p0, -1))
+        solve = metric_inverse_solver(auxmol, lindep)
+        coef_d, coef_p = torch.from_numpy(solve(rho.numpy().T).T)
+        v = 0.5 * torch.outer(coef_d, coef_d) + 0.5 * (torch.outer(coef_p, coef_d)
+                                                       + torch.outer(coef_d, coef_p))
+        for ch, store in zip(channels, stores):
+            m = torch.from_numpy(0.5 * ch.c_occ @ ch.c_occ.T + ch.p_relaxed / ch.occupancy)
+            nocc = ch.c_occ.shape[1]
+            width = max(1, chunk_bytes // (3 * 8 * naux * nao))
+            for i0 in range(0, nocc, width):
+                i1 = min(nocc, i0 + width)
+                fitted = torch.from_numpy(solve(store.read_columns(i0 * nao, i1 * nao).numpy()))
+                # M is symmetric: (M d)[P, i, mu] = sum_nu d[P, i, nu] M[nu, mu].
+                exchange = torch.matmul(fitted.reshape(naux, i1 - i0, nao), m).reshape(naux, -1)
+                v -= ch.occupancy * fitted @ exchange.T
+                store.write_columns(i0 * nao, i1 * nao, exchange)
+        v = 0.5 * (v + v.T)
 
-    derivatives = ThreeIndexDerivatives(mol, auxmol)
-    separable = torch.from_numpy(2.0 * np.stack([density + p_total, density]).reshape(2, -1))
-    coefs = torch.stack([coef_d, coef_p])
-    grad = np.zeros((mol.natm, 3))
-    for shell0, shell1, p0, p1 in integrals.blocks:
-        npart = p1 - p0
-        gamma_sym = (coefs[:, p0:p1].T @ separable).reshape(npart, nao, nao)
-        for ch, c, y in zip(channels, c_occ, exchange):
-            gamma_sym -= (2.0 * ch.occupancy) * symmetrise(torch.matmul(y[p0:p1], c.T))
-        grad += derivatives.contract(shell0, shell1, p0, p1, gamma_sym)
+        derivatives = ThreeIndexDerivatives(mol, auxmol)
+        separable = torch.from_numpy(2.0 * np.stack([density + p_total, density]).reshape(2, -1))
+        coefs = torch.stack([coef_d, coef_p])
+        grad = np.zeros((mol.natm, 3))
+        for shell0, shell1, p0, p1 in integrals.blocks:
+            npart = p1 - p0
+            gamma_sym = (coefs[:, p0:p1].T @ separable).reshape(npart, nao, nao)
+            for ch, c, store in zip(channels, c_occ, stores):
+                exchange = store.read_rows(p0, p1).reshape(npart, c.shape[1], nao)
+                gamma_sym -= (2.0 * ch.occupancy) * symmetrise(
+                    torch.matmul(exchange.transpose(1, 2), c.T))
+            grad += derivatives.contract(shell0, shell1, p0, p1, gamma_sym)
+    finally:
+        for store in stores:
+            store.close()
     return grad + two_index_gradient(auxmol, v.numpy(), mol.natm)

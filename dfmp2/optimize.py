@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 from pyscf.lib import param
 
-from dfmp2 import gradient, pipeline
+from dfmp2 import pipeline
 from dfmp2.b_store import ScratchArea
 from dfmp2.calculation import define_calculation
 from dfmp2.checkpoint import RESUME, examine_previous
@@ -75,9 +75,7 @@ class AnalyticEvaluator:
             if not reference.converged:
                 raise RunFailure("the SCF did not converge at an optimisation step")
             self.density = reference.mf.make_rdm1()
-            result = gradient.kernel(reference.mf, calc.nfrozen, calc.auxbasis,
-                                     calc.jk_auxbasis, env.kernel_set,
-                                     pipeline.method_scales(settings), settings.occ_block)
+            result = pipeline.differentiate(calc, settings, env, reference.mf, self.scratch)
         finally:
             release_integrals(reference.mf)
         return result.e_tot, result.gradient

@@ -289,15 +289,22 @@ def method_scales(settings: RunSettings) -> tuple[float, float]:
             "sos-mp2": (SOS_OS_DEFAULT, 0.0)}[settings.method]
 
 
+def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf,
+                  scratch: ScratchArea) -> GradientResult:
+    """The relaxed gradient of the chosen method on the converged SCF ``mf``, within the
+    run's memory budget (its large tensors in ``scratch`` when they do not fit)."""
+    return gradient.kernel(mf, calc.nfrozen, calc.auxbasis, calc.jk_auxbasis, env.kernel_set,
+                           method_scales(settings), settings.occ_block, env.budget, scratch)
+
+
 def gradient_stage(calc: Calculation, settings: RunSettings, env: Environment, node: Node,
-                   scf_result: ScfResult, timings: dict[str, float]) -> GradientResult:
+                   scf_result: ScfResult, scratch: ScratchArea,
+                   timings: dict[str, float]) -> GradientResult:
     """The relaxed DF-MP2 gradient of the chosen method into ``node``, with the MP2 energies
     it computed on the way."""
     t0 = time.perf_counter()
     try:
-        result = gradient.kernel(scf_result.mf, calc.nfrozen, calc.auxbasis,
-                                 calc.jk_auxbasis, env.kernel_set, method_scales(settings),
-                                 settings.occ_block)
+        result = differentiate(calc, settings, env, scf_result.mf, scratch)
     finally:
         release_integrals(scf_result.mf)
     timings["gradient"] = time.perf_counter() - t0
@@ -306,7 +313,9 @@ def gradient_stage(calc: Calculation, settings: RunSettings, env: Environment, n
     energies = Mp2Energies(result.e_os, result.e_ss)
     mp2_section(energies, result.e_scf, settings).write(node)
     write_gradient(node, GradientSection(settings.method, result.e_tot, *result.scales,
-                                         result.jk_builds), result.gradient)
+                                         result.jk_builds,
+                                         tensors="scratch" if result.out_of_core else "memory"),
+                   result.gradient)
     return result
 
 
@@ -474,7 +483,7 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
                 timings: dict[str, float] = {}
                 scf_result = reference_stage(calc, settings, env, root, saver, scratch,
                                              resumed_from, timings, keep_integrals=True)
-                gradient_stage(calc, settings, env, root, scf_result, timings)
+                gradient_stage(calc, settings, env, root, scf_result, scratch, timings)
                 session.finish(root, COMPLETE)
                 return 0
             outcome = calculate(calc, settings, env, root, saver, scratch, resumed_from)

@@ -500,7 +500,8 @@ class DoubleHybridSection(Section):
 @dataclass(frozen=True)
 class GradientSection(Section):
     """``/gradient``: the method's total energy and its nuclear gradient (dataset
-    ``gradient``, one row [gx, gy, gz] per atom, Eh/Bohr: dE/dR, the negative force)."""
+    ``gradient``, one row [gx, gy, gz] per atom, Eh/Bohr: dE/dR, the negative force);
+    ``tensors`` says where its large tensors lived (``memory`` or ``scratch``)."""
 
     group_name: ClassVar[str] = "gradient"
     method: str
@@ -509,6 +510,7 @@ class GradientSection(Section):
     ss_scale: float
     response_jk_builds: int
     units: str = "Eh/Bohr"
+    tensors: str = "memory"
 
 
 def write_gradient(node: Node, section: GradientSection, gradient: np.ndarray) -> None:

@@ -15,9 +15,12 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 from pyscf.mp import dfump2 as pyscf_dfump2
 
 from dfmp2 import gradient
+from dfmp2.auxbasis import make_auxmol, ri_basis
+from dfmp2.b_store import ScratchArea
 from dfmp2.calculation import CalculationRequest, define_calculation
 from dfmp2.errors import InputError
 from dfmp2.gradient_integrals import JkChannel, jk_pass, one_electron_gradient
+from dfmp2.gradient_response import channels_of
 from dfmp2.scf import ScfOptions, run_scf
 from dfmp2.scf_engine import scf_kernels
 from dfmp2.xyz import read_xyz
@@ -162,6 +165,35 @@ def test_occupied_blocks_do_not_change_the_gradient(name, spin):
     blocked = gradient.kernel(mf, 0, occ_block=2)
     assert blocked.e_corr == pytest.approx(whole.e_corr, abs=1e-12)
     assert np.abs(blocked.gradient - whole.gradient).max() < 1e-10
+
+
+@pytest.mark.parametrize("name, spin, nfrozen", [("water", 0, 1), ("hydroxyl", 1, 0)])
+def test_out_of_core_tensors_do_not_change_the_gradient(name, spin, nfrozen, tmp_path):
+    """A budget below twice the placed tensors puts B, Gamma and the JK pass's integrals in
+    scratch files, B read in blocks of a few orbitals; the files are gone afterwards."""
+    mf = converged_scf(pyscf_molecule(name, "cc-pvdz", spin=spin))
+    in_memory = gradient.kernel(mf, nfrozen)
+    channels = channels_of(mf, nfrozen)
+    naux_ri = gradient.fit_basis(mf.mol, ri_basis(mf.mol, None)).metric.naux_fit
+    naux_jk = make_auxmol(mf.mol, gradient.scf_jk_basis(mf)).nao_nr()
+    budget = gradient.held_bytes(channels, naux_ri, naux_jk, mf.mol.nao_nr())
+    storage = gradient.plan_storage(channels, naux_ri, naux_jk, mf.mol.nao_nr(), budget,
+                                    ScratchArea(tmp_path, "plan"))
+    assert storage.out_of_core
+    assert storage.row_block < min(len(c.active) for c in channels)
+    out_of_core = gradient.kernel(mf, nfrozen, budget=budget,
+                                  scratch=ScratchArea(tmp_path, "grad"))
+    assert out_of_core.e_corr == pytest.approx(in_memory.e_corr, abs=1e-12)
+    assert np.abs(out_of_core.gradient - in_memory.gradient).max() < 1e-10
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_budget_without_scratch_or_room_is_refused(tmp_path):
+    mf = converged_scf(pyscf_molecule("water", "cc-pvdz"))
+    with pytest.raises(InputError, match="no scratch folder"):
+        gradient.kernel(mf, 0, budget=10**5)
+    with pytest.raises(InputError, match="too small for this gradient"):
+        gradient.kernel(mf, 0, budget=10**4, scratch=ScratchArea(tmp_path, "grad"))
 
 
 def test_refuses_what_it_cannot_differentiate():
