@@ -132,6 +132,16 @@ def held_bytes(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int) ->
     return FP64_BYTES * (ri + jk)
 
 
+def check_budget(nocc: int, nvir: int, naux_ri: int, nao: int, budget: int) -> None:
+    """Refuse a budget below the gradient's smallest work blocks: one occupied orbital per
+    slab column and per read of B's rows, one auxiliary function per integral block."""
+    minimum = FP64_BYTES * (4 * nocc * nvir * nvir + 3 * naux_ri * nvir
+                            + DERIVATIVE_BLOCK_ARRAYS * nao * nao)
+    if budget < minimum:
+        raise InputError(f"memory budget {format_size(budget)} is too small for this gradient: "
+                         f"at least {format_size(minimum)} is needed; raise --memory")
+
+
 def plan_storage(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int,
                  budget: int | None, scratch: ScratchArea | None) -> GradientStorage:
     """In memory while the placed tensors take at most half of ``budget`` (always without a
@@ -146,15 +156,9 @@ def plan_storage(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int,
         raise InputError(f"the gradient's tensors ({format_size(held)}) do not fit in "
                          f"{format_size(budget)} and no scratch folder was given")
     nvir = max(len(c.virtual) for c in channels)
-    nocc = max(len(c.active) for c in channels)
+    check_budget(max(len(c.active) for c in channels), nvir, naux_ri, nao, budget)
     slab_bytes = min(MAX_SLAB_BYTES, budget // 16)
     row_block = max(1, slab_bytes // (FP64_BYTES * naux_ri * nvir))
-    # One occupied orbital per slab column and per row read, one auxiliary function per block.
-    minimum = FP64_BYTES * (4 * nocc * nvir * nvir + 3 * naux_ri * nvir
-                            + DERIVATIVE_BLOCK_ARRAYS * nao * nao)
-    if budget < minimum:
-        raise InputError(f"memory budget {format_size(budget)} is too small for this gradient: "
-                         f"at least {format_size(minimum)} is needed; raise --memory")
     check_space(scratch.folder, held, "the gradient's tensors")
     log.info("gradient tensors (%s) in scratch files under %s", format_size(held),
              scratch.folder)

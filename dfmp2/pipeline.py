@@ -146,8 +146,8 @@ def request_of(settings: RunSettings, charge: int | None, spin: int | None,
 
 
 def check_feasible(calc: Calculation, settings: RunSettings, env: Environment) -> None:
-    """Refuse, before the SCF, a budget too small for the SCF or for one MP2 block (sizes from
-    the electron count: the SCF does not change them)."""
+    """Refuse, before the SCF, a budget too small for the SCF, for one MP2 block or for the
+    gradient's work blocks (sizes from the electron count: the SCF does not change them)."""
     nao = calc.mol.nao_nr()
     check_scf_memory(nao, calc.reference, env.budget)
     counts = [calc.nocc[0]] if calc.reference == "rhf" else list(calc.nocc)
@@ -156,6 +156,9 @@ def check_feasible(calc: Calculation, settings: RunSettings, env: Environment) -
     plan_blocks(sizes, calc.auxbasis_functions(), nao, itemsize, env.budget,
                 settings.fused_energy, settings.occ_block,
                 force_out_of_core=env.world.size > 1)
+    if settings.task in ("gradient", "optimize"):
+        gradient.check_budget(max(n for n, _ in sizes), max(v for _, v in sizes),
+                              calc.auxbasis_functions(), nao, env.budget)
 
 
 def run_inputs(calc: Calculation, settings: RunSettings, env: Environment) -> CalculationInputs:

@@ -53,6 +53,16 @@ def test_small_memory_budget_puts_the_gradient_tensors_in_scratch(run_cli, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["small.h5"]
 
 
+def test_budget_too_small_for_the_gradient_is_refused_before_the_scf(run_cli, tmp_path):
+    """100KB holds one MP2 block of water (91 kB) but not the gradient's work blocks
+    (133 kB): refused with exit 2 before any SCF, so no record is written."""
+    record = tmp_path / "tiny.h5"
+    result = run_cli("gradient", molecule_path("water"), "--memory", "100KB", "-o", record)
+    assert result.code == 2
+    assert "too small for this gradient" in result.err
+    assert not record.exists()
+
+
 def test_nki_gradient_runs_its_products_on_the_interpreter(run_cli, tmp_path, monkeypatch):
     """The amplitude sweep's GEMMs and the fit go through the NKI kernels (fp32): every call
     on the interpreter, no fallback, and the gradient within 1e-6 Eh/Bohr of fp64 (measured
