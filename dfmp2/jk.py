@@ -135,7 +135,7 @@ class JkEngine:
                       for slot, (n, sign, left, right) in enumerate(factor_tensors)]
             rho = torch.zeros((nset, x1 - x0), dtype=js.dtype, device=js.device)
             for block in self.tensor.layout.blocks:
-                exact_rows = self.tensor.block(block)[:, :, x0:x1]
+                exact_rows = self.tensor.block(block, x0, x1)
                 if with_j:
                     density = symmetric[:, block.m0:block.m1, :block.m1].reshape(nset, -1)
                     rho += js.gemm(density, exact_rows.reshape(-1, x1 - x0).to(
@@ -183,7 +183,7 @@ class JkEngine:
         """vj[mu, nu] += sum_P X_P[mu, nu] rho_P over this aux chunk (lower part)."""
         js = self.coulomb_set
         for block in self.tensor.layout.blocks:
-            rows = self.tensor.block(block)[:, :, x0:x1].to(dtype=js.dtype, device=js.device)
+            rows = self.tensor.block(block, x0, x1).to(dtype=js.dtype, device=js.device)
             part = js.gemm(rows.reshape(-1, x1 - x0), rho.T).to(torch.float64).cpu().numpy()
             width = block.m1 - block.m0
             vj[:, block.m0:block.m1, :block.m1] += part.T.reshape(-1, width, block.m1)

@@ -108,10 +108,12 @@ class JkTensor:
     def nbytes(self) -> int:
         return FP64_BYTES * self.layout.nrows * self.naux
 
-    def block(self, block: RowBlock) -> torch.Tensor:
-        """The rows of one row block as (m1 - m0, m1, naux) fp64."""
-        rows = self.store.read_rows(block.offset, block.offset + block.rows)
-        return rows.reshape(block.m1 - block.m0, block.m1, self.naux)
+    def block(self, block: RowBlock, x0: int = 0, x1: int | None = None) -> torch.Tensor:
+        """The rows of one row block for fit functions [x0, x1) (default: all) as
+        (m1 - m0, m1, x1 - x0) fp64; a tensor in a file reads only those columns."""
+        x1 = self.naux if x1 is None else x1
+        rows = self.store.read_rows(block.offset, block.offset + block.rows, x0, x1)
+        return rows.reshape(block.m1 - block.m0, block.m1, x1 - x0)
 
     def close(self) -> None:
         self.store.close()
