@@ -140,9 +140,12 @@ class RecordSaver:
         write_record(self.path, self.root)
 
     def start_pairs(self, occ_block: int, finished: dict[PairKey, tuple[float, float]]) -> None:
+        """The checkpoint of the energy step; saved at once only when it carries pairs of an
+        earlier run (the file on disk no longer holds them), else with the first new pair."""
         self.checkpoint = Checkpoint(occ_block, dict(finished))
         write_checkpoint(self.node, self.checkpoint)
-        self.save()
+        if finished:
+            self.save()
 
     def add_pair(self, key: PairKey, direct: float, exchange: float) -> None:
         self.checkpoint.pairs[key] = (direct, exchange)

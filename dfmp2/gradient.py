@@ -35,6 +35,7 @@ from pyscf import df
 import kernels
 from dfmp2.auxbasis import AuxBasis, describe, make_auxmol, ri_basis
 from dfmp2.b_store import ScratchArea, open_store
+from dfmp2.blas_threads import torch_owns_the_cores
 from dfmp2.df_tensors import build_fitted_tensors
 from dfmp2.disk import check_space
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT, BlockReader
@@ -255,6 +256,7 @@ def _ri_stage(mol, ri: FitBasis, channels: list[Channel], kernel_set, scales: Sc
     return RiStage(amplitudes, gammas, 0.5 * (v_ri + v_ri.T))
 
 
+@torch_owns_the_cores()
 def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
            jk_aux: AuxBasis | str | dict | None = None, kernel_set=None,
            scs: tuple[float, float] = (1.0, 1.0), occ_block: int | None = None,

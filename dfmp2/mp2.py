@@ -18,6 +18,7 @@ from pyscf import gto
 import kernels
 from dfmp2.auxbasis import AuxBasis, make_auxmol, ri_basis
 from dfmp2.b_store import ScratchArea, ScratchB
+from dfmp2.blas_threads import torch_owns_the_cores
 from dfmp2.df_tensors import build_fitted_tensors
 from dfmp2.distributed import World
 from dfmp2.energy import BlockReader, Mp2Energies, PairLedger, energy_sums
@@ -159,6 +160,7 @@ def plan_for(orbitals: Orbitals, fit: FitBasis, nao: int, kernel_set, budget: in
                        min_pairs=PAIRS_PER_RANK * world_size if world_size > 1 else 1)
 
 
+@torch_owns_the_cores()
 def kernel(mol: gto.Mole, orbitals: Orbitals, fit: FitBasis, kernel_set, plan: BlockPlan,
            execution: Execution | None = None) -> Mp2Result:
     """DF-MP2 correlation energy through the kernel set ``kernel_set``.

@@ -6,6 +6,7 @@ same thresholds and memory budget).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 from pyscf import df, dft, gto, lib, scf
 
 from dfmp2.b_store import ScratchArea
+from dfmp2.blas_threads import torch_owns_the_cores
 from dfmp2.calculation import Calculation
 from dfmp2.disk import check_space
 from dfmp2.errors import InputError, RunFailure
@@ -170,8 +172,10 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
         cycles = int(envs.get("cycle", cycles)) + 1
 
     mf.callback = count_cycle
+    blas = torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext()
     try:
-        e_tot = mf.kernel(dm0=options.initial_density)
+        with blas:
+            e_tot = mf.kernel(dm0=options.initial_density)
     except MemoryError:
         release_integrals(mf)
         raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis functions); "
