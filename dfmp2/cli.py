@@ -197,12 +197,18 @@ def run(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool, **options) 
         result = qcschema.atomic_result(qcschema.run_input(settings, outcome.record),
                                         outcome.record, outcome.path)
         click.echo(result.serialize("json"))
-    elif as_json:
+    else:
+        _print_outcome(outcome, as_json)
+    return outcome.exit_code
+
+
+def _print_outcome(outcome: pipeline.RunOutcome, as_json: bool) -> None:
+    """A finished run's summary on stdout: one JSON object, or the text report."""
+    if as_json:
         click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
     else:
         click.echo(report.summary(outcome.record))
         click.echo(f"\nrecord written to {outcome.path}")
-    return outcome.exit_code
 
 
 def _qcschema_module():
@@ -237,11 +243,7 @@ def gradient(obj: dict, molecule: Path, as_json: bool, **options) -> int:
     if settings.output is None:
         settings = replace(settings, output=settings.output_path("-gradient"))
     outcome = pipeline.run(settings)
-    if as_json:
-        click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
-    else:
-        click.echo(report.summary(outcome.record))
-        click.echo(f"\nrecord written to {outcome.path}")
+    _print_outcome(outcome, as_json)
     return outcome.exit_code
 
 

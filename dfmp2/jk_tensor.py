@@ -26,6 +26,7 @@ from pyscf import gto
 from pyscf.df import incore
 
 from dfmp2.b_store import ScratchArea, open_store
+from dfmp2.df_tensors import aux_shell_blocks
 from dfmp2.disk import check_space
 from dfmp2.errors import RunFailure
 from dfmp2.metric import JK_LINDEP_THRESHOLD, FitMetric, build_metric
@@ -155,23 +156,12 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes
     return JkTensor(layout, fitted, metric)
 
 
-def _aux_shell_blocks(auxmol: gto.Mole, max_functions: int) -> list[tuple[int, int, int, int]]:
-    ao_loc = auxmol.ao_loc_nr()
-    blocks, start = [], 0
-    for shell in range(auxmol.nbas):
-        if ao_loc[shell + 1] - ao_loc[start] > max_functions and shell > start:
-            blocks.append((start, shell, int(ao_loc[start]), int(ao_loc[shell])))
-            start = shell
-    blocks.append((start, auxmol.nbas, int(ao_loc[start]), int(ao_loc[auxmol.nbas])))
-    return blocks
-
-
 def _fill_integrals(mol: gto.Mole, auxmol: gto.Mole, layout: PairLayout, store,
                     max_block_bytes: int) -> None:
     npair = layout.nao * (layout.nao + 1) // 2
     per_function = FP64_BYTES * (npair + layout.nrows)
     max_functions = max(1, max_block_bytes // per_function)
-    for shell0, shell1, p0, p1 in _aux_shell_blocks(auxmol, max_functions):
+    for shell0, shell1, p0, p1 in aux_shell_blocks(auxmol, max_functions):
         packed = incore.aux_e2(mol, auxmol, "int3c2e", aosym="s2ij",
                                shls_slice=(0, mol.nbas, 0, mol.nbas, shell0, shell1))
         # In memory, the store's own columns (a view) are filled; in a file, a copy.
