@@ -51,6 +51,8 @@ from dfmp2.settings import DEFAULT_OUTPUT_DIR, RunSettings
 from dfmp2.xyz import Geometry, read_xyz
 
 log = logging.getLogger(__name__)
+# Tries at the final record write of a failed run before a signal is allowed to stop it.
+FINAL_WRITE_ATTEMPTS = 3
 
 
 @dataclass
@@ -408,13 +410,27 @@ class RecordSession:
         state = INTERRUPTED if isinstance(exc, Interrupted) else FAILED
         text = str(exc) if isinstance(exc, Dfmp2Error) else f"internal error: {exc!r}"
         try:
-            self.finish(root, state, text)
-        except Dfmp2Error:
+            self._finish_despite_signals(root, state, text)
+        except RecordWriteError:
             try:
                 self.finish(without_datasets(root), state, text)
             except Dfmp2Error as write_error:
                 return str(write_error)
+        except Dfmp2Error as write_error:
+            return str(write_error)
         return None
+
+    def _finish_despite_signals(self, root: Node, state: str, error: str) -> None:
+        """End the record with everything it holds, even when a signal interrupts the write
+        (torchrun's SIGTERM to the ranks left after one died, a second Ctrl-C): the run is
+        stopping anyway, and a smaller record would lose finished work."""
+        for _ in range(FINAL_WRITE_ATTEMPTS - 1):
+            try:
+                self.finish(root, state, error)
+                return
+            except Interrupted:
+                log.info("a signal interrupted the final record write; writing it again")
+        self.finish(root, state, error)
 
 
 def without_datasets(node: Node) -> Node:

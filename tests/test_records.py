@@ -243,6 +243,34 @@ def test_an_error_after_the_scf_marks_the_record_failed(tmp_path, run_cli, monke
     assert replaced.groups["input"].attrs["frozen"] == 1
 
 
+def test_a_signal_during_the_final_write_keeps_the_finished_work(tmp_path, run_cli,
+                                                                  monkeypatch):
+    """torchrun sends SIGTERM to the surviving ranks while rank 0 is ending its record after
+    a dead rank: the interrupted write is done again with the SCF orbitals, not replaced by a
+    record without datasets (seen once under torchrun: a record with no pairs left)."""
+    import dfmp2.mp2
+    from dfmp2 import pipeline
+    from dfmp2.errors import Interrupted
+    record = tmp_path / "w.h5"
+    monkeypatch.setattr(dfmp2.mp2, "fit_basis",
+                        lambda *a: (_ for _ in ()).throw(InputError("injected after the SCF")))
+    real_write = pipeline.write_record
+    status_writes = []
+
+    def write_interrupted_once(path, root):
+        if root.attrs.get("status") == "failed" and not status_writes:
+            status_writes.append(path)
+            raise Interrupted("terminated by signal SIGTERM", 143)
+        return real_write(path, root)
+
+    monkeypatch.setattr(pipeline, "write_record", write_interrupted_once)
+    failed = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record)
+    assert failed.code == 2 and status_writes
+    root = read_record(record)
+    assert root.attrs["status"] == "failed" and "injected" in root.attrs["error"]
+    assert "mo_coeff" in root.groups["scf"].datasets
+
+
 def test_a_failed_record_with_the_same_options_resumes_its_scf(tmp_path, run_cli, monkeypatch):
     import dfmp2.mp2
     record = tmp_path / "w.h5"
