@@ -7,7 +7,6 @@ the file, and a failed file is removed.
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from dfmp2.errors import RunFailure
+from dfmp2.safe_files import create_exclusive, disk_reason, refuse_unless_regular
 
 log = logging.getLogger(__name__)
 # Column chunks of the scratch file: one occupied block of a typical molecule, so that the
@@ -26,6 +26,7 @@ HEADER_BYTES = 4096
 FORMAT = "dfmp2.scratch-b/1"
 SIGNATURE = "orbital_signature"
 FP64_BYTES = 8
+REMEDY = "choose another -o or --scratch"
 
 
 class ScratchError(RunFailure):
@@ -33,9 +34,7 @@ class ScratchError(RunFailure):
 
 
 def _disk_error(path: Path, exc: OSError) -> ScratchError:
-    reason = exc.strerror or str(exc) or type(exc).__name__
-    if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        reason = f"{os.strerror(exc.errno)}; free some space or choose another --scratch"
+    reason = disk_reason(exc, "free some space or choose another --scratch")
     return ScratchError(f"cannot write the scratch file {path}: {reason}")
 
 
@@ -62,11 +61,22 @@ class ScratchArea:
         leftovers are removed without touching the files of the stages around it."""
         return ScratchArea(self.folder, f"{self.prefix}.{name}")
 
+    def reserve(self, path: Path) -> Path:
+        """Create ``path`` (one of this area's names) empty, for a writer that opens it by
+        name (PySCF's JK tensor): a link there is refused and an earlier run's file replaced,
+        so that the writer then finds our own regular file."""
+        try:
+            os.close(create_exclusive(path, REMEDY))
+        except OSError as exc:
+            raise _disk_error(path, exc) from None
+        return path
+
     def leftovers(self) -> list[Path]:
         return sorted(self.folder.glob(f".{self.prefix}.*.bin"))
 
     def remove_leftovers(self) -> None:
         for path in self.leftovers():
+            refuse_unless_regular(path, REMEDY)
             log.info("removing the scratch file %s of an earlier run", path)
             path.unlink(missing_ok=True)
 
@@ -132,7 +142,7 @@ class ScratchB:
         header = {"format": FORMAT, "shape": [naux, ncols], "chunk_cols": chunk_cols,
                   SIGNATURE: None}
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = create_exclusive(path, REMEDY)
         except OSError as exc:
             raise _disk_error(path, exc) from None
         store = cls(path, fd, header, owner=True)
@@ -154,10 +164,11 @@ class ScratchB:
                         signature: str) -> "ScratchB | None":
         """A finished B left by a killed run on the same orbitals, or None (and the file is
         removed) when it is unfinished, damaged or from other orbitals."""
+        refuse_unless_regular(path, REMEDY)
         if not path.exists():
             return None
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError:
             path.unlink(missing_ok=True)
             return None
@@ -178,7 +189,7 @@ class ScratchB:
     def open_shared(cls, path: Path) -> "ScratchB":
         """Another rank's finished B, read-only; the rank that wrote it deletes it."""
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError as exc:
             raise ScratchError(f"cannot read the shared scratch file {path}: "
                                f"{exc.strerror or exc}") from None

@@ -10,15 +10,19 @@ Options on a line override the batch's own options for that molecule.
 A line that cannot run (a missing file, an unknown option) is recorded as failed and the
 batch goes on. A record that is already complete counts as done only when it was computed
 with the same inputs; otherwise the molecule is recomputed and the old record is kept beside
-the new one (see :mod:`dfmp2.checkpoint`).
+the new one (see :mod:`dfmp2.checkpoint`). A molecule whose record another dfmp2 run holds
+(a second batch on the same list and folder) is left to that run, and the summary reports
+what its record says when the summary is written.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
 import glob
+import io
 import json
 import logging
+import os
 import shlex
 import time
 from collections.abc import Mapping
@@ -28,9 +32,13 @@ from pathlib import Path
 import click
 
 from dfmp2 import pipeline
-from dfmp2.errors import Dfmp2Error, InputError
+from dfmp2.distributed import environment_integer
+from dfmp2.errors import Dfmp2Error, InputError, RunFailure
 from dfmp2.progress import Progress
-from dfmp2.record import FAILED, SCHEMA, CalculationInputs, new_record, set_status, write_record
+from dfmp2.record import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA,
+                          CalculationInputs, Node, new_record, read_record, schema, set_status,
+                          status, write_record)
+from dfmp2.record_lock import RecordInUse, RecordLock
 from dfmp2.report import json_summary
 from dfmp2.settings import RunSettings
 
@@ -39,6 +47,9 @@ GLOB_CHARACTERS = set("*?[")
 SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot",
                   "e_int_mp2_cp", "e_int_dh_cp", "seconds", "record", "error")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
+# A molecule whose record another dfmp2 run holds is left to that run: not a failure here.
+RUNNING_ELSEWHERE = "running elsewhere"
+OTHER_RUN = "(other run)"
 
 
 @dataclass
@@ -127,12 +138,7 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
     if text is None and world_size > 1:
         return rank, world_size
     if text is None:
-        task = environ.get("SLURM_ARRAY_TASK_ID")
-        count = environ.get("SLURM_ARRAY_TASK_COUNT")
-        if task is None or count is None:
-            return 0, 1
-        first = int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
-        return int(task) - first, int(count)
+        return slurm_array_shard(environ) or (0, 1)
     try:
         k, n = (int(part) for part in text.split("/"))
     except ValueError:
@@ -140,6 +146,38 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
     if not 0 <= k < n:
         raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
     return k, n
+
+
+def _slurm_number(environ: Mapping[str, str], name: str, default: int | None = None
+                  ) -> int | None:
+    return environment_integer(environ, name, default, minimum=None,
+                               remedy="give the shard explicitly with --shard K/N")
+
+
+def slurm_array_shard(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """The shard of this task of a Slurm array job, None outside one. Task ids min, min+step,
+    ..., max are shards 0 .. count-1; an array that is not such a progression (``--array=3,7,9``)
+    is refused, since its tasks cannot tell which molecules the others run."""
+    task = _slurm_number(environ, "SLURM_ARRAY_TASK_ID")
+    if task is None:
+        return None
+    count = _slurm_number(environ, "SLURM_ARRAY_TASK_COUNT")
+    if count is None:
+        raise InputError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not; give "
+                         "the shard explicitly with --shard K/N")
+    first = _slurm_number(environ, "SLURM_ARRAY_TASK_MIN", 0)
+    step = _slurm_number(environ, "SLURM_ARRAY_TASK_STEP", 1)
+    last = _slurm_number(environ, "SLURM_ARRAY_TASK_MAX")
+    position, offset = divmod(task - first, step) if step > 0 else (-1, 0)
+    # With MAX, count ids in [min, max] on the step's grid can only be the whole progression,
+    # so each task can check on its own that no molecule falls between the tasks.
+    if (offset or not 0 <= position < count
+            or (last is not None and first + (count - 1) * step != last)):
+        bounds = f"min {first}, step {step}, count {count}" + (
+            f", max {last}" if last is not None else "")
+        raise InputError(f"Slurm array task {task} is not at a regular position of the array "
+                         f"({bounds}); give the shard explicitly with --shard K/N")
+    return position, count
 
 
 def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
@@ -154,15 +192,18 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
 
 def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
     """Say 'failed' in a new record where the run could not write one itself. An existing
-    record is left alone: it may be complete, or belong to another run."""
-    if path.exists():
-        return
+    record is left alone: it may be complete, or belong to another run. So is a path whose
+    lock another run holds: it may not have written its record yet, and will."""
     root = new_record(SCHEMA, settings.command, pipeline.versions())
     set_status(root, FAILED, error)
     CalculationInputs(xyz="", source=str(settings.molecule), basis=settings.basis,
                       auxbasis=settings.auxbasis or "default").write(root)
     try:
-        write_record(path, root)
+        with RecordLock(path):
+            if not path.exists():
+                write_record(path, root)
+    except RecordInUse:
+        return
     except Dfmp2Error as exc:
         log.error("%s", exc)
 
@@ -183,17 +224,29 @@ def run_item(item: BatchItem, settings: RunSettings) -> dict:
             values = _run_dimer(item, settings)
         else:
             outcome = pipeline.run(settings, reuse_complete=True)
-            summary = json_summary(outcome.record, str(outcome.path))
-            status = ("complete (skipped)" if outcome.reused else
-                      "complete" if outcome.exit_code == 0 else "complete (check failed)")
-            values = {"status": status, "e_scf": summary["e_scf"],
-                      "e_corr": summary["e_corr"], "e_tot": summary["e_tot"]}
+            state = ("complete (skipped)" if outcome.reused else
+                     "complete" if outcome.exit_code == 0 else "complete (check failed)")
+            values = {"status": state, **_energies(outcome.record, outcome.path)}
+    except RecordInUse as exc:
+        # The run holding the record writes it and reports on it; a failure here would
+        # contradict the record once that run completes it.
+        return {**row, "status": RUNNING_ELSEWHERE, "error": str(exc),
+                "seconds": time.perf_counter() - start}
     except Dfmp2Error as exc:
         return _failed_row(row, settings, str(exc), start)
     except Exception as exc:  # a bug must not cost the rest of the batch its results
         log.exception("internal error on %s", item.molecule)
         return _failed_row(row, settings, f"internal error: {exc!r}", start)
     return {**row, **values, "seconds": time.perf_counter() - start}
+
+
+def _energies(root: Node, path: Path) -> dict:
+    """The summary's energy columns of a complete record."""
+    if schema(root) == INTERACTION_SCHEMA:
+        from dfmp2 import interaction as cp
+        return cp.batch_values(root)
+    summary = json_summary(root, str(path))
+    return {key: summary[key] for key in ("e_scf", "e_corr", "e_tot")}
 
 
 def _run_dimer(item: BatchItem, settings: RunSettings) -> dict:
@@ -223,16 +276,54 @@ def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
     return rows
 
 
-def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]) -> tuple[Path, Path]:
+def _as_on_disk(row: dict) -> dict:
+    """A row left to another run, as its record says now: that run may have ended since."""
+    path = Path(row["record"])
+    try:
+        root = read_record(path)
+    except InputError:  # not written yet
+        return row
+    state = status(root)
+    if state == RUNNING:
+        return row
+    if state == COMPLETE:
+        return {**row, **_energies(root, path), "status": f"{COMPLETE} {OTHER_RUN}", "error": ""}
+    return {**row, "status": f"{state} {OTHER_RUN}", "error": root.attrs.get("error", "")}
+
+
+def _replace_file(path: Path, text: str) -> None:
+    # Two batches on one --out write the same summary: each is written beside it and renamed
+    # over it, so the file is always one batch's whole summary, never a mix of both.
+    temporary = path.parent / f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise RunFailure(f"cannot write the batch summary {path}: "
+                         f"{exc.strerror or exc}") from None
+
+
+def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]
+                    ) -> tuple[list[dict], Path, Path]:
+    """Write the CSV and JSON summaries; rows left to another run first take the status their
+    records have now, so a summary never contradicts a record. Returns the rows written."""
+    rows = [_as_on_disk(row) if row["status"] == RUNNING_ELSEWHERE else row for row in rows]
     stem = "summary" if shard == (0, 1) else f"summary-shard-{shard[0]}-of-{shard[1]}"
     csv_path, json_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
-    with open(csv_path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=SUMMARY_FIELDS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({key: row.get(key, "") for key in SUMMARY_FIELDS})
-    json_path.write_text(json.dumps(rows, indent=1, default=str) + "\n", encoding="utf-8")
-    return csv_path, json_path
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=SUMMARY_FIELDS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: row.get(key, "") for key in SUMMARY_FIELDS})
+    _replace_file(csv_path, table.getvalue())
+    _replace_file(json_path, json.dumps(rows, indent=1, default=str) + "\n")
+    return rows, csv_path, json_path
 
 
 def format_table(rows: list[dict]) -> str:
@@ -244,4 +335,8 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"{row['index']:>3} {Path(row['molecule']).name[:32]:<32} "
                      f"{row['basis'][:10]:<10} {row['status'][:24]:<24} {e_corr} {e_tot} "
                      f"{row['seconds']:7.1f}")
+    left = [Path(row["molecule"]).name for row in rows
+            if row["status"] == RUNNING_ELSEWHERE or row["status"].endswith(OTHER_RUN)]
+    if left:
+        lines += ["", f"left to another dfmp2 run that held their records: {', '.join(left)}"]
     return "\n".join(lines)

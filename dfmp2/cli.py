@@ -6,6 +6,7 @@ and handles signals, and hands everything to the library as arguments.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ from dfmp2 import __version__, distributed, pipeline, report
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.memory import parse_size
 from dfmp2.record import SCHEMA, read_record, schema
+from dfmp2.safe_files import printable
 from dfmp2.energy import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.calculation import REFERENCES
 from dfmp2.scf import SCF_METHODS
@@ -39,6 +41,9 @@ NKI_MODE_ENV = "DFMP2_NKI_MODE"
 # The real NKI simulator targets trn3 unless told otherwise; our kernels are written for trn1.
 NKI_PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 EXIT_SIGINT = 128 + signal.SIGINT
+# Published SCS and double-hybrid scales lie between 0 and 2; this bound only stops factors
+# whose products with an energy would be meaningless or overflow.
+MAX_SCALE_FACTOR = 100.0
 
 
 class MemorySize(click.ParamType):
@@ -53,9 +58,9 @@ class MemorySize(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-class FiniteFloat(click.ParamType):
-    """A float that is a number: NaN and infinities would end up in the energies and in
-    ``--json``, which cannot represent them."""
+class ScaleFactor(click.ParamType):
+    """An energy scale factor: a finite number of ordinary size. NaN, infinities and huge
+    factors would end up as non-finite or absurd energies, which ``--json`` cannot hold."""
 
     name = "number"
 
@@ -66,6 +71,9 @@ class FiniteFloat(click.ParamType):
             self.fail(f"{value!r} is not a number", param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
+        if abs(number) > MAX_SCALE_FACTOR:
+            self.fail(f"{value!r} is not a scale factor: give a number between "
+                      f"-{MAX_SCALE_FACTOR:g} and {MAX_SCALE_FACTOR:g}", param, ctx)
         return number
 
 
@@ -103,10 +111,13 @@ CALCULATION_OPTIONS = (
                  help="Who builds the density-fitted SCF's J and K: our kernels or PySCF."),
     click.option("--threads", type=click.IntRange(min=1), default=None,
                  help="Threads for torch and PySCF (default: all available cores)."),
-    click.option("--scs-os", type=FiniteFloat(), default=SCS_OS_DEFAULT, show_default=True,
+    click.option("--scs-os", type=ScaleFactor(), default=SCS_OS_DEFAULT, show_default=True,
                  help="SCS-MP2 opposite-spin scale."),
-    click.option("--scs-ss", type=FiniteFloat(), default=SCS_SS_DEFAULT, show_default=True,
+    click.option("--scs-ss", type=ScaleFactor(), default=SCS_SS_DEFAULT, show_default=True,
                  help="SCS-MP2 same-spin scale."),
+    click.option("--stability", is_flag=True,
+                 help="Check a closed-shell SCF's internal stability too (open shells always "
+                      "are); an unstable reference is reported with a warning."),
     VERBOSE,
 )
 
@@ -114,9 +125,9 @@ XC_OPTIONS = (
     click.option("--xc", default=None,
                  help=f"Double hybrid on a Kohn-Sham reference: {known_names()}, or a PySCF "
                       "exchange-correlation string with --mp2-os and --mp2-ss."),
-    click.option("--mp2-os", type=FiniteFloat(), default=None,
+    click.option("--mp2-os", type=ScaleFactor(), default=None,
                  help="Opposite-spin MP2 scale of a custom --xc."),
-    click.option("--mp2-ss", type=FiniteFloat(), default=None,
+    click.option("--mp2-ss", type=ScaleFactor(), default=None,
                  help="Same-spin MP2 scale of a custom --xc."),
     click.option("--grid", type=click.IntRange(GRID_LEVELS.start, GRID_LEVELS.stop - 1),
                  default=None, help="PySCF integration grid level for --xc (default: PySCF's, 3)."),
@@ -174,14 +185,21 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--qcschema", "as_qcschema", is_flag=True,
               help="Print the QCSchema AtomicResult as JSON (needs dfmp2[qcschema]).")
+@click.option("--qcschema-version", type=click.Choice(["1", "2"]), default=None,
+              help="QCSchema version printed by --qcschema (default 1: what "
+                   "qcelemental.models.AtomicResult reads and QCEngine returns for a dict "
+                   "input).")
 @click.pass_obj
-def run(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool, **options) -> int:
+def run(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool,
+        qcschema_version: str | None, **options) -> int:
     """Compute the DF-MP2 (or double-hybrid) energy of MOLECULE (an XYZ file) and write a run
     record."""
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
     if as_json and as_qcschema:
         raise click.UsageError("give --json or --qcschema, not both")
+    if qcschema_version is not None and not as_qcschema:
+        raise click.UsageError("--qcschema-version goes with --qcschema")
     qcschema = _qcschema_module() if as_qcschema else None
     world = distributed.init_world(distributed.launch_from(os.environ))
     try:
@@ -196,7 +214,8 @@ def run(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool, **options) 
     if qcschema is not None:
         result = qcschema.atomic_result(qcschema.run_input(settings, outcome.record),
                                         outcome.record, outcome.path)
-        click.echo(result.serialize("json"))
+        click.echo(qcschema.serialized(result, int(qcschema_version or
+                                                   qcschema.DEFAULT_PRINTED_VERSION)))
     else:
         _print_outcome(outcome, as_json)
     return outcome.exit_code
@@ -286,7 +305,7 @@ def show(record: Path, show_all: bool) -> int:
     """Print a run record readably."""
     root = read_record(record)
     detailed = show_all or schema(root) != SCHEMA
-    click.echo(report.dump(root) if detailed else report.summary(root))
+    click.echo(printable(report.dump(root) if detailed else report.summary(root)))
     return 0
 
 
@@ -321,7 +340,8 @@ def interaction(obj: dict, dimer: Path, split: int | None, charges: str | None,
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("runs/batch"), show_default=True, help="Folder for the records.")
 @click.option("--shard", default=None,
-              help="Run every N-th molecule from K (K/N); default from SLURM_ARRAY_TASK_ID/COUNT.")
+              help="Run every N-th molecule from K (K/N); default: this task's position in a "
+                   "Slurm array (SLURM_ARRAY_TASK_ID, _MIN, _STEP, _COUNT).")
 @click.option("--check", is_flag=True, help="Compare each molecule with PySCF's DFMP2.")
 @click.option("--interaction", "dimers", is_flag=True,
               help="Treat every XYZ input as a dimer (split from its comment line).")
@@ -335,6 +355,7 @@ def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, 
     A line with `--split N` (and `--charges a,b`, `--spins a,b`) is a dimer for a counterpoise
     interaction-energy job. A line that cannot run is recorded as failed and the rest run.
     Complete records of the same inputs are skipped, so a rerun finishes an interrupted batch.
+    A molecule whose record another dfmp2 run is writing is left to that run, not failed.
     """
     from dfmp2 import batch as batch_job
     items = batch_job.collect_items(list(inputs), {"run": run, "interaction": interaction},
@@ -344,7 +365,7 @@ def batch(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None, 
     base = RunSettings(molecule=Path(), command=obj["command"], **options,
                        **environment_settings())
     rows = batch_job.run_batch(items, base, out_dir, shard_k_n)
-    csv_path, json_path = batch_job.write_summaries(rows, out_dir, shard_k_n)
+    rows, csv_path, json_path = batch_job.write_summaries(rows, out_dir, shard_k_n)
     click.echo(json.dumps(rows, default=str) if as_json else
                f"{batch_job.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
     failed = [row for row in rows if row["status"] == "failed"]
@@ -396,7 +417,7 @@ def compare(records: tuple[Path, ...], reference: str, as_json: bool) -> int:
                                 "delta_e_tot": row.e_tot - against.e_tot if against else None}
                                for row, against in pairs]))
     else:
-        click.echo(comparison.format_table(pairs))
+        click.echo(printable(comparison.format_table(pairs)))
     return 0
 
 
@@ -412,6 +433,10 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.WARNING, format="dfmp2: %(levelname)s: %(message)s",
                         stream=sys.stderr)
+    # A file name that is not UTF-8 (kept by Python as surrogate escapes) is printed as \xNN
+    # rather than ending a finished run in UnicodeEncodeError under a strict locale.
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(errors="backslashreplace")
     os.environ.setdefault(NKI_PLATFORM_ENV, "trn1")
     handled = (signal.SIGTERM, signal.SIGINT)
     in_main_thread = threading.current_thread() is threading.main_thread()

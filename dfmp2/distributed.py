@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from dfmp2.errors import RunFailure
+from dfmp2.errors import InputError, RunFailure
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_SECONDS = 300
@@ -43,17 +43,44 @@ class Launch:
 def launch_from(environ: Mapping[str, str]) -> Launch:
     """The launch described by ``environ``: torchrun's variables, else a multi-task Slurm step
     (``srun``), else a single process. ``DFMP2_DIST_TIMEOUT`` bounds every collective."""
-    timeout = int(environ.get("DFMP2_DIST_TIMEOUT", str(DEFAULT_TIMEOUT_SECONDS)))
+    timeout = environment_integer(environ, "DFMP2_DIST_TIMEOUT", DEFAULT_TIMEOUT_SECONDS,
+                                  minimum=1)
     if "RANK" in environ and "WORLD_SIZE" in environ:
-        return Launch(int(environ["RANK"]), int(environ["WORLD_SIZE"]),
+        size = environment_integer(environ, "WORLD_SIZE", 1, minimum=1)
+        return Launch(_rank(environ, "RANK", size), size,
                       environ.get("MASTER_ADDR", "127.0.0.1"),
                       environ.get("MASTER_PORT", DEFAULT_MASTER_PORT), timeout)
-    if "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
-        return Launch(int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"]),
+    tasks = environment_integer(environ, "SLURM_NTASKS", 1, minimum=1)
+    if "SLURM_PROCID" in environ and tasks > 1:
+        return Launch(_rank(environ, "SLURM_PROCID", tasks), tasks,
                       environ.get("MASTER_ADDR",
                                   environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")),
                       environ.get("MASTER_PORT", DEFAULT_MASTER_PORT), timeout)
     return Launch(timeout_seconds=timeout)
+
+
+def environment_integer(environ: Mapping[str, str], name: str, default: int | None,
+                        minimum: int | None = 0, remedy: str = "fix or unset it") -> int | None:
+    """The integer in ``environ[name]`` (``default`` when unset); anything else is an input
+    error naming the variable and what to do (``remedy``), never a traceback."""
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InputError(f"{name}={text!r} is not a whole number; {remedy}") from None
+    if minimum is not None and value < minimum:
+        raise InputError(f"{name}={text!r} must be at least {minimum}; {remedy}")
+    return value
+
+
+def _rank(environ: Mapping[str, str], name: str, size: int) -> int:
+    rank = environment_integer(environ, name, 0)
+    if rank >= size:
+        raise InputError(f"environment variable {name}={rank} is not below the number of "
+                         f"ranks ({size})")
+    return rank
 
 
 @dataclass

@@ -45,8 +45,8 @@ from dfmp2.gradient_amplitudes import (MAX_SLAB_BYTES, AmplitudeIntermediates, S
 from dfmp2.gradient_integrals import (DERIVATIVE_BLOCK_ARRAYS, JkChannel, RiChannel,
                                       aux_block_functions, jk_pass, one_electron_gradient,
                                       ri_pass, two_index_gradient)
-from dfmp2.gradient_response import (Channel, ScfPotential, channels_of, orbital_derivative,
-                                     relax)
+from dfmp2.gradient_response import (Channel, ResponseSolve, ScfPotential, channels_of,
+                                     orbital_derivative, relax)
 from dfmp2.memory import format_size
 from dfmp2.metric import JK_LINDEP_THRESHOLD, FitMetric
 from dfmp2.mp2 import FitBasis, fit_basis
@@ -75,6 +75,8 @@ class GradientResult:
     jk_builds: int = 0
     """J/K builds of the orbital response (Lagrangian, Z-vector iterations, relaxed density)."""
     out_of_core: bool = False
+    response: ResponseSolve | None = None
+    """How the orbital response's Z-vector equations were solved, and their residual."""
 
 
 def _as_aux(aux: AuxBasis | str | dict) -> AuxBasis:
@@ -339,4 +341,4 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     e_scf = float(mf.e_tot)
     return GradientResult(e_scf + e_corr, e_scf, e_corr, energies.e_os, energies.e_ss,
                           (scales.os, scales.ss), grad_1e + grad_jk + grad_ri, timings,
-                          potential.builds, storage.out_of_core)
+                          potential.builds, storage.out_of_core, relaxed.response)

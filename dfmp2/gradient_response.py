@@ -18,8 +18,10 @@ the derivative of E_corr with respect to orbital rotations through the integrals
 * frozen core: the frozen-active rotations are fixed by F_Ij = 0, which gives
   P_Ij = P_jI = -X_Ij / (2 (e_I - e_j));
 * Lagrangian: L_ai = X_ai - X_ia + 2 n_c [v(P_unrelaxed + P_frozen)]_ai;
-* Z-vector: (e_a - e_i) z_ai + n_c [v(C_v z C_o^T + C_o z^T C_v^T)]_ai = L_ai, solved by
-  PySCF's CPHF (UCPHF) Krylov solver; P_ai = P_ia = -z_ai / 2;
+* Z-vector: (e_a - e_i) z_ai + n_c [v(C_v z C_o^T + C_o z^T C_v^T)]_ai = L_ai, a symmetric
+  system (indefinite on an internally unstable reference) solved by preconditioned MINRES,
+  or directly when MINRES falls short on a small system, and refused unless the true
+  residual meets :data:`ZVECTOR_TOL`; P_ai = P_ia = -z_ai / 2;
 * energy-weighted density W (the gradient gets -sum W_pq S^x_pq):
   W_mn = n_c v(P)_mn + n_c e_m delta_mn (the SCF's own part),
   W_kl += (X_kl + X_lk) / 4 + P_kl (e_k + e_l) / 2,
@@ -32,15 +34,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from pyscf.scf import cphf, ucphf
+from scipy.sparse.linalg import LinearOperator, minres
 
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, RunFailure
 
-# Krylov residual norm asked of PySCF's solver; it also stops once a new direction falls below
-# its linear-dependence threshold (norm ~3e-8), which came first in every case measured and
-# leaves the gradient converged to better than 1e-9 Eh/Bohr.
-ZVECTOR_TOL = 1e-10
-ZVECTOR_MAX_CYCLE = 60
+# Largest norm ||A z - L|| accepted. The gradient's error is about the residual divided by the
+# smallest eigenvalue (in magnitude) of the response matrix A: 1e-9 keeps it near 1e-7 Eh/Bohr
+# down to eigenvalues of 0.01 Eh (NO2's unstable UHF in cc-pVDZ has -0.0017, measured).
+ZVECTOR_TOL = 1e-9
+# MINRES iterations (one J/K build each) over all its restarts; a stable reference needs 10 to
+# 30 (measured on water, hydroxyl and NO2).
+ZVECTOR_MAX_ITER = 200
+# Unknowns up to which a system MINRES could not solve is solved densely: one J/K build per
+# column, a few seconds for a small molecule (NO2/cc-pVDZ UHF has 701).
+DENSE_MAX_SIZE = 2000
 
 
 @dataclass(frozen=True)
@@ -92,13 +99,24 @@ def channels_of(mf, nfrozen: int) -> list[Channel]:
             for c, e, o in zip(mo_coeff, np.asarray(mf.mo_energy), np.asarray(mf.mo_occ))]
 
 
+@dataclass(frozen=True)
+class ResponseSolve:
+    """How the Z-vector equations were solved: ``minres``, or ``dense`` after MINRES fell
+    short; MINRES's iterations and the true residual norm ||A z - L|| of the solution."""
+
+    solver: str
+    iterations: int
+    residual: float
+
+
 @dataclass
 class RelaxedDensities:
     """AO densities: the relaxed MP2 density per channel (spin-summed for a closed shell) and
-    the total energy-weighted density of SCF plus MP2."""
+    the total energy-weighted density of SCF plus MP2, and how the Z-vector was solved."""
 
     p_relaxed: list[np.ndarray]
     w_total: np.ndarray
+    response: ResponseSolve
 
 
 class ScfPotential:
@@ -139,48 +157,65 @@ def _frozen_core_density(channel: Channel, x: np.ndarray) -> np.ndarray:
 
 
 def _solve_zvector(channels: list[Channel], potential: ScfPotential,
-                   lagrangians: list[np.ndarray]) -> list[np.ndarray]:
-    def densities_of(z_blocks):
-        dms = []
-        for channel, z in zip(channels, z_blocks):
-            c_vir = channel.mo_coeff[:, channel.virtual]
-            c_occ = channel.mo_coeff[:, channel.occupied]
+                   lagrangians: list[np.ndarray]) -> tuple[list[np.ndarray], ResponseSolve]:
+    shapes = [lag.shape for lag in lagrangians]
+    bounds = np.cumsum([0] + [lag.size for lag in lagrangians])
+    diagonal = np.concatenate([(c.mo_energy[c.virtual][:, None]
+                                - c.mo_energy[c.occupied][None, :]).ravel() for c in channels])
+    rhs = np.concatenate([lag.ravel() for lag in lagrangians])
+    size = rhs.size
+
+    def blocks(x: np.ndarray) -> list[np.ndarray]:
+        return [x[b0:b1].reshape(shape) for b0, b1, shape in zip(bounds[:-1], bounds[1:], shapes)]
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        x = np.ravel(x)
+        orbitals = [(c.mo_coeff[:, c.virtual], c.mo_coeff[:, c.occupied]) for c in channels]
+        densities = []
+        for (c_vir, c_occ), z in zip(orbitals, blocks(x)):
             half = c_vir @ z @ c_occ.T
-            dms.append(half + half.T)
-        return dms
+            densities.append(half + half.T)
+        coupling = [c.occupancy * c_vir.T @ v @ c_occ
+                    for c, (c_vir, c_occ), v in zip(channels, orbitals, potential(densities))]
+        return diagonal * x + np.concatenate([block.ravel() for block in coupling])
 
-    def projected(potentials):
-        return [channel.occupancy * channel.mo_coeff[:, channel.virtual].T @ v
-                @ channel.mo_coeff[:, channel.occupied]
-                for channel, v in zip(channels, potentials)]
+    def residual_of(x: np.ndarray) -> float:
+        return float(np.linalg.norm(apply(x) - rhs))
 
-    if len(channels) == 1:
-        channel = channels[0]
+    operator = LinearOperator((size, size), matvec=apply, dtype=np.float64)
+    # e_a - e_i > 0 on any aufbau reference: MINRES needs a positive definite preconditioner,
+    # and this one is exact for the uncoupled part.
+    preconditioner = LinearOperator((size, size), matvec=lambda x: np.ravel(x) / diagonal,
+                                    dtype=np.float64)
+    iterations = 0
 
-        def fvind(x):
-            x = x.reshape(-1, len(channel.virtual), len(channel.occupied))
-            return np.stack([projected(potential(densities_of([xi])))[0] for xi in x])
+    def count(_) -> None:
+        nonlocal iterations
+        iterations += 1
 
-        z, _ = cphf.solve(fvind, channel.mo_energy, channel.mo_occ, -lagrangians[0],
-                          max_cycle=ZVECTOR_MAX_CYCLE, tol=ZVECTOR_TOL)
-        return [z.reshape(lagrangians[0].shape)]
-
-    sizes = [lag.size for lag in lagrangians]
-
-    def fvind_open(x):
-        x = x.reshape(-1, sum(sizes))
-        out = []
-        for row in x:
-            blocks = [row[:sizes[0]].reshape(lagrangians[0].shape),
-                      row[sizes[0]:].reshape(lagrangians[1].shape)]
-            out.append(np.concatenate([p.ravel() for p in
-                                       projected(potential(densities_of(blocks)))]))
-        return np.stack(out)
-
-    z, _ = ucphf.solve(fvind_open, [c.mo_energy for c in channels],
-                       [c.mo_occ for c in channels], [-lag for lag in lagrangians],
-                       max_cycle=ZVECTOR_MAX_CYCLE, tol=ZVECTOR_TOL)
-    return [np.asarray(zi).reshape(lag.shape) for zi, lag in zip(z, lagrangians)]
+    z, residual = rhs / diagonal, np.inf
+    # MINRES's own stopping test is on a preconditioned estimate; restarting from its answer
+    # until the true residual is met keeps the test on the quantity that matters.
+    while residual > ZVECTOR_TOL and iterations < ZVECTOR_MAX_ITER:
+        before = iterations
+        z, _ = minres(operator, rhs, x0=z, rtol=0.1 * ZVECTOR_TOL / np.linalg.norm(rhs),
+                      maxiter=ZVECTOR_MAX_ITER - iterations, M=preconditioner, callback=count)
+        residual = residual_of(z)
+        if iterations == before:
+            break
+    solver = "minres"
+    if residual > ZVECTOR_TOL and size <= DENSE_MAX_SIZE:
+        matrix = np.column_stack([apply(unit) for unit in np.eye(size)])
+        with np.errstate(all="ignore"):
+            dense = np.linalg.solve(matrix, rhs)
+        dense_residual = residual_of(dense)
+        if dense_residual < residual:
+            z, residual, solver = dense, dense_residual, "dense"
+    if not residual <= ZVECTOR_TOL:
+        raise RunFailure(f"the orbital response (Z-vector) did not converge: residual "
+                         f"{residual:.1e} > {ZVECTOR_TOL:.0e} after {iterations} iterations; "
+                         "the reference is probably unstable (see the stability analysis)")
+    return blocks(z), ResponseSolve(solver, iterations, residual)
 
 
 def relax(channels: list[Channel], potential: ScfPotential, x_list: list[np.ndarray],
@@ -199,7 +234,7 @@ def relax(channels: list[Channel], potential: ScfPotential, x_list: list[np.ndar
         c_occ, c_vir = channel.mo_coeff[:, occ], channel.mo_coeff[:, vir]
         lagrangians.append(x[np.ix_(vir, occ)] - x[np.ix_(occ, vir)].T
                            + 2.0 * channel.occupancy * c_vir.T @ v @ c_occ)
-    z_list = _solve_zvector(channels, potential, lagrangians)
+    z_list, response = _solve_zvector(channels, potential, lagrangians)
 
     relaxed = []
     for channel, p, z in zip(channels, unrelaxed, z_list):
@@ -211,7 +246,7 @@ def relax(channels: list[Channel], potential: ScfPotential, x_list: list[np.ndar
     v_z = potential([c.to_ao(r - u) for c, r, u in zip(channels, relaxed, unrelaxed)])
     w_total = sum(channel.to_ao(_energy_weighted(channel, x, p, v1 + v2))
                   for channel, x, p, v1, v2 in zip(channels, x_list, relaxed, v_unrelaxed, v_z))
-    return RelaxedDensities([c.to_ao(p) for c, p in zip(channels, relaxed)], w_total)
+    return RelaxedDensities([c.to_ao(p) for c, p in zip(channels, relaxed)], w_total, response)
 
 
 def _energy_weighted(channel: Channel, x: np.ndarray, p: np.ndarray,

@@ -69,7 +69,8 @@ class AnalyticEvaluator:
         calc = define_calculation(geometry, pipeline.request_of(settings, settings.charge,
                                                                  settings.spin))
         options = ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, self.scratch,
-                             keep_integrals=True, initial_density=self.density)
+                             keep_integrals=True, initial_density=self.density,
+                             stability=settings.stability)
         reference = run_scf(calc, options)
         try:
             if not reference.converged:

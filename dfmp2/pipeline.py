@@ -7,7 +7,9 @@ SCF and MP2 of one :class:`~dfmp2.calculation.Calculation` into one record node,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
+import math
 import os
 import platform
 import tempfile
@@ -33,7 +35,7 @@ from dfmp2.energy import Mp2Energies, PairLedger, SOS_OS_DEFAULT
 from dfmp2.gradient import GradientResult
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.functionals import resolve_functional
-from dfmp2.memory import default_budget
+from dfmp2.memory import checked_size, default_budget
 from dfmp2.planner import plan_blocks
 from dfmp2.pyscf_check import TOLERANCE, pyscf_dfmp2_energy, pyscf_recipe
 from dfmp2.record import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, BackendFacts,
@@ -44,6 +46,8 @@ from dfmp2.record import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, BackendFacts,
                           set_resumed, set_status, write_distributed, write_gradient,
                           write_kernel_ledger, write_record, write_scf, write_timings)
 from dfmp2.record_lock import RecordLock
+from dfmp2.safe_files import (FILE, check_name_length, existing_kind, link_refusal,
+                              refuse_links_named_after)
 from dfmp2.scf import (ScfOptions, ScfResult, check_scf_memory, release_integrals,
                        restored_scf, run_scf)
 from dfmp2.scf_engine import ScfKernels, scf_kernels
@@ -64,15 +68,23 @@ class RunOutcome:
 
 
 def check_output_path(path: Path, resume: bool = False) -> None:
-    """Refuse, before any work, an output we could not write or would clobber."""
-    if path.is_dir():
+    """Refuse, before any work, an output we could not write or would clobber: also a link
+    or anything but a regular file at ``path`` (reading a FIFO would wait forever), and a name
+    too long for the names dfmp2 derives from it."""
+    parent = path.parent if str(path.parent) else Path(".")
+    check_name_length(path, parent)
+    kind = existing_kind(path)
+    if kind == "a directory":
         raise InputError(f"output {path} is a directory; give a file name such as {path}/run.h5")
-    if path.exists() and not is_record_file(path):
+    if kind == "a symbolic link":
+        raise link_refusal(path)
+    if kind not in (None, FILE):
+        raise InputError(f"output {path} is {kind}, not a regular file; choose another -o")
+    if kind == FILE and not is_record_file(path):
         if resume:
             raise InputError(f"cannot resume from {path}: it is not a readable dfmp2 run record")
         raise InputError(f"output {path} exists and is not a dfmp2 run record; "
                          "choose another -o path")
-    parent = path.parent if str(path.parent) else Path(".")
     if parent == DEFAULT_OUTPUT_DIR and not parent.exists():
         parent.mkdir(parents=True, exist_ok=True)
     if not parent.is_dir():
@@ -128,7 +140,7 @@ def resolve_environment(settings: RunSettings, record_path: Path,
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
                          "choose another with --scratch")
     threads = apply_threads(settings.threads)
-    budget = settings.memory if settings.memory is not None else default_budget()
+    budget = checked_size(settings.memory) if settings.memory is not None else default_budget()
     return Environment(kernel_set, scf_kernel_sets, budget, threads, scratch_dir,
                        world or World())
 
@@ -193,7 +205,7 @@ def obtain_reference(calc: Calculation, env: Environment, settings: RunSettings,
     rank; the other ranks get the orbitals, not the PySCF object."""
     world = env.world
     options = ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, scratch,
-                         keep_integrals)
+                         keep_integrals, stability=settings.stability)
     result = None
     if world.is_root:
         stored = read_scf(previous) if previous is not None else None
@@ -317,9 +329,15 @@ def gradient_stage(calc: Calculation, settings: RunSettings, env: Environment, n
     write_timings(node, timings)
     energies = Mp2Energies(result.e_os, result.e_ss)
     mp2_section(energies, result.e_scf, settings).write(node)
+    if not np.all(np.isfinite(result.gradient)):
+        raise RunFailure(f"the {settings.method} gradient overflowed to non-finite numbers; "
+                         "give --scs-os/--scs-ss values of an ordinary size")
     write_gradient(node, GradientSection(settings.method, result.e_tot, *result.scales,
                                          result.jk_builds,
-                                         tensors="scratch" if result.out_of_core else "memory"),
+                                         tensors="scratch" if result.out_of_core else "memory",
+                                         response_solver=result.response.solver,
+                                         response_iterations=result.response.iterations,
+                                         response_residual=result.response.residual),
                    result.gradient)
     return result
 
@@ -327,19 +345,35 @@ def gradient_stage(calc: Calculation, settings: RunSettings, env: Environment, n
 def mp2_section(energies: Mp2Energies, e_scf: float, settings: RunSettings) -> Mp2Section:
     """MP2, SCS-MP2 (with its scale factors) and SOS-MP2 (1.3 E_OS)."""
     e_scs = energies.e_scs(settings.scs_os, settings.scs_ss)
-    return Mp2Section(energies.e_corr, energies.e_os, energies.e_ss, e_scs, energies.e_sos(),
-                      e_scf + energies.e_corr, e_scf + e_scs, e_scf + energies.e_sos(),
-                      settings.scs_os, settings.scs_ss, SOS_OS_DEFAULT, **energies.components)
+    return finite(Mp2Section(energies.e_corr, energies.e_os, energies.e_ss, e_scs,
+                             energies.e_sos(), e_scf + energies.e_corr, e_scf + e_scs,
+                             e_scf + energies.e_sos(), settings.scs_os, settings.scs_ss,
+                             SOS_OS_DEFAULT, **energies.components),
+                  "--scs-os/--scs-ss")
+
+
+def finite(section, scales: str):
+    """``section`` when every number in it is finite. Finite options can still overflow in a
+    product (``--scs-os 1.7e308``), and neither the record nor ``--json`` can hold the
+    result, so it is a failure that names the options to blame."""
+    bad = [name for name, value in dataclasses.asdict(section).items()
+           if isinstance(value, float) and not math.isfinite(value)]
+    if bad:
+        raise RunFailure(f"{', '.join(bad)} overflowed to a non-finite number; give {scales} "
+                         "values of an ordinary size")
+    return section
 
 
 def double_hybrid_section(calc: Calculation, scf_result: ScfResult,
                           energies: Mp2Energies) -> DoubleHybridSection:
     functional, scf = calc.functional, scf_result.section
-    return DoubleHybridSection(functional.name, functional.xc, functional.os_scale,
-                               functional.ss_scale, functional.source, scf.grid_level,
-                               scf.grid_points, scf.e_tot,
-                               functional.pt2(energies.e_os, energies.e_ss),
-                               functional.total(scf.e_tot, energies.e_os, energies.e_ss))
+    return finite(DoubleHybridSection(functional.name, functional.xc, functional.os_scale,
+                                      functional.ss_scale, functional.source, scf.grid_level,
+                                      scf.grid_points, scf.e_tot,
+                                      functional.pt2(energies.e_os, energies.e_ss),
+                                      functional.total(scf.e_tot, energies.e_os,
+                                                       energies.e_ss)),
+                  "--mp2-os/--mp2-ss")
 
 
 def run_check(calc: Calculation, outcome: CalculationOutcome, precision: str,
@@ -389,6 +423,12 @@ class RecordSession:
     def __enter__(self) -> "RecordSession":
         if self.lock is not None:
             self.lock.acquire()
+            try:
+                refuse_links_named_after(self.path, [self.path.parent, self.env.scratch_dir],
+                                         "choose another -o or --scratch")
+            except BaseException:
+                self.lock.release()
+                raise
         return self
 
     def __exit__(self, *exc) -> None:

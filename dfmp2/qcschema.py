@@ -47,6 +47,9 @@ RECORD_FILE = "record.h5.base64"
 # QCEngine's memory (GiB) bounds the whole process; this share of it is the run's budget.
 MEMORY_SHARE = 0.8
 BYTES_PER_GIB = 1024**3
+# ``dfmp2 run --qcschema`` prints the version that ``qcelemental.models.AtomicResult`` (v1 in
+# qcelemental 0.50 and later) reads, and that QCEngine returns for a dict or v1 input.
+DEFAULT_PRINTED_VERSION = 1
 
 
 def molecule_geometry(molecule: Molecule) -> tuple[Geometry, frozenset[int]]:
@@ -195,6 +198,11 @@ def atomic_result(atomic_input: AtomicInput, record: Node, path: Path,
         provenance=Provenance(creator="dfmp2", version=dfmp2.__version__,
                               routine="dfmp2.pipeline.run"),
         extras={"dfmp2": summary}, success=True)
+
+
+def serialized(result: AtomicResult, version: int) -> str:
+    """``result`` as QCSchema JSON of ``version`` (1 or 2)."""
+    return (result if version == 2 else result.convert_v(version)).serialize("json")
 
 
 def _sizes(record: Node) -> dict[str, int]:

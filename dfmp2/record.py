@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import errno
 import io
 import json
 import os
@@ -28,6 +27,7 @@ import h5py
 import numpy as np
 
 from dfmp2.errors import InputError, RunFailure
+from dfmp2.safe_files import FILE, disk_reason, existing_kind
 
 SCHEMA = "dfmp2.run/1"
 BENCH_SCHEMA = "dfmp2.bench/1"
@@ -68,7 +68,20 @@ def _attr_value(value: Any) -> Any:
         return "none"
     if isinstance(value, (np.floating, np.integer, np.bool_)):
         return value.item()
+    if isinstance(value, str):
+        return _exact_text(value)
     return value
+
+
+def _exact_text(text: str) -> str | bytes:
+    """``text`` as HDF5 can store it. A file name that is not valid UTF-8 reaches us with its
+    odd bytes as surrogate escapes, which no UTF-8 string attribute holds: such text is kept
+    as its exact bytes (h5py reads them back as the same str)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+    return text
 
 
 def _write_node(group: h5py.Group, node: Node) -> None:
@@ -99,6 +112,8 @@ def write_record(path: str | Path, root: Node) -> Path:
     image = record_image(root)
     tmp_name = None
     try:
+        # mkstemp opens a fresh name with O_EXCL | O_NOFOLLOW and the rename replaces a link
+        # at ``path`` rather than writing through it.
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as handle:
             handle.write(image)
@@ -115,9 +130,7 @@ def write_record(path: str | Path, root: Node) -> Path:
 
 
 def _reason(exc: OSError) -> str:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        return f"{os.strerror(exc.errno)}; free some space or choose another folder"
-    return exc.strerror or str(exc) or type(exc).__name__
+    return disk_reason(exc, "free some space or choose another folder")
 
 
 def _remove_quietly(name: str | None) -> None:
@@ -136,8 +149,9 @@ def stale_temporaries(path: Path) -> list[Path]:
 def _read_node(group: h5py.Group) -> Node:
     node = Node()
     for key, value in group.attrs.items():
-        node.attrs[key] = value.decode() if isinstance(value, bytes) else (
-            value.item() if isinstance(value, np.generic) else value)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "surrogateescape")
+        node.attrs[key] = value.item() if isinstance(value, np.generic) else value
     for key, item in group.items():
         if isinstance(item, h5py.Group):
             node.groups[key] = _read_node(item)
@@ -149,8 +163,12 @@ def _read_node(group: h5py.Group) -> Node:
 def read_record(path: str | Path) -> Node:
     """Read a record; anything that is not one is an InputError naming the file."""
     path = Path(path)
-    if not path.exists():
+    kind = existing_kind(path, follow_links=True)
+    if kind is None:
         raise InputError(f"{path}: no such record")
+    # Opening a FIFO would wait forever for a writer.
+    if kind != FILE:
+        raise InputError(f"{path} is {kind}, not a run record file")
     try:
         with h5py.File(path, "r") as h5:
             root = _read_node(h5)
@@ -377,6 +395,11 @@ class ScfSection(Section):
     """The Kohn-Sham exchange-correlation mix (empty for Hartree-Fock)."""
     grid_level: int = -1
     grid_points: int = 0
+    stability: str = "not checked"
+    """Internal stability of the converged reference: ``stable``, ``unstable`` or ``not
+    checked`` (closed shells unless asked, unconverged SCFs, older records)."""
+    stability_eigenvalue: float = float("nan")
+    """The lowest orbital-Hessian eigenvalue (PySCF's normalisation); NaN when not checked."""
 
 
 @dataclass(frozen=True)
@@ -511,6 +534,11 @@ class GradientSection(Section):
     response_jk_builds: int
     units: str = "Eh/Bohr"
     tensors: str = "memory"
+    response_solver: str = ""
+    """How the Z-vector was solved (``minres`` or ``dense``; empty in older records)."""
+    response_iterations: int = -1
+    response_residual: float = float("nan")
+    """||A z - L|| of the Z-vector solution."""
 
 
 def write_gradient(node: Node, section: GradientSection, gradient: np.ndarray) -> None:

@@ -12,6 +12,10 @@ import os
 from pathlib import Path
 
 from dfmp2.errors import InputError, RunFailure
+from dfmp2.safe_files import disk_reason, open_lock_file
+
+REMEDY = "choose another -o"
+SPACE_REMEDY = "free some space or choose another -o"
 
 
 class RecordInUse(InputError):
@@ -40,10 +44,10 @@ class RecordLock:
         # path still names the file we locked; otherwise we lock the new one.
         while True:
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = open_lock_file(self.path, REMEDY)
             except OSError as exc:
                 raise RunFailure(f"cannot create the lock file {self.path}: "
-                                 f"{exc.strerror or exc}") from None
+                                 f"{disk_reason(exc, SPACE_REMEDY)}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -59,8 +63,15 @@ class RecordLock:
             if same:
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:
+            # Nobody else may use a lock we hold, so removing it here races no one.
+            self.path.unlink(missing_ok=True)
+            os.close(fd)
+            raise RunFailure(f"cannot write the lock file {self.path}: "
+                             f"{disk_reason(exc, SPACE_REMEDY)}") from None
         self._fd = fd
 
     def release(self) -> None:

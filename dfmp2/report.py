@@ -65,8 +65,13 @@ def summary(root: Node) -> str:
                          f"{ledger.estimate.get('overlapped_seconds', float('nan')):.3e} s")
     if error(root):
         lines.append(f"  error    {error(root)}")
+    scf = ScfSection.read(root)
+    if scf is not None and scf.stability == "unstable":
+        lines.append(f"  Warning: the {scf.reference.upper()} reference is internally unstable "
+                     f"(lowest orbital-Hessian eigenvalue {scf.stability_eigenvalue:.4g}); a "
+                     "lower SCF solution exists and MP2 on this one is questionable")
     lines.append("")
-    for label, value in _energy_rows(ScfSection.read(root), Mp2Section.read(root),
+    for label, value in _energy_rows(scf, Mp2Section.read(root),
                                      double_hybrid):
         lines.append(f"  {label:<10} {value:20.10f} Eh")
     check = CheckSection.read(root)
@@ -119,7 +124,10 @@ def json_summary(root: Node, path: str) -> dict:
                "e_ss": energies.e_ss, "e_scs": energies.e_scs, "e_sos": energies.e_sos,
                "e_tot": energies.e_tot, "record": path, "status": status(root),
                "backend": ledger.backend, "precision": ledger.precision,
-               "fallbacks": ledger.fallbacks}
+               "fallbacks": ledger.fallbacks, "stability": scf.stability,
+               # JSON has no NaN: an unchecked reference has no eigenvalue.
+               "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
+                                        else scf.stability_eigenvalue)}
     double_hybrid = DoubleHybridSection.read(root)
     if double_hybrid is not None:
         for key in ("e_scs", "e_sos"):

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 from pyscf import df, dft, gto, lib, scf
+from pyscf.lib.diis import INCORE_SIZE as DIIS_INCORE_SIZE
+from pyscf.soscf import newton_ah
 
 from dfmp2.b_store import ScratchArea
 from dfmp2.blas_threads import torch_owns_the_cores
@@ -44,6 +46,13 @@ SCF_SQUARE_MATRICES = {"rhf": 10, "uhf": 16}
 BYTES_PER_MB = 10**6
 # PySCF keeps its JK-fit tensor in memory when it takes less than this share of max_memory.
 JK_IN_MEMORY_SHARE = 0.9
+# PySCF's own line between stable and unstable (pyscf.scf.stability): an orbital-Hessian
+# eigenvalue below it means a lower SCF solution exists.
+UNSTABLE_BELOW = -1e-5
+# Davidson's eigenvalue convergence and its start vectors (rotations of the lowest diagonal
+# Hessian elements): several, so that every symmetry of a symmetric molecule is reached.
+STABILITY_TOL = 1e-6
+STABILITY_START_VECTORS = 6
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ class ScfOptions:
     """Keep the JK-fit tensor after the SCF (the gradient's orbital response needs it)."""
     initial_density: np.ndarray | None = None
     """Start from this density instead of PySCF's guess (an optimisation's previous step)."""
+    stability: bool = False
+    """Check a closed-shell reference's internal stability too (open shells always are)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
     unless the SCF is ``conventional``, at our thresholds, within the budget, with J/K from
     ``options.engine`` (its precision schedule only when ``converging``)."""
     mf = _reference_object(calc)
+    _drop_chkfile(mf)
     if calc.scf_method == "df":
         mf = mf.density_fit(auxbasis=calc.jk_spec())
     mf.conv_tol = CONV_TOL
@@ -115,6 +127,12 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
     if options.budget is not None:
         # PySCF's max_memory bounds the whole process; ours bounds what the calculation adds.
         mf.max_memory = lib.current_memory()[0] + options.budget / BYTES_PER_MB
+    spins = 2 if calc.reference == "uhf" else 1
+    if options.scratch is not None and spins * calc.mol.nao_nr() ** 2 >= DIIS_INCORE_SIZE:
+        # Vectors this large PySCF's DIIS keeps in a file, by default an anonymous one in its
+        # TMPDIR that a killed run leaves behind; named after the record, a resumed run's
+        # ScratchArea.remove_leftovers finds it.
+        mf.diis_file = str(options.scratch.reserve(options.scratch.named("diis")))
     if calc.scf_method != "df":
         return mf
     if options.engine == "kernels":
@@ -127,8 +145,20 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
             and nbytes >= JK_IN_MEMORY_SHARE * options.budget):
         jk_file = options.scratch.jk_path()
         check_space(jk_file.parent, nbytes, "the SCF's JK-fit tensor")
+        options.scratch.reserve(jk_file)
         mf.with_df._cderi_to_save = str(jk_file)
     return mf
+
+
+def _drop_chkfile(mf: scf.hf.SCF) -> None:
+    """Delete the checkpoint file PySCF opened in its TMPDIR when ``mf`` was made, and turn
+    checkpointing off: the run record is our checkpoint, and a killed run would leave the
+    file behind."""
+    handle = getattr(mf, "_chkfile", None)
+    if handle is not None:
+        handle.close()
+        mf._chkfile = None
+    mf.chkfile = None
 
 
 def _reference_object(calc: Calculation) -> scf.hf.SCF:
@@ -172,9 +202,11 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
         cycles = int(envs.get("cycle", cycles)) + 1
 
     mf.callback = count_cycle
-    blas = torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext()
+    def blas():
+        return torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext()
+
     try:
-        with blas:
+        with blas():
             e_tot = mf.kernel(dm0=options.initial_density)
     except MemoryError:
         release_integrals(mf)
@@ -188,18 +220,55 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     except BaseException:
         release_integrals(mf)
         raise
+    finally:
+        if isinstance(mf.diis_file, str):
+            Path(mf.diis_file).unlink(missing_ok=True)
     log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", calc.reference_name,
              calc.scf_method, e_tot, cycles, mf.converged)
+    stability, eigenvalue = "not checked", float("nan")
+    if mf.converged and (calc.reference == "uhf" or options.stability):
+        with blas():
+            eigenvalue = lowest_hessian_eigenvalue(mf)
+        stability = "stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"
+        if stability == "unstable":
+            log.warning("the %s reference is internally unstable (lowest orbital-Hessian "
+                        "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one "
+                        "is questionable", calc.reference_name.upper(), eigenvalue,
+                        calc.reference_name.upper())
     with_df = getattr(mf, "with_df", None)
     engine = scf_engine_section(with_df) if isinstance(with_df, KernelDF) else None
     section = ScfSection(float(e_tot), bool(mf.converged), cycles, calc.scf_method,
                          calc.reference_name, calc.jk_name(), engine_name(calc, options),
-                         *grid_facts(mf))
+                         *grid_facts(mf), stability=stability, stability_eigenvalue=eigenvalue)
     orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
                               np.asarray(mf.mo_coeff))
     if not options.keep_integrals:
         release_integrals(mf)
     return ScfResult(section, orbitals, mf, engine)
+
+
+def lowest_hessian_eigenvalue(mf: scf.hf.SCF) -> float:
+    """The lowest eigenvalue of the converged ``mf``'s orbital Hessian for real internal
+    rotations, in PySCF's normalisation (pyscf.scf.stability's rhf_internal, uhf_internal):
+    PySCF's Hessian operator, by Davidson."""
+    unrestricted = np.asarray(mf.mo_coeff).ndim == 3
+    generate = newton_ah.gen_g_hop_uhf if unrestricted else newton_ah.gen_g_hop_rhf
+    _, hop, hdiag = generate(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
+    hdiag = 2.0 * hdiag
+
+    def precondition(dx: np.ndarray, e: float, _x0: np.ndarray) -> np.ndarray:
+        shifted = hdiag - e
+        shifted[np.abs(shifted) < 1e-8] = 1e-8
+        return dx / shifted
+
+    starts = []
+    for index in np.argsort(hdiag)[:STABILITY_START_VECTORS]:
+        start = np.zeros_like(hdiag)
+        start[index] = 1.0
+        starts.append(start)
+    eigenvalue, _ = lib.davidson(lambda x: 2.0 * hop(x).real, starts, precondition,
+                                 tol=STABILITY_TOL, nroots=1, verbose=0)
+    return float(eigenvalue)
 
 
 def engine_name(calc: Calculation, options: ScfOptions) -> str:

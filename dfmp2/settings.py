@@ -40,6 +40,8 @@ class RunSettings:
     mp2_ss: float | None = None
     grid: int | None = None
     allow_unconverged: bool = False
+    stability: bool = False
+    """Check a closed-shell reference's internal stability (open shells always are)."""
     check: bool = False
     output: Path | None = None
     threads: int | None = None

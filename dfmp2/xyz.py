@@ -25,6 +25,9 @@ KNOWN_SYMBOLS = {symbol.upper(): symbol for symbol in elements.ELEMENTS[1:]}
 COMMENT_FIELD = re.compile(r"\b(charge|multiplicity|units?)\s*=\s*([^\s,;]*)", re.IGNORECASE)
 ANGSTROM_PER_UNIT = {"angstrom": 1.0, "bohr": param.BOHR}
 UTF8_BOM = b"\xef\xbb\xbf"
+# About 250,000 atoms at 60 bytes a line: far beyond what an MP2 run can hold, and a bound on
+# what is read from a device or pipe given as the molecule (``/dev/zero`` never ends).
+MAX_XYZ_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,17 @@ class Geometry:
 def read_xyz(path: str | Path) -> Geometry:
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_XYZ_BYTES + 1)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InputError(f"{path} is a directory, not an XYZ file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if len(raw) > MAX_XYZ_BYTES:
+        raise InputError(f"{path} is larger than {MAX_XYZ_BYTES // 2**20} MiB, far more than "
+                         "the XYZ file of a molecule dfmp2 can compute; check the file name")
     return parse_xyz(decode_xyz(raw, str(path)), source=str(path))
 
 

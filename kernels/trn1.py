@@ -6,9 +6,11 @@ The single source of these numbers for three readers: the kernel sources under
 (``kernels/nki/interpreter/``). Plain Python ints, no ``nki`` import, so every reader can
 import it whether or not NKI is installed.
 
-Hardware facts are from shared/nki/REFERENCE.md, the project's digest of the NKI 0.3.0
-documents (sections "Capacity" and "Instructions"); the budgets below them are our choices,
-sized so that the kernels fit those capacities.
+Hardware facts are from the public NKI 0.3.0 documentation (Neuron SDK 2.29: the
+Trainium/Inferentia2 architecture guide for NKI and the ``nki.isa`` / ``nki.language`` API
+reference), as stated with their sources under "Capacity" and "Instructions" in the section
+"The NKI 0.3.0 facts the kernels and the interpreter rely on" of docs/kernels.md; the budgets
+below them are our choices, sized so that the kernels fit those capacities.
 """
 from __future__ import annotations
 

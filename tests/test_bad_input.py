@@ -180,3 +180,55 @@ def test_verbosity_is_accepted_on_every_subcommand(run_cli, tmp_path, caplog):
     assert any(r.levelno == logging.INFO for r in caplog.records)
     for command in (("show", record, "-v"), ("compare", record, "-vv")):
         assert run_cli(*command).code == 0
+
+
+@pytest.mark.parametrize("variable,value,fragment", [
+    ("DFMP2_DIST_TIMEOUT", "30s", "DFMP2_DIST_TIMEOUT='30s' is not a whole number"),
+    ("DFMP2_DIST_TIMEOUT", "0", "must be at least 1"),
+    ("SLURM_NTASKS", "two", "SLURM_NTASKS='two'"),
+])
+def test_junk_in_the_environment_is_one_error_line(variable, value, fragment, run_cli,
+                                                   tmp_path, monkeypatch):
+    monkeypatch.setenv(variable, value)
+    result = run_cli("run", molecule_path("water"), "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, fragment)
+    assert fragment in result.err
+    assert not (tmp_path / "w.h5").exists()
+
+
+def test_memory_beyond_64_bits_is_one_error_line(run_cli, tmp_path):
+    result = run_cli("run", molecule_path("water"), "--memory", "1000000000000000000000GB",
+                     "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, "more than any machine")
+    assert "more than any machine" in result.err
+
+
+def test_an_endless_device_as_molecule_is_refused_without_reading_it_all(run_cli, tmp_path):
+    result = run_cli("run", "/dev/zero", "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, "larger than 16 MiB")
+    assert "larger than 16 MiB" in result.err
+
+
+@pytest.mark.parametrize("args", [["--scs-os", "1.7e308"], ["--scs-ss", "-1e3"],
+                                  ["--xc", "0.53*HF + 0.47*B88, 0.73*LYP", "--mp2-os",
+                                   "1.7e308", "--mp2-ss", "0.27"]])
+def test_scale_factors_of_no_ordinary_size_are_refused(args, run_cli, tmp_path):
+    result = run_cli("run", molecule_path("water"), *args, "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, "is not a scale factor")
+    assert "is not a scale factor" in result.err
+
+
+def test_energies_that_overflow_are_a_failure_not_infinity():
+    """The results are checked too: a product that overflows fails with the options named,
+    before it reaches the record or --json."""
+    from pathlib import Path
+
+    from dfmp2.energy import SCS_SS_DEFAULT, Mp2Energies
+    from dfmp2.errors import RunFailure
+    from dfmp2.pipeline import mp2_section
+    from dfmp2.settings import RunSettings
+    settings = RunSettings(molecule=Path("x.xyz"), scs_os=100.0)
+    assert mp2_section(Mp2Energies(-1.0, -0.5), -76.0, settings).e_scs == pytest.approx(
+        -100.0 - 0.5 * SCS_SS_DEFAULT)
+    with pytest.raises(RunFailure, match="e_scs, e_tot_scs overflowed"):
+        mp2_section(Mp2Energies(-1e307, -0.5), -76.0, settings)

@@ -2,10 +2,15 @@
 record that claims success."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
@@ -52,6 +57,11 @@ CASES = [
                                           "--auxbasis", "cc-pvdz-ri"], 2, "auxiliary basis"),
     ("memory too small", ["run", "water.xyz", "--memory", "1kB"], 2, "at least"),
     ("memory unreadable", ["run", "water.xyz", "--memory", "plenty"], 2, "memory size"),
+    ("memory beyond 64 bits", ["run", "water.xyz", "--memory", "1000000000000000000000GB"], 2,
+     "more than any machine"),
+    ("an endless device as molecule", ["run", "/dev/zero"], 2, "larger than 16 MiB"),
+    ("scale factor that would overflow", ["run", "water.xyz", "--scs-os", "1.7e308"], 2,
+     "is not a scale factor"),
     ("negative spin", ["run", "water.xyz", "--spin", "-2"], 2, "non-negative"),
     ("frozen beyond occupied", ["run", "water.xyz", "--frozen", "9"], 2, "cannot freeze"),
     ("zero threads", ["run", "water.xyz", "--threads", "0"], 2, "threads"),
@@ -75,17 +85,46 @@ CASES = [
 ]
 
 
+# (case, Slurm array variables for `dfmp2 batch water.xyz`, fragment of the message): arrays
+# whose tasks cannot be mapped onto shards, and junk values
+SLURM_ARRAY_CASES = [
+    ("irregular array list", {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3",
+                              "SLURM_ARRAY_TASK_MIN": "3", "SLURM_ARRAY_TASK_MAX": "9",
+                              "SLURM_ARRAY_TASK_STEP": "1"},
+     "Slurm array task 7 is not at a regular position of the array"),
+    ("array task beyond the array", {"SLURM_ARRAY_TASK_ID": "20", "SLURM_ARRAY_TASK_COUNT": "4",
+                                     "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "15",
+                                     "SLURM_ARRAY_TASK_STEP": "5"},
+     "Slurm array task 20 is not at a regular position of the array"),
+    ("array task id junk", {"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "4"},
+     "SLURM_ARRAY_TASK_ID='x' is not a whole number"),
+    ("array step junk", {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4",
+                         "SLURM_ARRAY_TASK_STEP": "five"},
+     "SLURM_ARRAY_TASK_STEP='five' is not a whole number"),
+    ("array task without a count", {"SLURM_ARRAY_TASK_ID": "1"},
+     "SLURM_ARRAY_TASK_COUNT is not"),
+]
+SLURM_ARRAY_VARIABLES = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
+                         "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP")
+
+
 @pytest.fixture
 def corpus(tmp_path, monkeypatch):
     work = tmp_path / "corpus"
     shutil.copytree(HOSTILE, work)
     monkeypatch.chdir(work)
+    # Run under a Slurm array job, the batch cases would be sharded by the job's own array.
+    for name in SLURM_ARRAY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     return work
 
 
 def _records_claiming_success(folder: Path) -> list[Path]:
     claims = []
     for path in folder.rglob("*.h5"):
+        # Opening a FIFO would wait forever; a link is not a record dfmp2 wrote.
+        if path.is_symlink() or not path.is_file():
+            continue
         try:
             with h5py.File(path, "r") as h5:
                 if h5.attrs.get("status") == "complete":
@@ -108,3 +147,103 @@ def test_hostile_input(case, args, status, fragment, corpus, run_cli):
     assert "Traceback" not in result.err
     assert fragment in lines[0], (case, lines[0])
     assert not _records_claiming_success(corpus), case
+
+
+@pytest.mark.parametrize("case,environ,fragment", SLURM_ARRAY_CASES,
+                         ids=[c[0] for c in SLURM_ARRAY_CASES])
+def test_hostile_slurm_array(case, environ, fragment, corpus, run_cli, monkeypatch):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    result = run_cli("batch", "water.xyz", "--out", "batch", "--backend", "torch")
+    assert result.code == 2, (case, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), (case, result.err)
+    assert fragment in lines[0] and lines[0].endswith("--shard K/N"), (case, lines[0])
+    assert not (corpus / "batch").exists(), case
+
+
+def _link(target: str, name: str):
+    return lambda: os.symlink(target, name)
+
+
+def _fifo(name: str):
+    return lambda: os.mkfifo(name)
+
+
+def _copy(source: str, name: str):
+    return lambda: shutil.copy(source, name)
+
+
+NOT_UTF8 = os.fsdecode(b"caf\xe9")
+LONG_MOLECULE = "m" * 240 + ".xyz"
+OUT_OF_CORE = ["--scf", "conventional", "--memory", "100KB"]
+
+# (case, what to make in the corpus at test time, arguments after `dfmp2`, expected exit
+# status, fragment of the message): links, FIFOs and names a copied corpus cannot hold.
+FILE_CASES = [
+    ("record path is a link", _link("notes.h5", "linked.h5"),
+     ["run", "water.xyz", "-o", "linked.h5"], 2, "linked.h5 is a symbolic link"),
+    ("lock file is a link", _link("notes.h5", ".out.h5.lock"),
+     ["run", "water.xyz", "-o", "out.h5"], 2, ".out.h5.lock is a symbolic link"),
+    ("scratch file is a link", _link("notes.h5", ".out.h5.run.b0.bin"),
+     ["run", "water.xyz", *OUT_OF_CORE, "-o", "out.h5"], 2, "b0.bin is a symbolic link"),
+    ("FIFO at -o", _fifo("fifo.h5"), ["run", "water.xyz", "-o", "fifo.h5"], 2,
+     "is a FIFO (named pipe), not a regular file"),
+    ("FIFO given to show", _fifo("fifo.h5"), ["show", "fifo.h5"], 2, "is a FIFO"),
+    ("FIFO given to compare", _fifo("fifo.h5"), ["compare", "fifo.h5"], 2, "is a FIFO"),
+    ("record name of 250 bytes", None, ["run", "water.xyz", "-o", "r" * 247 + ".h5"], 2,
+     "is too long by"),
+    ("record name of 300 bytes", None, ["run", "water.xyz", "-o", "r" * 297 + ".h5"], 2,
+     "is 300 bytes, longer than"),
+    ("long molecule name, default -o", _copy("water.xyz", LONG_MOLECULE),
+     ["run", LONG_MOLECULE], 2, "is too long by"),
+    ("junk molecule with a non-UTF-8 name", _copy("binary_junk.xyz", NOT_UTF8 + ".xyz"),
+     ["run", NOT_UTF8 + ".xyz", "-o", NOT_UTF8 + ".h5"], 2, "not"),
+    ("non-UTF-8 non-record given to show", _copy("notes.h5", NOT_UTF8 + ".h5"),
+     ["show", NOT_UTF8 + ".h5"], 2, "not a readable HDF5 run record"),
+]
+
+
+def _plain_files(folder: Path) -> dict[Path, bytes]:
+    return {path: path.read_bytes() for path in folder.rglob("*")
+            if path.is_file() and not path.is_symlink()}
+
+
+@pytest.mark.parametrize("case,make,args,status,fragment", FILE_CASES,
+                         ids=[c[0] for c in FILE_CASES])
+def test_hostile_file(case, make, args, status, fragment, corpus):
+    """In its own process, as a user meets it: real standard streams, and a run that would
+    wait on a FIFO forever is stopped."""
+    if make is not None:
+        make()
+    before = _plain_files(corpus)
+    extra = ["--backend", "torch"] if args[0] == "run" else []
+    env = {**os.environ, "PYTHONPATH": str(HOSTILE.parents[1])}
+    try:
+        result = subprocess.run([sys.executable, "-m", "dfmp2", *args, *extra], cwd=corpus,
+                                env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{case}: dfmp2 hung")
+    assert result.returncode == status, (case, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), (case, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert fragment in lines[0], (case, lines[0])
+    assert _plain_files(corpus) == before, case
+
+
+def test_unstable_uhf_gradient_is_converged_and_flagged(corpus, run_cli, caplog):
+    """NO2 with one bond stretched: an internally unstable UHF, on which PySCF's iterative
+    response solver used to stop with a residual of 1e-3 and a gradient 6e-4 Eh/Bohr off.
+    The gradient must come with a converged response (residual recorded) and the warning."""
+    result = run_cli("gradient", "no2_unstable.xyz", "--basis", "6-31g", "--json",
+                     "-o", "no2.h5")
+    assert result.code == 0, result.err
+    assert "internally unstable" in caplog.text
+    summary = json.loads(result.out)
+    assert summary["stability"] == "unstable" and summary["stability_eigenvalue"] < -1e-3
+    with h5py.File(corpus / "no2.h5", "r") as record:
+        gradient = record["gradient"]
+        assert gradient.attrs["response_residual"] <= 1e-9
+        assert record["scf"].attrs["stability"] == "unstable"
+        assert abs(np.asarray(gradient["gradient"]).sum(axis=0)).max() < 1e-6

@@ -142,7 +142,7 @@ def test_bad_inputs_are_input_errors(spec, message):
 
 def test_run_qcschema_prints_the_harness_result(run_cli, tmp_path):
     printed = run_cli("run", water_xyz(tmp_path), "--xc", "pbe0-dh", "--frozen-core",
-                      "--qcschema", "-o", tmp_path / "w.h5")
+                      "--qcschema", "--qcschema-version", "2", "-o", tmp_path / "w.h5")
     assert printed.code == 0, printed.err
     document = json.loads(printed.out)
     assert document["schema_name"] == "qcschema_atomic_result" and document["success"]
@@ -157,3 +157,22 @@ def test_run_qcschema_prints_the_harness_result(run_cli, tmp_path):
         assert document["properties"][key] == pytest.approx(getattr(harness.properties, key),
                                                             abs=1e-10)
     assert run_cli("run", molecule_path("water"), "--json", "--qcschema").code == 2
+
+
+def test_run_qcschema_prints_version_1_by_default_as_the_harness_returns(run_cli, tmp_path):
+    """``qcelemental.models.AtomicResult`` (v1) reads what ``--qcschema`` prints, and QCEngine
+    given the same input as a dict returns the same version with the same numbers."""
+    from qcelemental.models import AtomicResult
+    printed = run_cli("run", water_xyz(tmp_path), "--frozen-core", "--qcschema",
+                      "-o", tmp_path / "w.h5")
+    assert printed.code == 0, printed.err
+    result = AtomicResult(**json.loads(printed.out))
+    assert result.schema_version == 1 and result.success
+    harness = qcengine.compute({"molecule": water_molecule(), "driver": "energy",
+                                "model": {"method": "mp2", "basis": "cc-pvdz"},
+                                "keywords": {"frozen_core": True}}, "dfmp2")
+    assert harness.success and harness.schema_version == 1
+    assert result.return_result == pytest.approx(harness.return_result, abs=1e-9)
+    assert result.properties.mp2_correlation_energy == pytest.approx(
+        harness.properties.mp2_correlation_energy, abs=1e-9)
+    assert run_cli("run", water_xyz(tmp_path), "--qcschema-version", "2").code == 2

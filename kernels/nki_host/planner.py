@@ -28,7 +28,8 @@ GEMM_MAX_M = 512
 GEMM_MAX_K = 8192
 
 # Unrolled instructions of one launch: the Neuron runtime refuses kernels with too many inner
-# instructions (REFERENCE.md), so the host splits work beyond these into more launches.
+# instructions (docs/kernels.md, "Programming model" facts), so the host splits work beyond
+# these into more launches.
 TRSM_MAX_INSTRUCTIONS = 8192
 ENERGY_MAX_INSTRUCTIONS = 8192
 

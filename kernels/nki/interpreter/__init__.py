@@ -1,4 +1,7 @@
-"""A strict CPU interpreter of the NKI 0.3.0 subset described in shared/nki/REFERENCE.md.
+"""A strict CPU interpreter of a subset of NKI 0.3.0 (the public Neuron SDK 2.29 documentation).
+
+The facts it relies on, each with its public source, are in the section "The NKI 0.3.0 facts
+the kernels and the interpreter rely on" of docs/kernels.md.
 
 ``install()`` makes ``import nki`` / ``nki.language`` / ``nki.isa`` resolve to stand-ins when
 the real ``nki`` package cannot be imported, ``uninstall()`` undoes that and ``installed()``

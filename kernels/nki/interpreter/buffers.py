@@ -22,7 +22,7 @@ sbuf = Buffer("sbuf", on_chip=True)
 psum = Buffer("psum", on_chip=True)
 shared_hbm = Buffer("shared_hbm", on_chip=False)
 private_hbm = Buffer("private_hbm", on_chip=False)
-hbm = private_hbm  # REFERENCE.md: nl.hbm is nl.private_hbm
+hbm = private_hbm  # the nki.language API reference: nl.hbm is nl.private_hbm
 
 
 def check_buffer(buffer: object, shape: object = None) -> Buffer:

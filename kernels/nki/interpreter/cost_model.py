@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 # the same clock is assumed for the Tensor, Vector, Scalar and GpSimd engines).
 CLOCK_HZ = 1.4e9
 
-# Tensor Engine peak per NeuronCore on trn1 (REFERENCE.md, from the Neuron docs):
+# Tensor Engine peak per NeuronCore on trn1 (docs/kernels.md, "Capacity" facts):
 # about 23 TFLOPS in fp32 and about 92 TFLOPS in bf16 / fp16 / tf32 (fp8 assumed the same);
 # an instruction runs at the fp32 rate only when its inputs are float32.
 TENSOR_FP32_FLOPS = 23e12
@@ -32,9 +32,10 @@ INSTRUCTION_OVERHEAD_CYCLES = 64
 # all partitions in parallel (nki.isa cost notes: "N elements per partition" -> ~N cycles).
 ELEMENTS_PER_LANE_PER_CYCLE = 1.0
 
-# HBM bandwidth: about 820 GB/s per trn1 chip (REFERENCE.md); a chip has 2 NeuronCores and we
-# assume each core gets half. DMA is charged by bandwidth only: per-transfer latency is assumed
-# hidden by the 16 DMA queues working in parallel (an optimistic assumption).
+# HBM bandwidth: about 820 GB/s per trn1 chip (docs/kernels.md, "Capacity" facts); a chip has
+# 2 NeuronCores and we assume each core gets half. DMA is charged by bandwidth only:
+# per-transfer latency is assumed hidden by the 16 DMA queues working in parallel (an
+# optimistic assumption).
 HBM_BYTES_PER_SECOND_PER_CHIP = 820e9
 NEURONCORES_PER_CHIP = 2
 HBM_BYTES_PER_SECOND_PER_CORE = HBM_BYTES_PER_SECOND_PER_CHIP / NEURONCORES_PER_CHIP

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class NKIRuleError(Exception):
-    """A kernel broke a rule of the NKI 0.3.0 subset (see shared/nki/REFERENCE.md).
+    """A kernel broke a rule of the NKI 0.3.0 subset (see the rule table in docs/kernels.md).
 
     The message always starts with the rule id in brackets, e.g. ``[partition-limit]``,
     followed by a description naming the offending shape(s).

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from .errors import NKIRuleError
 
-# Options removed or deprecated in NKI 0.3.0 (REFERENCE.md: do not pass them).
+# Options removed or deprecated in NKI 0.3.0 (the NKI 0.3.0 update guide: do not pass them).
 _REJECTED_OPTIONS = ("mode", "platform_target")
 
 

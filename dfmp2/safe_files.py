@@ -1,0 +1,158 @@
+"""Files dfmp2 creates beside a record or in scratch: never through a symbolic link, never
+onto something that is not a plain file, and with names the folder can hold.
+
+Every name dfmp2 derives from a record (its lock, temporary, probe and scratch files) sits in a
+folder other people may write to, so a link planted at one of those names must not redirect
+our writes into the file it points to: new files are created with ``O_EXCL | O_NOFOLLOW``, and
+a link found at one of our names is refused rather than removed (dfmp2 never creates links,
+so one there was put there on purpose, by someone who should hear about it).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from dfmp2.errors import InputError
+
+# The longest names dfmp2 derives from a record named NAME ("{}" below): the writability
+# probe, the raw B of an interaction's calculation and of a gradient in scratch, and a
+# complete record set aside (its creation time is 19 digits, then a counter).
+DERIVED_NAMES = (".{}.XXXXXXXX.probe", ".{}.monomer_a_cp.b0.raw.bin",
+                 ".{}.run.gradient.b0.raw.bin", "{}.superseded-YYYYMMDDTHHMMSSHHMM-NN")
+ADDED_BYTES = max(len(template.format("")) for template in DERIVED_NAMES)
+DEFAULT_NAME_MAX = 255
+FILE = "file"
+# Long names are cut in messages, which must stay one readable line.
+SHOWN_NAME_CHARS = 60
+
+
+def shown(path: Path | str) -> str:
+    """``path`` for a message: its ends when it is very long."""
+    text = str(path)
+    if len(text) <= SHOWN_NAME_CHARS:
+        return text
+    return f"{text[:SHOWN_NAME_CHARS - 20]}...{text[-17:]}"
+
+
+def link_refusal(path: Path, remedy: str = "choose another -o") -> InputError:
+    return InputError(f"{shown(path)} is a symbolic link; dfmp2 does not write through links: "
+                      f"remove it or {remedy}")
+
+
+def existing_kind(path: Path, follow_links: bool = False) -> str | None:
+    """What is at ``path``: None (nothing), :data:`FILE` (a regular file), or its kind in
+    words ("a symbolic link", "a FIFO (named pipe)" ...). A path the file system cannot look
+    up (a name too long, a file where a folder should be) is an InputError."""
+    try:
+        mode = (os.stat(path) if follow_links else os.lstat(path)).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"{shown(path)}: {exc.strerror or exc}") from None
+    return kind_of(mode)
+
+
+def kind_of(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return FILE
+    for test, words in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                        (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                        (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def refuse_unless_regular(path: Path, remedy: str) -> None:
+    """Refuse a link or anything but a regular file at ``path`` (nothing there is fine)."""
+    kind = existing_kind(path)
+    if kind == "a symbolic link":
+        raise link_refusal(path, remedy)
+    if kind not in (None, FILE):
+        raise InputError(f"{shown(path)} is {kind}, not a regular file; remove it or {remedy}")
+
+
+def create_exclusive(path: Path, remedy: str, mode: int = 0o600) -> int:
+    """A new, empty file at ``path``, opened read-write, that no link can redirect. A regular
+    file already there (an earlier run's) is replaced; a link or anything else is refused.
+    Other failures are the caller's OSError to report."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, mode)
+    except FileExistsError:
+        pass
+    refuse_unless_regular(path, remedy)
+    path.unlink(missing_ok=True)
+    return os.open(path, flags, mode)
+
+
+def open_lock_file(path: Path, remedy: str) -> int:
+    """The lock file at ``path``, created when missing, opened without following a link; a
+    lock left by a killed run is a regular file and is opened again, as it must be."""
+    try:
+        # O_NONBLOCK: a FIFO planted at the name must not stall the open before it is refused.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise link_refusal(path, remedy) from None
+        raise
+    info = os.fstat(fd)
+    # Writing our process id truncates the file: it must be ours alone.
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+        os.close(fd)
+        kind = kind_of(info.st_mode)
+        what = "a file with other hard links" if kind == FILE else kind
+        raise InputError(f"{shown(path)} is {what}, not dfmp2's lock file; remove it or "
+                         f"{remedy}")
+    return fd
+
+
+def refuse_links_named_after(record: Path, folders: list[Path], remedy: str) -> None:
+    """Refuse any link among the files dfmp2 names after ``record`` (``.<name>.*``) in
+    ``folders``: checked once before the run, so that nothing is computed only to be refused
+    when a scratch file is opened (PySCF, which writes the SCF's JK tensor itself, would
+    write through it)."""
+    prefix = f".{record.name}."
+    for folder in dict.fromkeys(folders):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.startswith(prefix) and entry.is_symlink():
+                raise link_refusal(Path(folder) / entry.name, remedy)
+
+
+def check_name_length(path: Path, folder: Path) -> None:
+    """Refuse a record name that does not leave room, within the folder's longest file name,
+    for the names dfmp2 derives from it."""
+    size = len(os.fsencode(path.name))
+    try:
+        name_max = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = DEFAULT_NAME_MAX
+    if size > name_max:
+        raise InputError(f"output name {shown(path.name)} is {size} bytes, longer than the "
+                         f"{name_max} a file name may have; choose a shorter -o")
+    limit = name_max - ADDED_BYTES
+    if size > limit:
+        raise InputError(f"output name {shown(path.name)} is too long by {size - limit} bytes: "
+                         f"dfmp2 names its lock, temporary and scratch files after it, which "
+                         f"leaves {limit} of the {name_max} bytes a file name may have; "
+                         "choose a shorter -o")
+
+
+def printable(text: str) -> str:
+    """``text`` for a terminal of any locale: bytes of a file name that are not UTF-8 (surrogate
+    escapes in a str) shown as ``\\xNN`` rather than failing the print."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def disk_reason(exc: OSError, remedy: str) -> str:
+    """Why a write failed, in words, with what to do about a full disk or quota."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return f"{os.strerror(exc.errno)}; {remedy}"
+    return exc.strerror or str(exc) or type(exc).__name__

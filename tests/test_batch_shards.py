@@ -1,0 +1,212 @@
+"""Batch shards from Slurm arrays (every task runs its own molecules, together all of them once),
+and batches that meet another run's record lock (issue 18, points 2 and 12)."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from dfmp2.batch import RUNNING_ELSEWHERE, parse_shard
+from dfmp2.errors import InputError
+from dfmp2.record import FAILED, SCHEMA, new_record, read_record, set_status, status, write_record
+from dfmp2.record_lock import RecordLock
+
+SLURM_ARRAY_VARIABLES = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
+                         "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP")
+# sbatch --array forms and the task ids Slurm gives their tasks.
+REGULAR_ARRAYS = {"0-3": (range(0, 4), 1), "1-4": (range(1, 5), 1),
+                  "0-15:5": (range(0, 16, 5), 5)}
+
+
+def slurm_environment(ids: list[int], task: int, step: int | None) -> dict[str, str]:
+    """What Slurm sets in the task ``task`` of an array with ``ids``."""
+    environ = {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": str(len(ids)),
+               "SLURM_ARRAY_TASK_MIN": str(min(ids)), "SLURM_ARRAY_TASK_MAX": str(max(ids))}
+    if step is not None:
+        environ["SLURM_ARRAY_TASK_STEP"] = str(step)
+    return environ
+
+
+@pytest.fixture
+def no_slurm_array(monkeypatch):
+    """Tests that set the array themselves must not inherit one from a Slurm job running them."""
+    for name in SLURM_ARRAY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.parametrize("form", REGULAR_ARRAYS)
+@pytest.mark.parametrize("molecules", [1, 4, 7])
+def test_every_task_of_an_array_has_its_own_molecules(form, molecules):
+    ids, step = REGULAR_ARRAYS[form]
+    shards = [parse_shard(None, slurm_environment(list(ids), task, step)) for task in ids]
+    assert sorted(shards) == [(k, len(ids)) for k in range(len(ids))]
+    runs = [index for k, n in shards for index in range(molecules) if index % n == k]
+    assert sorted(runs) == list(range(molecules))
+
+
+@pytest.mark.parametrize("environ", [
+    {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3"},
+    {"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "3"},
+], ids=["no min", "no max"])
+def test_an_array_without_min_or_max_still_refuses_a_task_beyond_it(environ):
+    with pytest.raises(InputError, match="--shard K/N"):
+        parse_shard(None, environ)
+
+
+@pytest.mark.parametrize("step", [None, 1, 2, 4], ids=lambda s: f"step {s}")
+def test_an_irregular_array_is_refused_in_every_task(step):
+    ids = [3, 7, 9]  # sbatch --array=3,7,9
+    for task in ids:
+        with pytest.raises(InputError) as refused:
+            parse_shard(None, slurm_environment(ids, task, step))
+        message = str(refused.value)
+        assert f"Slurm array task {task} is not at a regular position" in message
+        assert message.endswith("give the shard explicitly with --shard K/N")
+
+
+@pytest.mark.parametrize("task", [-5, 1, 20], ids=["before", "between", "after"])
+def test_a_task_id_off_the_array_is_refused(task):
+    with pytest.raises(InputError, match=f"task {task} is not at a regular position"):
+        parse_shard(None, slurm_environment([0, 5, 10, 15], task, 5))
+
+
+@pytest.mark.parametrize("name,value", [("SLURM_ARRAY_TASK_ID", "x"),
+                                        ("SLURM_ARRAY_TASK_COUNT", "four"),
+                                        ("SLURM_ARRAY_TASK_MIN", ""),
+                                        ("SLURM_ARRAY_TASK_MAX", "15.0"),
+                                        ("SLURM_ARRAY_TASK_STEP", "5x")])
+def test_junk_in_an_array_variable_is_an_input_error(name, value):
+    environ = {**slurm_environment([0, 5, 10, 15], 5, 5), name: value}
+    with pytest.raises(InputError, match=f"{name}={value!r} is not a whole number"):
+        parse_shard(None, environ)
+
+
+def test_explicit_shard_and_ranks_win_over_the_array():
+    environ = slurm_environment([3, 7, 9], 7, None)
+    assert parse_shard("1/2", environ) == (1, 2)
+    assert parse_shard(None, environ, rank=1, world_size=3) == (1, 3)
+    assert parse_shard(None, {}) == (0, 1)
+
+
+@pytest.fixture
+def hydrogens(tmp_path):
+    """Four tiny molecules, each with its own record name."""
+    paths = []
+    for n, bond in enumerate((0.70, 0.74, 0.78, 0.82)):
+        path = tmp_path / f"h2_{n}.xyz"
+        path.write_text(f"2\ncharge=0 multiplicity=1\nH 0 0 0\nH 0 0 {bond}\n")
+        paths.append(path)
+    return paths
+
+
+def run_batch(run_cli, molecules, out, *extra):
+    return run_cli("batch", *molecules, "--basis", "sto-3g", "--backend", "torch", "--out", out,
+                   *extra)
+
+
+@pytest.mark.parametrize("form", REGULAR_ARRAYS)
+def test_an_array_job_runs_every_molecule_once(form, hydrogens, tmp_path, run_cli, monkeypatch,
+                                               no_slurm_array):
+    ids, step = REGULAR_ARRAYS[form]
+    out = tmp_path / "out"
+    ran = []
+    for task in ids:
+        for name, value in slurm_environment(list(ids), task, step).items():
+            monkeypatch.setenv(name, value)
+        result = run_batch(run_cli, hydrogens, out, "--json")
+        assert result.code == 0, result.err
+        rows = json.loads(result.out)
+        assert [row["status"] for row in rows] == ["complete"] * len(rows)
+        ran += [row["index"] for row in rows]
+    assert sorted(ran) == list(range(len(hydrogens)))
+    count = len(ids)
+    assert sorted(p.name for p in out.glob("summary-*.csv")) == sorted(
+        f"summary-shard-{k}-of-{count}.csv" for k in range(count))
+    assert all(status(read_record(out / f"{p.stem}-sto-3g.h5")) == "complete" for p in hydrogens)
+
+
+def test_an_irregular_array_runs_nothing(hydrogens, tmp_path, run_cli, monkeypatch,
+                                         no_slurm_array):
+    for name, value in slurm_environment([3, 7, 9], 7, 1).items():
+        monkeypatch.setenv(name, value)
+    result = run_batch(run_cli, hydrogens, tmp_path / "out")
+    assert result.code == 2
+    assert result.err.strip().splitlines() == [
+        "Error: Slurm array task 7 is not at a regular position of the array (min 3, step 1, "
+        "count 3, max 9); give the shard explicitly with --shard K/N"]
+    assert not (tmp_path / "out").exists()
+
+
+def summary_rows(out) -> dict[str, dict]:
+    with open(out / "summary.csv", newline="") as handle:
+        return {row["molecule"].rsplit("/", 1)[-1]: row for row in csv.DictReader(handle)}
+
+
+def assert_summary_agrees_with_records(out):
+    """Every row says what its record on disk says."""
+    for name, row in summary_rows(out).items():
+        record = out / row["record"].rsplit("/", 1)[-1]
+        on_disk = status(read_record(record)) if record.exists() else None
+        if row["status"] == RUNNING_ELSEWHERE:
+            assert on_disk in (None, "running"), name
+        else:
+            assert row["status"].split(" ")[0] == on_disk, (name, row["status"], on_disk)
+
+
+def test_a_record_another_run_holds_is_left_to_it(hydrogens, tmp_path, run_cli, no_slurm_array):
+    out = tmp_path / "out"
+    out.mkdir()
+    held = out / "h2_1-sto-3g.h5"
+    with RecordLock(held):
+        result = run_batch(run_cli, hydrogens, out)
+    assert result.code == 0, result.err
+    assert "left to another dfmp2 run that held their records: h2_1.xyz" in result.out
+    rows = summary_rows(out)
+    assert rows["h2_1.xyz"]["status"] == RUNNING_ELSEWHERE
+    assert "in use by another dfmp2 run" in rows["h2_1.xyz"]["error"]
+    assert {rows[f"h2_{n}.xyz"]["status"] for n in (0, 2, 3)} == {"complete"}
+    assert not held.exists(), "no failed record for a molecule another run holds"
+    assert_summary_agrees_with_records(out)
+
+    # The other run has finished the record by the time this batch writes its summary.
+    assert run_batch(run_cli, hydrogens[1:2], tmp_path / "elsewhere").code == 0
+    (tmp_path / "elsewhere" / held.name).rename(held)
+    with RecordLock(held):
+        again = run_batch(run_cli, hydrogens, out, "--json")
+    assert again.code == 0, again.err
+    row = {r["molecule"].rsplit("/", 1)[-1]: r for r in json.loads(again.out)}["h2_1.xyz"]
+    assert row["status"] == "complete (other run)" and row["error"] == ""
+    assert row["e_corr"] == json.loads(
+        (tmp_path / "elsewhere" / "summary.json").read_text())[0]["e_corr"]
+    assert summary_rows(out)["h2_1.xyz"]["status"] == "complete (other run)"
+    assert_summary_agrees_with_records(out)
+
+
+def test_a_failure_of_the_other_run_is_its_own(hydrogens, tmp_path, run_cli, no_slurm_array):
+    out = tmp_path / "out"
+    out.mkdir()
+    held = out / "h2_0-sto-3g.h5"
+    with RecordLock(held):
+        root = new_record(SCHEMA, "dfmp2 batch", {})
+        set_status(root, FAILED, "out of memory")
+        write_record(held, root)
+        result = run_batch(run_cli, hydrogens[:2], out, "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    assert (rows[0]["status"], rows[0]["error"]) == ("failed (other run)", "out of memory")
+    assert rows[1]["status"] == "complete"
+    assert_summary_agrees_with_records(out)
+
+
+def test_no_failed_record_under_another_runs_lock(tmp_path, run_cli, no_slurm_array):
+    out = tmp_path / "out"
+    out.mkdir()
+    broken = tmp_path / "broken.xyz"
+    broken.write_text("2\n\nH 0 0 0\nH 0 0 nan\n")
+    with RecordLock(out / "broken-sto-3g.h5"):
+        result = run_batch(run_cli, [broken], out)
+    assert result.code == 1 and "not finite" in result.err
+    assert not (out / "broken-sto-3g.h5").exists()
+    assert summary_rows(out)["broken.xyz"]["status"] == "failed"
+    assert not list(out.glob(".*.tmp"))

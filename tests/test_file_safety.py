@@ -1,0 +1,190 @@
+"""Files beside a record and in scratch (issue 18): no write goes through a planted link, a
+full disk at the lock, over-long and non-UTF-8 names, and FIFOs at the record path all end
+with one `Error:` line (or, for odd but valid names, a run that works)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+import dfmp2
+from conftest import molecule_path
+from dfmp2.b_store import ScratchArea, open_store
+from dfmp2.errors import InputError
+from dfmp2.record import read_record
+
+TIMEOUT_SECONDS = 120
+VICTIM_TEXT = "someone else's file\n"
+# B of water out of core (a tiny budget, conventional SCF for speed), and the SCF's JK-fit
+# tensor of the water dimer in scratch (6 MB holds the SCF but not that tensor).
+WATER_B_OUT_OF_CORE = (molecule_path("water"), "--scf", "conventional", "--memory", "100KB",
+                       "--backend", "torch")
+DIMER_JK_IN_SCRATCH = (molecule_path("water_dimer"), "--memory", "6MB", "--backend", "torch")
+QUICK = (molecule_path("water"), "--basis", "sto-3g", "--backend", "torch")
+
+
+def one_error_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def victim(folder: Path) -> Path:
+    path = folder / "victim.txt"
+    path.write_text(VICTIM_TEXT)
+    return path
+
+
+def run_process(*args, cwd: Path) -> subprocess.CompletedProcess:
+    """``dfmp2`` in its own process, stopped after a while: the old code hangs on a FIFO."""
+    # The dfmp2 these tests import, whatever the folder it runs in.
+    env = {**os.environ, "PYTHONPATH": str(Path(dfmp2.__file__).resolve().parents[1])}
+    try:
+        return subprocess.run([sys.executable, "-m", "dfmp2", *map(str, args)], cwd=cwd,
+                              env=env, capture_output=True, text=True,
+                              timeout=TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"dfmp2 {' '.join(map(str, args))} hung")
+
+
+# ------------------------------------------------------------------------------ links
+
+def test_a_linked_lock_file_is_refused_and_its_target_untouched(tmp_path, run_cli):
+    target = victim(tmp_path)
+    (tmp_path / ".w.h5.lock").symlink_to(target)
+    result = run_cli("run", *QUICK, "-o", tmp_path / "w.h5")
+    assert result.code == 2
+    assert ".w.h5.lock is a symbolic link" in one_error_line(result.err)
+    assert target.read_text() == VICTIM_TEXT
+    assert not (tmp_path / "w.h5").exists()
+
+
+def test_a_linked_scratch_file_of_b_is_refused(tmp_path, run_cli):
+    target = victim(tmp_path)
+    for name in (".w.h5.run.b0.bin", ".w.h5.run.b0.raw.bin"):
+        (tmp_path / name).symlink_to(target)
+    result = run_cli("run", *WATER_B_OUT_OF_CORE, "-o", tmp_path / "w.h5")
+    assert result.code == 2, result.err
+    assert "is a symbolic link" in one_error_line(result.err)
+    assert target.read_text() == VICTIM_TEXT
+    assert (tmp_path / ".w.h5.run.b0.bin").is_symlink()
+
+
+@pytest.mark.parametrize("engine", ["kernels", "pyscf"])
+def test_a_linked_scratch_file_of_the_jk_tensor_is_refused(tmp_path, run_cli, engine):
+    target = victim(tmp_path)
+    for name in (".d.h5.run.jk.bin", ".d.h5.run.jk.raw.bin"):
+        (tmp_path / name).symlink_to(target)
+    result = run_cli("run", *DIMER_JK_IN_SCRATCH, "--scf-engine", engine,
+                     "-o", tmp_path / "d.h5")
+    assert result.code == 2, result.err
+    assert ".jk" in one_error_line(result.err) and "symbolic link" in result.err
+    assert target.read_text() == VICTIM_TEXT
+
+
+def test_scratch_files_are_never_opened_through_a_link(tmp_path):
+    """Beneath the run's check: a link appearing at a scratch name later is still refused."""
+    target = victim(tmp_path)
+    area = ScratchArea(tmp_path, "r.h5.run")
+    for path in (area.path(0), area.jk_path()):
+        path.symlink_to(target)
+    with pytest.raises(InputError, match="symbolic link"):
+        open_store(4, 4, area.path(0))
+    with pytest.raises(InputError, match="symbolic link"):
+        area.reserve(area.jk_path())
+    assert target.read_text() == VICTIM_TEXT
+    stale = area.named("gamma0")
+    stale.write_bytes(b"an earlier run's")
+    assert area.reserve(stale).stat().st_size == 0
+
+
+def test_a_linked_record_path_is_refused(tmp_path, run_cli):
+    record = tmp_path / "w.h5"
+    record.symlink_to(tmp_path / "elsewhere.h5")
+    result = run_cli("run", *QUICK, "-o", record)
+    assert result.code == 2
+    assert "w.h5 is a symbolic link; dfmp2 does not write through links" in \
+        one_error_line(result.err)
+    assert record.is_symlink() and not (tmp_path / "elsewhere.h5").exists()
+
+
+# -------------------------------------------------------------------------- full disk
+
+def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock(tmp_path, run_cli,
+                                                                monkeypatch):
+    real_write = os.write
+    pid_line = f"{os.getpid()}\n".encode()
+
+    def full_disk(fd: int, data) -> int:
+        if bytes(data) == pid_line:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_disk)
+    result = run_cli("run", *QUICK, "-o", tmp_path / "w.h5")
+    assert result.code in (1, 2)
+    assert "No space left on device" in one_error_line(result.err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------ long names
+
+@pytest.mark.skipif(os.pathconf("/tmp", "PC_NAME_MAX") != 255, reason="NAME_MAX is not 255")
+@pytest.mark.parametrize("size,fragment", [(250, "too long by 29 bytes"),
+                                           (300, "is 300 bytes, longer than the 255")])
+def test_a_record_name_too_long_is_refused_with_the_reason(tmp_path, run_cli, size,
+                                                           fragment):
+    record = tmp_path / ("r" * (size - 3) + ".h5")
+    result = run_cli("run", *QUICK, "-o", record)
+    assert result.code == 2
+    line = one_error_line(result.err)
+    assert fragment in line and "choose a shorter -o" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------- non-UTF-8 names
+
+def test_names_that_are_not_utf8_are_kept_exactly(tmp_path, run_cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    molecule, record = b"caf\xe9.xyz", b"r\xe9sultat.h5"
+    shutil.copy(molecule_path("water"), molecule)
+    result = run_cli("run", os.fsdecode(molecule), "--basis", "sto-3g", "--backend", "torch",
+                     "-o", os.fsdecode(record), "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["status"] == "complete"
+    root = read_record(os.fsdecode(record))
+    assert root.groups["input"].attrs["source"] == os.fsdecode(molecule)
+    assert os.fsdecode(record) in root.attrs["command"]
+    with h5py.File(record, "r") as h5:
+        assert h5["input"].attrs["source"] == os.fsdecode(molecule)
+    for command in (["show"], ["show", "--all"], ["compare", "--json"]):
+        shown = run_cli(*command, os.fsdecode(record))
+        assert shown.code == 0 and "Traceback" not in shown.err, (command, shown.err)
+    assert "caf\\xe9.xyz" in run_cli("show", os.fsdecode(record)).out
+    assert sorted(os.listdir(b".")) == sorted([molecule, record])
+
+
+# --------------------------------------------------------------------------- FIFOs
+
+def test_a_fifo_at_the_record_path_is_refused(tmp_path):
+    os.mkfifo(tmp_path / "fifo.h5")
+    result = run_process("run", *QUICK, "-o", "fifo.h5", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "fifo.h5 is a FIFO (named pipe), not a regular file" in \
+        one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize("command", ["show", "compare"])
+def test_a_fifo_given_to_show_or_compare_is_refused(tmp_path, command):
+    os.mkfifo(tmp_path / "fifo.h5")
+    result = run_process(command, "fifo.h5", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "fifo.h5 is a FIFO (named pipe)" in one_error_line(result.stderr)
