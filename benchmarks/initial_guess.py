@@ -12,10 +12,10 @@ import argparse
 import time
 from pathlib import Path
 
-from dfmp2.calculation import CalculationRequest, define_calculation
-from dfmp2.scf import ScfOptions, new_scf
-from dfmp2.scf_engine import scf_kernels
-from dfmp2.xyz import read_xyz
+from dfmp2.input.calculation import CalculationRequest, define_calculation
+from dfmp2.scf.reference import ScfOptions, new_scf
+from dfmp2.scf.engine import scf_kernels
+from dfmp2.input.xyz import read_xyz
 
 MOLECULES = Path(__file__).resolve().parent.parent / "molecules"
 NAMES = ("water", "ammonia", "methane", "hydrogen_fluoride", "formaldehyde", "benzene",

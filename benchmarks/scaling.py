@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dfmp2.benchmark import bench_once
-from dfmp2.settings import RunSettings
+from dfmp2.jobs.bench import bench_once
+from dfmp2.input.settings import RunSettings
 
 CLUSTER = Path(__file__).resolve().parent.parent / "molecules" / "water_16.xyz"
 # Sizes below this are dominated by fixed overheads; the exponent is fitted above it.

@@ -8,12 +8,12 @@ from ase.calculators.calculator import PropertyNotImplementedError
 from ase.units import Bohr, Hartree
 
 from conftest import molecule_path
-from dfmp2 import pipeline
+from dfmp2.jobs import pipeline
 from dfmp2.ase import DFMP2
 from dfmp2.errors import InputError
-from dfmp2.report import json_summary
-from dfmp2.settings import RunSettings
-from dfmp2.xyz import read_xyz
+from dfmp2.records.report import json_summary
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import read_xyz
 
 
 def atoms_of(name: str) -> Atoms:

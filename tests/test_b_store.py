@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dfmp2 import b_store
-from dfmp2.b_store import open_store
+from dfmp2.df import store as b_store
+from dfmp2.df.store import open_store
 
 
 def test_file_and_memory_stores_read_the_same_windows(tmp_path, monkeypatch):

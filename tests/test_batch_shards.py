@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from dfmp2.batch import RUNNING_ELSEWHERE, parse_shard
+from dfmp2.jobs.batch import RUNNING_ELSEWHERE, parse_shard
 from dfmp2.errors import InputError
-from dfmp2.record import FAILED, SCHEMA, new_record, read_record, set_status, status, write_record
-from dfmp2.record_lock import RecordLock
+from dfmp2.records.tree import (FAILED, SCHEMA, new_record, read_record, set_status, status,
+                                write_record)
+from dfmp2.records.lock import RecordLock
 
 SLURM_ARRAY_VARIABLES = ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN",
                          "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import pyscf_df_rhf, pyscf_molecule
-from dfmp2.mp2 import DFMP2
+from dfmp2.mp2.kernel import DFMP2
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,8 @@ def test_out_of_core_matches_in_memory(water_dimer_scf, tmp_path):
 def test_kernel_calls_without_an_execution_share_nothing(water_dimer_scf):
     """Each mp2.kernel call gets its own pair ledger: finished pairs of one molecule must
     never stand in for another's."""
-    from dfmp2 import mp2
-    from dfmp2.auxbasis import ri_basis
+    from dfmp2.mp2 import kernel as mp2
+    from dfmp2.df.auxbasis import ri_basis
     import kernels
     kernel_set = kernels.load("torch", "fp64")
     mf = water_dimer_scf

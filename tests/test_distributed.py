@@ -14,7 +14,7 @@ from pyscf import scf
 
 from conftest import molecule_path, pyscf_dfmp2_reference, pyscf_molecule, python_exe
 from dfmp2.errors import InputError
-from dfmp2.record import read_record
+from dfmp2.records.tree import read_record
 
 JOB_TIMEOUT_SECONDS = 240
 

@@ -13,11 +13,11 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 from pyscf.mp import dfump2 as pyscf_dfump2
 
 from conftest import molecule_path, pyscf_molecule
-from dfmp2 import pipeline
+from dfmp2.jobs import pipeline
 from dfmp2.errors import InputError
-from dfmp2.record import CalculationInputs
-from dfmp2.report import json_summary
-from dfmp2.settings import RunSettings
+from dfmp2.records.sections import CalculationInputs
+from dfmp2.records.report import json_summary
+from dfmp2.input.settings import RunSettings
 
 # Written out here from the papers (not imported from dfmp2), so the table in the code is
 # checked too: exchange-correlation mix in PySCF's notation, MP2 opposite- and same-spin scales.

@@ -16,9 +16,9 @@ import pytest
 
 import dfmp2
 from conftest import molecule_path
-from dfmp2.b_store import ScratchArea, open_store
+from dfmp2.df.store import ScratchArea, open_store
 from dfmp2.errors import InputError
-from dfmp2.record import read_record
+from dfmp2.records.tree import read_record
 
 TIMEOUT_SECONDS = 120
 VICTIM_TEXT = "someone else's file\n"

@@ -14,16 +14,16 @@ from pyscf import df, gto, lib, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 from pyscf.mp import dfump2 as pyscf_dfump2
 
-from dfmp2 import gradient
-from dfmp2.auxbasis import make_auxmol, ri_basis
-from dfmp2.b_store import ScratchArea
-from dfmp2.calculation import CalculationRequest, define_calculation
+from dfmp2.grad import kernel as gradient
+from dfmp2.df.auxbasis import make_auxmol, ri_basis
+from dfmp2.df.store import ScratchArea
+from dfmp2.input.calculation import CalculationRequest, define_calculation
 from dfmp2.errors import InputError
-from dfmp2.gradient_integrals import JkChannel, jk_pass, one_electron_gradient
-from dfmp2.gradient_response import channels_of
-from dfmp2.scf import ScfOptions, run_scf
-from dfmp2.scf_engine import scf_kernels
-from dfmp2.xyz import read_xyz
+from dfmp2.grad.integrals import JkChannel, jk_pass, one_electron_gradient
+from dfmp2.grad.response import channels_of
+from dfmp2.scf.reference import ScfOptions, run_scf
+from dfmp2.scf.engine import scf_kernels
+from dfmp2.input.xyz import read_xyz
 
 from conftest import molecule_path, pyscf_molecule
 

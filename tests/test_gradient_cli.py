@@ -10,12 +10,15 @@ import pytest
 
 import kernels
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
-from dfmp2 import gradient, mp2, optimize, pipeline
-from dfmp2.calculation import define_calculation
-from dfmp2.scf import ScfOptions, run_scf
-from dfmp2.settings import RunSettings
-from dfmp2.record import read_record
-from dfmp2.xyz import Geometry
+from dfmp2.grad import kernel as gradient
+from dfmp2.mp2 import kernel as mp2
+from dfmp2.jobs import optimize
+from dfmp2.jobs import pipeline
+from dfmp2.input.calculation import define_calculation
+from dfmp2.scf.reference import ScfOptions, run_scf
+from dfmp2.input.settings import RunSettings
+from dfmp2.records.tree import read_record
+from dfmp2.input.xyz import Geometry
 
 
 def test_gradient_json_and_record_match_the_library(run_cli, tmp_path):

@@ -12,8 +12,8 @@ from conftest import molecule_path
 
 @pytest.fixture(scope="module")
 def torch_energies():
-    from dfmp2.pipeline import run
-    from dfmp2.settings import RunSettings
+    from dfmp2.jobs.pipeline import run
+    from dfmp2.input.settings import RunSettings
 
     def energy(name: str, tmp) -> float:
         outcome = run(RunSettings(molecule=molecule_path(name), backend="torch", output=tmp,

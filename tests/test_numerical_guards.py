@@ -8,10 +8,10 @@ import pytest
 import kernels
 from conftest import molecule_path, pyscf_df_rhf, pyscf_molecule
 from dfmp2.errors import RunFailure
-from dfmp2.pipeline import run
-from dfmp2.settings import RunSettings
-from dfmp2 import mp2
-from dfmp2.auxbasis import ri_basis
+from dfmp2.jobs.pipeline import run
+from dfmp2.input.settings import RunSettings
+from dfmp2.mp2 import kernel as mp2
+from dfmp2.df.auxbasis import ri_basis
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,8 @@ def test_non_aufbau_occupation_is_refused(water_scf):
 
 
 def test_failed_run_record_says_failed(tmp_path, monkeypatch):
-    import dfmp2.energy
-    monkeypatch.setattr(dfmp2.energy, "orbital_denominators",
+    import dfmp2.mp2.pairs
+    monkeypatch.setattr(dfmp2.mp2.pairs, "orbital_denominators",
                         lambda *a: (_ for _ in ()).throw(RunFailure("non-aufbau (test)")))
     record = tmp_path / "r.h5"
     with pytest.raises(RunFailure):

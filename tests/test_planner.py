@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from dfmp2.errors import InputError
-from dfmp2.planner import IN_CORE_MAX_SHARE, energy_block_bytes, plan_blocks
+from dfmp2.mp2.plan import IN_CORE_MAX_SHARE, energy_block_bytes, plan_blocks
 
 WATER16 = dict(sizes=[(80, 304)], naux=1344, nao=384, itemsize=8, fused=False)
 B_BYTES = 1344 * 80 * 304 * 8

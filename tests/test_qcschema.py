@@ -14,10 +14,10 @@ from qcelemental.models.v2 import Molecule
 
 import dfmp2.qcengine  # noqa: F401  (registers the harness)
 from conftest import molecule_path
-from dfmp2 import pipeline
-from dfmp2.report import json_summary
-from dfmp2.settings import RunSettings
-from dfmp2.xyz import read_xyz
+from dfmp2.jobs import pipeline
+from dfmp2.records.report import json_summary
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import read_xyz
 
 BOHR = 0.52917721092  # PySCF's Angstrom per Bohr, the one dfmp2 converts with
 

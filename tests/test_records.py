@@ -16,7 +16,7 @@ import pytest
 from conftest import MOLECULES, molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, \
     pyscf_molecule, python_exe
 from dfmp2.errors import InputError
-from dfmp2.record import read_record
+from dfmp2.records.tree import read_record
 
 TIMEOUT_SECONDS = 180
 POLL_SECONDS = 0.02
@@ -224,16 +224,16 @@ def test_a_damaged_scratch_file_is_rebuilt(tmp_path):
 # --------------------------------------------------------------- failures after the SCF
 
 def test_an_error_after_the_scf_marks_the_record_failed(tmp_path, run_cli, monkeypatch):
-    import dfmp2.mp2
+    import dfmp2.mp2.kernel
     record = tmp_path / "w.h5"
-    real = dfmp2.mp2.fit_basis
-    monkeypatch.setattr(dfmp2.mp2, "fit_basis",
+    real = dfmp2.mp2.kernel.fit_basis
+    monkeypatch.setattr(dfmp2.mp2.kernel, "fit_basis",
                         lambda *a: (_ for _ in ()).throw(InputError("injected after the SCF")))
     failed = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record)
     assert failed.code == 2 and "injected after the SCF" in one_error_line(failed.err)
     root = read_record(record)
     assert root.attrs["status"] == "failed" and "injected" in root.attrs["error"]
-    monkeypatch.setattr(dfmp2.mp2, "fit_basis", real)
+    monkeypatch.setattr(dfmp2.mp2.kernel, "fit_basis", real)
 
     other = run_cli("run", molecule_path("water"), "--backend", "torch", "--frozen", "1",
                     "--json", "-o", record)
@@ -248,11 +248,11 @@ def test_a_signal_during_the_final_write_keeps_the_finished_work(tmp_path, run_c
     """torchrun sends SIGTERM to the surviving ranks while rank 0 is ending its record after
     a dead rank: the interrupted write is done again with the SCF orbitals, not replaced by a
     record without datasets (seen once under torchrun: a record with no pairs left)."""
-    import dfmp2.mp2
-    from dfmp2 import pipeline
+    import dfmp2.mp2.kernel
+    from dfmp2.jobs import pipeline
     from dfmp2.errors import Interrupted
     record = tmp_path / "w.h5"
-    monkeypatch.setattr(dfmp2.mp2, "fit_basis",
+    monkeypatch.setattr(dfmp2.mp2.kernel, "fit_basis",
                         lambda *a: (_ for _ in ()).throw(InputError("injected after the SCF")))
     real_write = pipeline.write_record
     status_writes = []
@@ -272,13 +272,13 @@ def test_a_signal_during_the_final_write_keeps_the_finished_work(tmp_path, run_c
 
 
 def test_a_failed_record_with_the_same_options_resumes_its_scf(tmp_path, run_cli, monkeypatch):
-    import dfmp2.mp2
+    import dfmp2.mp2.kernel
     record = tmp_path / "w.h5"
-    real = dfmp2.mp2.fit_basis
-    monkeypatch.setattr(dfmp2.mp2, "fit_basis",
+    real = dfmp2.mp2.kernel.fit_basis
+    monkeypatch.setattr(dfmp2.mp2.kernel, "fit_basis",
                         lambda *a: (_ for _ in ()).throw(InputError("injected")))
     assert run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record).code == 2
-    monkeypatch.setattr(dfmp2.mp2, "fit_basis", real)
+    monkeypatch.setattr(dfmp2.mp2.kernel, "fit_basis", real)
     again = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record)
     assert again.code == 0, again.err
     assert read_record(record).attrs["resumed"]

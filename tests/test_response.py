@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from pyscf import df, gto, scf
 
-from dfmp2 import gradient, gradient_response
+from dfmp2.grad import kernel as gradient
+
+from dfmp2.grad import response as gradient_response
 from dfmp2.errors import RunFailure
 from test_gradient import central_difference, converged_scf, single_thread  # noqa: F401
 

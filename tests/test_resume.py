@@ -12,7 +12,7 @@ import pytest
 
 from conftest import molecule_path, python_exe
 from dfmp2.errors import InputError
-from dfmp2.record import read_record
+from dfmp2.records.tree import read_record
 
 POLL_SECONDS = 0.02
 TIMEOUT_SECONDS = 120
@@ -67,8 +67,8 @@ def test_sigkill_mid_energy_then_resume(tmp_path):
 @pytest.fixture
 def interrupted_water(tmp_path):
     """A water record as an interrupted run leaves it: SCF and a checkpoint, status running."""
-    from dfmp2.pipeline import run
-    from dfmp2.settings import RunSettings
+    from dfmp2.jobs.pipeline import run
+    from dfmp2.input.settings import RunSettings
     record = tmp_path / "water.h5"
     run(RunSettings(molecule=molecule_path("water"), backend="torch", output=record,
                     occ_block=1, show_progress=False))

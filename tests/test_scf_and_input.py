@@ -6,10 +6,10 @@ import json
 import h5py
 from pyscf import scf
 
-import dfmp2.scf
+import dfmp2.scf.reference
 from conftest import molecule_path, pyscf_dfmp2_reference, pyscf_molecule
-from dfmp2.molecule import resolve_charge_spin
-from dfmp2.xyz import parse_xyz
+from dfmp2.input.molecule import resolve_charge_spin
+from dfmp2.input.xyz import parse_xyz
 
 WATER_CATION_COMMENT = "3\ncharge=2 multiplicity=1\nO 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
 
@@ -30,7 +30,7 @@ def test_conventional_scf_matches_pyscf(run_cli, tmp_path):
 
 
 def test_unconverged_scf_is_an_error_unless_allowed(run_cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(dfmp2.scf, "MAX_CYCLE", 2)
+    monkeypatch.setattr(dfmp2.scf.reference, "MAX_CYCLE", 2)
     record = tmp_path / "r.h5"
     result = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record)
     assert result.code == 1

@@ -12,10 +12,10 @@ from pyscf import df, dft, scf
 
 import kernels
 from conftest import molecule_path, pyscf_molecule
-from dfmp2.auxbasis import AuxBasis
-from dfmp2.jk import JkEngine, factorize
-from dfmp2.jk_tensor import build_jk_tensor
-from dfmp2.scf_engine import ScfKernels, use_kernel_engine
+from dfmp2.df.auxbasis import AuxBasis
+from dfmp2.scf.jk import JkEngine, factorize
+from dfmp2.scf.jk_tensor import build_jk_tensor
+from dfmp2.scf.engine import ScfKernels, use_kernel_engine
 
 
 def pyscf_df_scf(name: str, spin: int = 0, basis: str = "cc-pvdz"):

@@ -8,7 +8,7 @@ from pyscf.lib import param
 
 from conftest import molecule_path
 from dfmp2.errors import InputError
-from dfmp2.xyz import parse_xyz, read_xyz
+from dfmp2.input.xyz import parse_xyz, read_xyz
 
 WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
 

@@ -1,0 +1,178 @@
+"""The fitted three-index tensor B[Q, (i,a)], built over blocks of auxiliary shells.
+
+Layout: B is (naux_fit, nocc*nvir), auxiliary index first. That is the contraction-on-rows
+layout both the Tensor Engine (stationary/moving operands) and BLAS (a transposed view) want,
+and an occupied block of B is a column slice.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+from pyscf import gto, lib
+from pyscf.df import incore
+
+from dfmp2.df.store import ScratchArea, ScratchB, open_store
+from dfmp2.system.disk import check_space
+from dfmp2.errors import RunFailure
+from dfmp2.df.metric import FitMetric
+
+log = logging.getLogger(__name__)
+FP64_BYTES = 8
+
+
+def aux_shell_blocks(auxmol: gto.Mole, max_functions: int) -> list[tuple[int, int, int, int]]:
+    """Consecutive auxiliary shell ranges (shell0, shell1, p0, p1) of at most max_functions."""
+    ao_loc = auxmol.ao_loc_nr()
+    blocks, start = [], 0
+    for shell in range(auxmol.nbas):
+        if ao_loc[shell + 1] - ao_loc[start] > max_functions and shell > start:
+            blocks.append((start, shell, int(ao_loc[start]), int(ao_loc[shell])))
+            start = shell
+    blocks.append((start, auxmol.nbas, int(ao_loc[start]), int(ao_loc[auxmol.nbas])))
+    return blocks
+
+
+def build_bytes_per_aux_function(nao: int, nocc: int, nvir: int) -> int:
+    """Buffers the build holds per auxiliary function of a block."""
+    npair = nao * (nao + 1) // 2
+    return FP64_BYTES * (npair + nao * nao + nao * nocc + nocc * nvir)
+
+
+class ThreeIndexBlocks:
+    """(P|mu nu) for blocks of auxiliary shells, as contiguous (nP, nao, nao) tensors.
+
+    libcint computes only mu >= nu (s2 symmetry, half the integrals); PySCF's C unpack fills the
+    square. Both write into buffers reused from block to block, so no block pays page faults.
+    """
+
+    def __init__(self, mol: gto.Mole, auxmol: gto.Mole, max_functions: int) -> None:
+        self.mol, self.auxmol = mol, auxmol
+        self.blocks = aux_shell_blocks(auxmol, max_functions)
+        nmax = max(p1 - p0 for _, _, p0, p1 in self.blocks)
+        nao = mol.nao_nr()
+        self._packed = np.empty(nao * (nao + 1) // 2 * nmax)
+        self._square = np.empty(nmax * nao * nao)
+
+    def block(self, shell0: int, shell1: int, npart: int) -> torch.Tensor:
+        nao = self.mol.nao_nr()
+        packed = incore.aux_e2(self.mol, self.auxmol, "int3c2e", aosym="s2ij",
+                               shls_slice=(0, self.mol.nbas, 0, self.mol.nbas, shell0, shell1),
+                               out=self._packed)
+        square = self._square[:npart * nao * nao].reshape(npart, nao, nao)
+        lib.unpack_tril(packed.T, filltriu=lib.SYMMETRIC, out=square)
+        return torch.from_numpy(square)
+
+
+def orbital_signature(c_occ: np.ndarray, c_vir: np.ndarray, metric: FitMetric) -> str:
+    """A fingerprint of what B is made of: the active orbitals and the fit."""
+    digest = hashlib.sha256()
+    for array in (c_occ, c_vir, metric.factor.numpy()):
+        digest.update(np.ascontiguousarray(array).tobytes())
+    digest.update(f"{metric.kind}:{metric.naux}:{metric.naux_fit}".encode())
+    return digest.hexdigest()
+
+
+def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
+                         orbitals: list[tuple[np.ndarray, np.ndarray]], metric: FitMetric,
+                         kernel_set, max_block_bytes: int, scratch: ScratchArea | None,
+                         timings: dict[str, float] | None = None) -> list:
+    """B = L^-1 (Q|ia) in fp64 (naux_fit, nocc*nvir) for each (C_occ, C_vir) spin channel, in
+    memory or (with ``scratch``) in scratch files. Each integral block is computed once for all
+    channels. A finished B that a killed run left in ``scratch`` for the same orbitals is
+    reused; anything else found there is removed first."""
+    timings = timings if timings is not None else {}
+    signatures = [orbital_signature(c_occ, c_vir, metric) for c_occ, c_vir in orbitals]
+    if scratch is not None:
+        reused = [ScratchB.reopen_complete(scratch.path(n), (metric.naux_fit,
+                                                            c_occ.shape[1] * c_vir.shape[1]),
+                                           signature)
+                  for n, ((c_occ, c_vir), signature) in enumerate(zip(orbitals, signatures))]
+        if all(store is not None for store in reused):
+            timings.update({"integrals": 0.0, "transform": 0.0, "fit": 0.0})
+            return reused
+        for store in reused:
+            if store is not None:
+                store.close()
+        scratch.remove_leftovers()
+        copies = 1 if metric.kind == "cholesky" else 2
+        check_space(scratch.folder, copies * FP64_BYTES * metric.naux * sum(
+            c_occ.shape[1] * c_vir.shape[1] for c_occ, c_vir in orbitals), "the fitted tensor B")
+
+    opened = []
+
+    def store(channel: int, naux: int, ncols: int, raw: bool = False):
+        opened.append(open_store(naux, ncols,
+                                 None if scratch is None else scratch.path(channel, raw)))
+        return opened[-1]
+
+    clock = time.perf_counter
+    nao = mol.nao_nr()
+    channels = [(torch.from_numpy(np.ascontiguousarray(c_occ)),
+                 torch.from_numpy(np.ascontiguousarray(c_vir))) for c_occ, c_vir in orbitals]
+    in_place = metric.kind == "cholesky"
+    try:
+        raws = [store(n, metric.naux, occ.shape[1] * vir.shape[1], raw=not in_place)
+                for n, (occ, vir) in enumerate(channels)]
+        per_function = max(build_bytes_per_aux_function(nao, occ.shape[1], vir.shape[1])
+                           for occ, vir in channels)
+        integrals = ThreeIndexBlocks(mol, auxmol, max(1, max_block_bytes // per_function))
+        log.info("three-index integrals in %d auxiliary blocks", len(integrals.blocks))
+        t_ints = t_transform = 0.0
+        for shell0, shell1, p0, p1 in integrals.blocks:
+            t0 = clock()
+            lpq = integrals.block(shell0, shell1, p1 - p0)
+            t1 = clock()
+            npart = p1 - p0
+            for (occ, vir), raw in zip(channels, raws):
+                nocc, nvir = occ.shape[1], vir.shape[1]
+                # (P|i nu) = C_occ^T (P|mu nu) for every P, then one GEMM over all (P, i) rows.
+                # transform_gemm: these sums cancel strongly on diffuse bases (kernels/interface.py)
+                half = kernel_set.transform_gemm(occ.T, lpq).reshape(npart * nocc, nao)
+                raw.write_rows(p0, p1, kernel_set.transform_gemm(half, vir).reshape(
+                    npart, nocc * nvir))
+            t_ints += t1 - t0
+            t_transform += clock() - t1
+        del integrals
+        timings["integrals"] = t_ints
+        timings["transform"] = t_transform
+
+        t0 = clock()
+        fitted = []
+        for n, (raw, (_, vir)) in enumerate(zip(raws, channels)):
+            target = raw if in_place else store(n, metric.naux_fit, raw.shape[1])
+            fitted.append(target)
+            fit(raw, target, metric, kernel_set, max_block_bytes, vir.shape[1])
+            target.mark_complete(signatures[n])
+        timings["fit"] = clock() - t0
+    except BaseException:
+        for item in opened:
+            item.close()
+        raise
+    if not in_place:
+        for raw in raws:
+            raw.close()
+    return fitted
+
+
+def fit(raw, fitted, metric: FitMetric, kernel_set, max_block_bytes: int, nvir: int) -> None:
+    """Solve L B = Y column chunk by column chunk (or B = factor^T Y for an eigen metric)."""
+    nov = raw.shape[1]
+    columns = max(1, max_block_bytes // (2 * FP64_BYTES * metric.naux))
+    for c0 in range(0, nov, columns):
+        c1 = min(nov, c0 + columns)
+        block = raw.read_columns(c0, c1)
+        if metric.kind == "cholesky":
+            block = kernel_set.trsm(metric.factor, block, out=block)
+        else:
+            block = kernel_set.transform_gemm(metric.factor.T, block)
+        # One sum per chunk finds any NaN or Inf (they propagate) at a fraction of the cost of
+        # an elementwise isfinite over the whole of B.
+        if not math.isfinite(float(block.sum())):
+            raise RunFailure(f"non-finite values in the fitted tensor B for occupied orbitals "
+                             f"{c0 // nvir}..{(c1 - 1) // nvir} (columns {c0}:{c1})")
+        fitted.write_columns(c0, c1, block)

@@ -1,0 +1,339 @@
+"""Where the fitted tensor B (naux, nocc*nvir) lives: in memory, or in a scratch file.
+
+Scratch files have names derived from the run record (:class:`ScratchArea`), so a run that was
+killed can find its own: a resumed run reuses a B that was finished and belongs to the same
+orbitals, and removes anything else. Every disk error becomes a :class:`ScratchError` naming
+the file, and a failed file is removed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dfmp2.errors import RunFailure
+from dfmp2.system.files import create_exclusive, disk_reason, refuse_unless_regular
+
+log = logging.getLogger(__name__)
+# Column chunks of the scratch file: one occupied block of a typical molecule, so that the
+# energy step reads whole chunks.
+SCRATCH_CHUNK_BYTES = 4 * 2**20
+HEADER_BYTES = 4096
+FORMAT = "dfmp2.scratch-b/1"
+SIGNATURE = "orbital_signature"
+FP64_BYTES = 8
+REMEDY = "choose another -o or --scratch"
+
+
+class ScratchError(RunFailure):
+    """The scratch file could not be written or read."""
+
+
+def _disk_error(path: Path, exc: OSError) -> ScratchError:
+    reason = disk_reason(exc, "free some space or choose another --scratch")
+    return ScratchError(f"cannot write the scratch file {path}: {reason}")
+
+
+class ScratchArea:
+    """The scratch files of one calculation: ``<folder>/.<prefix>.b<channel>[.raw].bin`` for
+    MP2's B, ``<folder>/.<prefix>.jk[.raw].bin`` for the SCF's JK-fit tensor and
+    ``<folder>/.<prefix>.<name>.bin`` for any other tensor."""
+
+    def __init__(self, folder: Path, prefix: str) -> None:
+        self.folder = Path(folder)
+        self.prefix = prefix
+
+    def path(self, channel: int, raw: bool = False) -> Path:
+        return self.folder / f".{self.prefix}.b{channel}{'.raw' if raw else ''}.bin"
+
+    def named(self, name: str) -> Path:
+        return self.folder / f".{self.prefix}.{name}.bin"
+
+    def jk_path(self, raw: bool = False) -> Path:
+        return self.folder / f".{self.prefix}.jk{'.raw' if raw else ''}.bin"
+
+    def area(self, name: str) -> "ScratchArea":
+        """The files of one stage (e.g. the gradient's): their own prefix, so that stage's
+        leftovers are removed without touching the files of the stages around it."""
+        return ScratchArea(self.folder, f"{self.prefix}.{name}")
+
+    def reserve(self, path: Path) -> Path:
+        """Create ``path`` (one of this area's names) empty, for a writer that opens it by
+        name (PySCF's JK tensor): a link there is refused and an earlier run's file replaced,
+        so that the writer then finds our own regular file."""
+        try:
+            os.close(create_exclusive(path, REMEDY))
+        except OSError as exc:
+            raise _disk_error(path, exc) from None
+        return path
+
+    def leftovers(self) -> list[Path]:
+        return sorted(self.folder.glob(f".{self.prefix}.*.bin"))
+
+    def remove_leftovers(self) -> None:
+        for path in self.leftovers():
+            refuse_unless_regular(path, REMEDY)
+            log.info("removing the scratch file %s of an earlier run", path)
+            path.unlink(missing_ok=True)
+
+
+class InMemoryB:
+    """B as one fp64 torch tensor (zero-filled when asked: a layout with padding)."""
+
+    location = "memory"
+
+    def __init__(self, naux: int, ncols: int, zeroed: bool = False) -> None:
+        allocate = torch.zeros if zeroed else torch.empty
+        self.data = allocate((naux, ncols), dtype=torch.float64)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.data.shape)
+
+    def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
+        target = self.data[p0:p1]
+        if not rows.is_set_to(target):
+            target.copy_(rows)
+
+    def read_rows(self, p0: int, p1: int, c0: int = 0, c1: int | None = None) -> torch.Tensor:
+        return self.data[p0:p1, c0:c1]
+
+    def read_columns(self, c0: int, c1: int) -> torch.Tensor:
+        return self.data[:, c0:c1]
+
+    def write_columns(self, c0: int, c1: int, values: torch.Tensor) -> None:
+        target = self.data[:, c0:c1]
+        if not values.is_set_to(target):
+            target.copy_(values)
+
+    def mark_complete(self, signature: str) -> None:
+        """Nothing to keep: an in-memory B does not outlive the run."""
+
+    def close(self) -> None:
+        self.data = torch.empty(0)
+
+
+class ScratchB:
+    """B in a scratch file, deleted on close by its owner.
+
+    The file is a 4 KiB JSON header followed by column chunks, each chunk a contiguous
+    (naux, chunk_cols) fp64 block: a block of columns (the energy step's read) and a block of
+    rows within a chunk (the integral build's write) are both contiguous. It is read and
+    written with plain ``pread``/``pwrite``, so a full disk is an ordinary error here (the
+    HDF5 library can crash the process when a write fails under it).
+    """
+
+    location = "scratch"
+
+    def __init__(self, path: Path, fd: int, header: dict, owner: bool) -> None:
+        self.path, self.fd, self.owner = Path(path), fd, owner
+        self.header = header
+        self.naux, self.ncols = header["shape"]
+        self.chunk_cols = header["chunk_cols"]
+
+    @classmethod
+    def create(cls, path: Path, naux: int, ncols: int) -> "ScratchB":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        chunk_cols = max(1, min(ncols, SCRATCH_CHUNK_BYTES // (FP64_BYTES * naux)))
+        header = {"format": FORMAT, "shape": [naux, ncols], "chunk_cols": chunk_cols,
+                  SIGNATURE: None}
+        try:
+            fd = create_exclusive(path, REMEDY)
+        except OSError as exc:
+            raise _disk_error(path, exc) from None
+        store = cls(path, fd, header, owner=True)
+        try:
+            store._write_header()
+            # Full length at once (a sparse file): what is read before it is written is zero.
+            os.ftruncate(fd, HEADER_BYTES + FP64_BYTES * naux * ncols)
+        except OSError as exc:
+            store.close()
+            raise _disk_error(path, exc) from None
+        except ScratchError:
+            store.close()
+            raise
+        log.info("a %d x %d tensor in scratch file %s", naux, ncols, path)
+        return store
+
+    @classmethod
+    def reopen_complete(cls, path: Path, shape: tuple[int, int],
+                        signature: str) -> "ScratchB | None":
+        """A finished B left by a killed run on the same orbitals, or None (and the file is
+        removed) when it is unfinished, damaged or from other orbitals."""
+        refuse_unless_regular(path, REMEDY)
+        if not path.exists():
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            path.unlink(missing_ok=True)
+            return None
+        header = _read_header(fd)
+        expected_size = HEADER_BYTES + FP64_BYTES * shape[0] * shape[1]
+        if (header is None or header.get("shape") != list(shape)
+                or header.get(SIGNATURE) != signature
+                or os.fstat(fd).st_size != expected_size):
+            os.close(fd)
+            log.info("scratch file %s is unfinished, damaged or from other orbitals; it will "
+                     "be rebuilt", path)
+            path.unlink(missing_ok=True)
+            return None
+        log.info("reusing the fitted B in scratch file %s", path)
+        return cls(path, fd, header, owner=True)
+
+    @classmethod
+    def open_shared(cls, path: Path) -> "ScratchB":
+        """Another rank's finished B, read-only; the rank that wrote it deletes it."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise ScratchError(f"cannot read the shared scratch file {path}: "
+                               f"{exc.strerror or exc}") from None
+        header = _read_header(fd)
+        if header is None:
+            os.close(fd)
+            raise ScratchError(f"the shared scratch file {path} is damaged")
+        return cls(path, fd, header, owner=False)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.naux, self.ncols
+
+    def _chunks(self, c0: int, c1: int):
+        """(chunk start column, chunk width, first and last column of [c0, c1) inside it)."""
+        first = c0 // self.chunk_cols * self.chunk_cols
+        for start in range(first, c1, self.chunk_cols):
+            width = min(self.chunk_cols, self.ncols - start)
+            yield start, width, max(c0, start) - start, min(c1, start + width) - start
+
+    def _offset(self, chunk_start: int) -> int:
+        return HEADER_BYTES + FP64_BYTES * self.naux * chunk_start
+
+    def write_rows(self, p0: int, p1: int, rows: torch.Tensor) -> None:
+        values = np.ascontiguousarray(rows.numpy(), dtype=np.float64)
+        for start, width, _, _ in self._chunks(0, self.ncols):
+            block = np.ascontiguousarray(values[:, start:start + width])
+            self._pwrite(block, self._offset(start) + FP64_BYTES * p0 * width)
+
+    def read_rows(self, p0: int, p1: int, c0: int = 0, c1: int | None = None) -> torch.Tensor:
+        """Rows [p0, p1) of columns [c0, c1) (default: all), reading only the column chunks
+        that hold them."""
+        c1 = self.ncols if c1 is None else c1
+        out = torch.empty((p1 - p0, c1 - c0), dtype=torch.float64)
+        # One read buffer for all chunks: a fresh one per chunk costs its page faults again.
+        staging = np.empty((p1 - p0) * self.chunk_cols)
+        for start, width, lo, hi in self._chunks(c0, c1):
+            piece = staging[:(p1 - p0) * width]
+            self._pread_into(piece, self._offset(start) + FP64_BYTES * p0 * width)
+            # Narrow chunks (a few columns of a tall tensor) make this a strided copy, which
+            # torch does about three times faster than numpy (measured).
+            out[:, start + lo - c0:start + hi - c0].copy_(
+                torch.from_numpy(piece).view(p1 - p0, width)[:, lo:hi])
+        return out
+
+    def _staging(self, count: int) -> np.ndarray:
+        """A read buffer kept between reads: a fresh one per chunk would be paid again in
+        page faults on every read (the tensor of an SCF is read twice per cycle)."""
+        if self._buffer is None or self._buffer.size < count:
+            self._buffer = np.empty(count)
+        return self._buffer
+
+    def write_columns(self, c0: int, c1: int, values: torch.Tensor) -> None:
+        values = values.numpy()
+        for start, width, lo, hi in self._chunks(c0, c1):
+            piece = values[:, start + lo - c0:start + hi - c0]
+            if lo == 0 and hi == width:
+                self._pwrite(np.ascontiguousarray(piece, dtype=np.float64), self._offset(start))
+            else:
+                chunk = self._read_chunk(start, width)
+                chunk[:, lo:hi] = piece
+                self._pwrite(chunk, self._offset(start))
+
+    def read_columns(self, c0: int, c1: int) -> torch.Tensor:
+        out = np.empty((self.naux, c1 - c0))
+        for start, width, lo, hi in self._chunks(c0, c1):
+            chunk = self._read_chunk(start, width)
+            out[:, start + lo - c0:start + hi - c0] = chunk[:, lo:hi]
+        return torch.from_numpy(out)
+
+    def _read_chunk(self, start: int, width: int) -> np.ndarray:
+        data = self._pread(FP64_BYTES * self.naux * width, self._offset(start))
+        return np.frombuffer(data, dtype=np.float64).reshape(self.naux, width).copy()
+
+    def _pread_into(self, buffer: np.ndarray, offset: int) -> None:
+        view = memoryview(buffer).cast("B")
+        try:
+            while view:
+                count = os.preadv(self.fd, [view], offset)
+                if count == 0:
+                    raise ScratchError(f"the scratch file {self.path} is shorter than its "
+                                       "tensor")
+                view, offset = view[count:], offset + count
+        except OSError as exc:
+            raise ScratchError(f"cannot read the scratch file {self.path}: "
+                               f"{exc.strerror or exc}") from None
+
+    def _pread(self, nbytes: int, offset: int) -> bytes:
+        try:
+            data = os.pread(self.fd, nbytes, offset)
+        except OSError as exc:
+            raise ScratchError(f"cannot read the scratch file {self.path}: "
+                               f"{exc.strerror or exc}") from None
+        if len(data) != nbytes:
+            raise ScratchError(f"the scratch file {self.path} is shorter than its tensor")
+        return data
+
+    def _pwrite(self, array: np.ndarray, offset: int) -> None:
+        data = memoryview(array).cast("B")
+        try:
+            while data:
+                written = os.pwrite(self.fd, data, offset)
+                data, offset = data[written:], offset + written
+        except OSError as exc:
+            raise _disk_error(self.path, exc) from None
+
+    def _write_header(self) -> None:
+        text = json.dumps(self.header).encode()
+        self._pwrite(np.frombuffer(text.ljust(HEADER_BYTES), dtype=np.uint8), 0)
+
+    def mark_complete(self, signature: str) -> None:
+        """Say, durably, that B is finished for these orbitals (a killed run's successor may
+        then reuse it)."""
+        try:
+            os.fsync(self.fd)
+            self.header[SIGNATURE] = signature
+            self._write_header()
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise _disk_error(self.path, exc) from None
+
+    def share(self) -> Path:
+        """The path other ranks open (read-only) once B is finished."""
+        return self.path
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.owner:
+            self.path.unlink(missing_ok=True)
+
+
+def _read_header(fd: int) -> dict | None:
+    try:
+        header = json.loads(os.pread(fd, HEADER_BYTES, 0).rstrip(b" ").decode())
+    except (OSError, ValueError):
+        return None
+    return header if isinstance(header, dict) and header.get("format") == FORMAT else None
+
+
+def open_store(naux: int, ncols: int, path: Path | None, zeroed: bool = False):
+    """B in the scratch file ``path`` (whose unwritten parts read as zero), or in memory when
+    there is none (zero-filled only when ``zeroed``)."""
+    if path is not None:
+        return ScratchB.create(path, naux, ncols)
+    return InMemoryB(naux, ncols, zeroed)

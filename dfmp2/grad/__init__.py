@@ -1,0 +1,2 @@
+"""The relaxed analytic DF-MP2 gradient: amplitudes, orbital response, derivative
+integrals."""

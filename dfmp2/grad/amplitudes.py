@@ -1,0 +1,218 @@
+"""The amplitude side of the DF-MP2 gradient: a sweep over occupied blocks of B, like the
+energy step, that forms per spin channel
+
+* the three-index intermediate Gamma_ia^P = sum_jb A_ij^ab B_jb^P (B form, naux_fit rows),
+* the unrelaxed density blocks P_ij (active occupied) and P_ab (virtual),
+* E_OS and E_SS of the same amplitudes (a check against the energy step).
+
+A is half the derivative of the (scaled) correlation energy with respect to (ia|jb):
+
+* closed shell: A = (c_os + c_ss) t_ij^ab - c_ss t_ij^ba, so E = sum_ijab (ia|jb) A_ij^ab;
+* same spin (UHF): A = c_ss (t_ij^ab - t_ij^ba), E_SS(sigma) = 1/2 sum (ia|jb) A / c_ss;
+* opposite spin: A = c_os t_ij^ab,
+
+with t_ij^ab = (ia|jb) / (e_i + e_j - e_a - e_b). The densities are dE/dF_pq: P_ij =
+-f sum_kab t_ik^ab A_jk^ab and P_ab = f sum_ijc t_ij^ac A_ij^bc, with f = 2 for the closed
+shell (the density is summed over both spins) and 1 per spin of UHF.
+
+Why slabs and not the energy's pairs I <= J: P_ij with i and j in different occupied blocks
+sums t_ik A_jk over every k, so it needs every row orbital against one column block at once.
+A sweep therefore pairs ALL occupied orbitals of its row channel with one occupied block K of
+its column channel ("slab" (all, K)) and adds that slab's share of the row channel's P_ij and
+P_ab. A is symmetric under (ia) <-> (kb), so the same slab completes the column channel's
+Gamma for K: Gamma_kb = sum_ia A_ia,kb B_ia. Each finished column block of Gamma is written
+once to its store (in memory or a scratch file), and the slab's rows of B are read in row
+blocks, so neither B nor Gamma has to be held whole. Closed-shell and same-spin slabs visit
+each ordered pair once; opposite spins are swept twice, alpha rows against beta blocks and
+beta rows against alpha blocks, once for each channel's quantities. The integral tiles cost
+twice the energy step's (which halves them by I <= J), Gamma as much again.
+
+Every O(N^5) product (the (ia|jb) slabs, Gamma and the densities) goes through the kernel
+set's gemm, so the sweep is counted like the energy step. Gamma and the densities are
+accumulated in fp64.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from dfmp2.mp2.pairs import BlockReader, OccRange, occupied_blocks, orbital_denominators
+
+# A slab (nocc nvir x |K| nvir) of this size keeps the five slabs of one step (the integrals,
+# t, t with a and b swapped, A and a permuted copy) within about 160 MB.
+MAX_SLAB_BYTES = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class Scales:
+    """Opposite- and same-spin scale factors of the correlation energy (MP2: 1, 1)."""
+
+    os: float = 1.0
+    ss: float = 1.0
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Rows: every active occupied orbital of ``row_channel``; columns: occupied blocks of
+    ``col_channel``. ``kind`` is ``closed``, ``same`` (UHF same spin) or ``opposite``;
+    ``energy`` says whether this sweep adds to the energy sums (the second opposite-spin
+    sweep repeats the first one's pairs)."""
+
+    kind: str
+    row_channel: int
+    col_channel: int
+    energy: bool = True
+
+
+CLOSED_SHELL_SWEEPS = (Sweep("closed", 0, 0),)
+OPEN_SHELL_SWEEPS = (Sweep("same", 0, 0), Sweep("same", 1, 1), Sweep("opposite", 0, 1),
+                     Sweep("opposite", 1, 0, energy=False))
+
+
+@dataclass
+class AmplitudeIntermediates:
+    """Per channel: ``p_occ`` (nocc, nocc) and ``p_vir`` (nvir, nvir), fp64; the unscaled
+    E_OS and E_SS. Gamma went to the stores handed to the sweep."""
+
+    p_occ: list[torch.Tensor]
+    p_vir: list[torch.Tensor]
+    e_os: float
+    e_ss: float
+
+
+def gradient_occ_block(nocc: int, nvir: int, itemsize: int,
+                       max_slab_bytes: int = MAX_SLAB_BYTES) -> int:
+    """Occupied orbitals per column block: the fewest blocks whose slab fits, evened out."""
+    row_bytes = max(nocc * nvir, 1) * max(nvir, 1) * itemsize
+    largest = max(1, max_slab_bytes // row_bytes)
+    nblocks = -(-max(nocc, 1) // largest)
+    return -(-max(nocc, 1) // nblocks)
+
+
+def _swap_virtuals(t: torch.Tensor, ni: int, nvir: int, nj: int) -> torch.Tensor:
+    """t_ij^ba laid out as t_ij^ab: [i, a, j, b] <- [i, b, j, a]."""
+    return t.view(ni, nvir, nj, nvir).permute(0, 3, 2, 1).reshape(ni * nvir, nj * nvir)
+
+
+def _row_virtual_major(t: torch.Tensor, ni: int, nvir_i: int) -> torch.Tensor:
+    """[i, a, (j, b)] -> rows a, columns (i, j, b): the row virtual's view of a slab."""
+    return t.view(ni, nvir_i, -1).permute(1, 0, 2).reshape(nvir_i, -1)
+
+
+@dataclass
+class _Slab:
+    """One column block K against every row orbital: its t and A (rows (i, a), columns
+    (k, b)), the column channel's Gamma for K, and the (direct, exchange) sums."""
+
+    t: torch.Tensor
+    amp: torch.Tensor
+    gamma: torch.Tensor
+    direct: float = 0.0
+    exchange: float = 0.0
+
+
+def _amplitudes(ovov: torch.Tensor, denom_rows: torch.Tensor, d_cols: torch.Tensor,
+                sweep: Sweep, scales: Scales) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """t and A of the row orbitals of ``ovov`` (whole rows i: the virtual swap stays inside
+    them) and their (direct, exchange) sums."""
+    t = ovov / (denom_rows.reshape(-1)[:, None] + d_cols[None, :])
+    direct = float(torch.sum(ovov * t, dtype=torch.float64))
+    if sweep.kind == "opposite":
+        return t, scales.os * t, direct, 0.0
+    ni, nvir = denom_rows.shape
+    swapped = _swap_virtuals(t, ni, nvir, d_cols.shape[0] // nvir)
+    exchange = float(torch.sum(ovov * swapped, dtype=torch.float64))
+    if sweep.kind == "closed":
+        amp = (scales.os + scales.ss) * t - scales.ss * swapped
+    else:
+        amp = scales.ss * (t - swapped)
+    return t, amp, direct, exchange
+
+
+def _slab(kernel_set, sweep: Sweep, scales: Scales, row_reader: BlockReader,
+          row_blocks: list[OccRange], b_cols: torch.Tensor, denom_rows: torch.Tensor,
+          d_cols: torch.Tensor) -> _Slab:
+    """t, A, the column channel's Gamma_K = sum_ia A_ia,kb B_ia and the energy sums of one
+    slab, row block by row block of B."""
+    gemm = kernel_set.gemm
+    nocc, nvir_i = denom_rows.shape
+    ncols = b_cols.shape[1]
+    slab = _Slab(torch.empty((nocc * nvir_i, ncols), dtype=b_cols.dtype, device=b_cols.device),
+                 torch.empty((nocc * nvir_i, ncols), dtype=b_cols.dtype, device=b_cols.device),
+                 torch.zeros((b_cols.shape[0], ncols), dtype=torch.float64,
+                             device=b_cols.device))
+    for i0, i1 in row_blocks:
+        b_rows = row_reader.columns((i0, i1))
+        rows = slice(i0 * nvir_i, i1 * nvir_i)
+        t, amp, direct, exchange = _amplitudes(gemm(b_rows.T, b_cols), denom_rows[i0:i1],
+                                               d_cols, sweep, scales)
+        slab.t[rows], slab.amp[rows] = t, amp
+        slab.direct += direct
+        slab.exchange += exchange
+        slab.gamma += gemm(b_rows, amp).to(torch.float64)
+    return slab
+
+
+def _by_column_channel(sweeps: tuple[Sweep, ...], nchannels: int) -> list[list[Sweep]]:
+    """The sweeps that add to each channel's Gamma: a column block is finished, and written
+    once, after all of them."""
+    return [[sweep for sweep in sweeps if sweep.col_channel == col] for col in range(nchannels)]
+
+
+def amplitude_intermediates(readers: list[BlockReader], gamma_stores: list,
+                            e_occ: list[torch.Tensor], e_vir: list[torch.Tensor], kernel_set,
+                            occ_block: int, scales: Scales,
+                            row_block: int | None = None) -> AmplitudeIntermediates:
+    """P_ij, P_ab and the energies from every slab of every sweep; each channel's Gamma
+    (naux_fit, nocc*nvir), B's layout, written column block by column block into
+    ``gamma_stores``.
+
+    ``readers`` give the columns of each channel's B (one channel: closed shell; two: UHF
+    alpha and beta); ``e_occ``/``e_vir`` are the active occupied and virtual orbital energies;
+    ``occ_block`` is the column block of the slabs, ``row_block`` the occupied orbitals of B
+    read at once for a slab's rows (default: all).
+    """
+    closed_shell = len(readers) == 1
+    sweeps = CLOSED_SHELL_SWEEPS if closed_shell else OPEN_SHELL_SWEEPS
+    denoms = [orbital_denominators(o, v, readers[0].dtype) for o, v in zip(e_occ, e_vir)]
+    nocc = [int(o.shape[0]) for o in e_occ]
+    nvir = [int(v.shape[0]) for v in e_vir]
+    device = readers[0].device
+    p_occ = [torch.zeros((o, o), dtype=torch.float64, device=device) for o in nocc]
+    p_vir = [torch.zeros((v, v), dtype=torch.float64, device=device) for v in nvir]
+    sums: dict[str, list[tuple[float, float]]] = {}
+    gemm = kernel_set.gemm
+    for col, channel_sweeps in enumerate(_by_column_channel(sweeps, len(readers))):
+        for block in occupied_blocks(nocc[col], occ_block):
+            b_cols = readers[col].columns(block)
+            d_cols = denoms[col][block[0]:block[1]].reshape(-1)
+            gamma = None
+            for sweep in channel_sweeps:
+                row = sweep.row_channel
+                slab = _slab(kernel_set, sweep, scales, readers[row],
+                             occupied_blocks(nocc[row], row_block or nocc[row]), b_cols,
+                             denoms[row], d_cols)
+                gamma = slab.gamma if gamma is None else gamma.add_(slab.gamma)
+                density_factor = 2.0 if sweep.kind == "closed" else 1.0
+                p_occ[row] -= density_factor * gemm(slab.t.reshape(nocc[row], -1),
+                                                    slab.amp.reshape(nocc[row], -1).T
+                                                    ).to(torch.float64)
+                p_vir[row] += density_factor * gemm(
+                    _row_virtual_major(slab.t, nocc[row], nvir[row]),
+                    _row_virtual_major(slab.amp, nocc[row], nvir[row]).T).to(torch.float64)
+                if sweep.energy:
+                    sums.setdefault(sweep.kind, []).append((slab.direct, slab.exchange))
+                del slab
+            gamma_stores[col].write_columns(block[0] * nvir[col], block[1] * nvir[col],
+                                            gamma.cpu())
+    totals = {kind: (math.fsum(d for d, _ in parts), math.fsum(x for _, x in parts))
+              for kind, parts in sums.items()}
+    if closed_shell:
+        direct, exchange = totals["closed"]
+        return AmplitudeIntermediates(p_occ, p_vir, direct, direct - exchange)
+    # Both same-spin sweeps are summed together: E_SS = 1/2 sum over alpha and beta.
+    same_direct, same_exchange = totals["same"]
+    return AmplitudeIntermediates(p_occ, p_vir, totals["opposite"][0],
+                                  0.5 * (same_direct - same_exchange))

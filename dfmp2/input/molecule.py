@@ -1,0 +1,123 @@
+"""The PySCF molecule of a geometry: charge and spin, basis set and effective core potentials."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+from pyscf import gto
+from pyscf.data import elements
+
+from dfmp2.errors import InputError
+from dfmp2.input.xyz import Geometry
+
+log = logging.getLogger(__name__)
+NO_ECP = "none"
+
+
+def resolve_charge_spin(geometry: Geometry, charge: int | None, spin: int | None,
+                        ghosts: frozenset[int] = frozenset(),
+                        ecp_electrons: int = 0) -> tuple[int, int]:
+    """Charge and spin (2S, PySCF's convention): flags win over the comment line. Ghost atoms
+    bring no nuclear charge; electrons replaced by core potentials are not counted."""
+    if charge is None:
+        charge = geometry.charge if geometry.charge is not None else 0
+    if spin is None and geometry.multiplicity is not None:
+        spin = geometry.multiplicity - 1
+    nuclear = sum(elements.charge(symbol) for n, symbol in enumerate(geometry.symbols)
+                  if n not in ghosts) - ecp_electrons
+    nelectron = nuclear - charge
+    if nelectron < 1:
+        raise InputError(f"charge {charge:+d} leaves {nelectron} electrons "
+                         f"(nuclear charge {nuclear}); lower the charge")
+    if nelectron % 2 and not spin:
+        raise InputError(f"{nelectron} electrons (charge {charge:+d}) cannot be closed-shell; "
+                         "open-shell references need --spin (2S, e.g. --spin 1 for a doublet)")
+    spin = spin or 0
+    if spin < 0:
+        raise InputError(f"--spin must be non-negative (it is 2S = N_alpha - N_beta), got {spin}")
+    if (nelectron - spin) % 2:
+        raise InputError(f"{nelectron} electrons cannot have spin 2S={spin}: the parity differs; "
+                         "--spin is 2S (multiplicity - 1)")
+    if spin > nelectron:
+        raise InputError(f"spin 2S={spin} exceeds the {nelectron} electrons")
+    return charge, spin
+
+
+def element_ecp(name: str, symbol: str) -> list | None:
+    """The effective core potential ``name`` defines for ``symbol`` (PySCF's data), or None.
+
+    Looks only in PySCF's bundled basis library, where a basis such as def2-SVP, LANL2DZ or
+    cc-pVDZ-PP keeps its core potentials next to its orbital functions."""
+    files = gto.basis.ALIAS.get(gto.basis._format_basis_name(name))
+    if files is None:
+        return None
+    for file in (files,) if isinstance(files, str) else files:
+        path = os.path.join(gto.basis._BASIS_DIR, file)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                data = gto.basis.load_ecp(path, symbol)
+        except Exception:  # PySCF raises several types for "no ECP for this element"
+            continue
+        if data:
+            return data
+    return None
+
+
+def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[str, str]:
+    """Element -> ECP name. By default a basis brings its own core potentials (def2-* from Rb
+    on, LANL2DZ, cc-pVnZ-PP ...), as PySCF does with ``ecp=basis``; ``none`` runs all-electron;
+    any other name is an ECP set that must cover at least one element of the molecule."""
+    present = sorted(set(symbols), key=elements.charge)
+    if ecp is not None and ecp.strip().lower() == NO_ECP:
+        carried = [s for s in present if element_ecp(basis, s)]
+        if carried:
+            log.warning("--ecp none: %s run all-electron in %s, a basis made for core "
+                        "potentials there", ", ".join(carried), basis)
+        return {}
+    name = basis if ecp is None else ecp.strip()
+    if not name:
+        raise InputError("--ecp needs a name, e.g. def2-svp, or 'none'")
+    chosen = {symbol: name for symbol in present if element_ecp(name, symbol)}
+    if ecp is not None and not chosen:
+        raise InputError(f"ECP '{ecp}' has no core potential for any of "
+                         f"{', '.join(present)}; choose another --ecp or 'none'")
+    return chosen
+
+
+def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
+                   ecp: dict[str, str] | None = None,
+                   ghosts: frozenset[int] = frozenset()) -> gto.Mole:
+    """The PySCF molecule; an unknown basis or one lacking an element is an InputError."""
+    if not basis.strip():
+        raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
+    mol = gto.Mole()
+    mol.atom = geometry.pyscf_atoms(ghosts)
+    mol.unit = "Angstrom"
+    mol.basis = basis
+    mol.ecp = {symbol: element_ecp(name, symbol) for symbol, name in (ecp or {}).items()}
+    mol.charge = charge
+    mol.spin = spin
+    mol.verbose = 0
+    mol.output = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mol.build(parse_arg=False, dump_input=False)
+    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+        raise InputError(_basis_message(basis, exc, geometry.symbols)) from None
+    return mol
+
+
+def _basis_message(basis: str, exc: Exception, symbols: tuple[str, ...]) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    match = re.search(r"not found for (\w+)", text)
+    if match:
+        return (f"basis '{basis}' has no functions for {match.group(1)}; "
+                "choose a basis that covers it")
+    if "Unknown basis" in text or "basis" in text.lower():
+        return f"unknown basis '{basis}'; use a PySCF basis name such as cc-pvdz or def2-svp"
+    elements_present = ", ".join(sorted(set(symbols)))
+    return f"cannot build the molecule ({elements_present}) with basis '{basis}': {text}"

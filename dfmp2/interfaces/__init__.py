@@ -1,0 +1,1 @@
+"""Other programs that drive dfmp2: QCSchema, QCEngine and ASE."""

@@ -1,0 +1,119 @@
+"""An ASE calculator: DF-MP2, SCS-MP2, SOS-MP2 or double-hybrid energies and MP2 forces::
+
+    from ase.build import molecule
+    from dfmp2.interfaces.ase import DFMP2
+    atoms = molecule("H2O")
+    atoms.calc = DFMP2(basis="cc-pvdz", method="mp2")
+    atoms.get_potential_energy()      # eV
+    atoms.get_forces()                # eV/Angstrom
+
+Each calculation is ``dfmp2 run`` (or ``dfmp2 gradient`` when forces are asked for) on the
+Atoms, through the same pipeline and checks. Charge and spin come from the arguments, else
+from the Atoms' initial charges and magnetic moments (their sums). Records live in scratch
+for the length of a calculation unless ``records`` names a folder to keep them in
+(``<label>-<n>.h5``). Needs ase (``pip install 'dfmp2[ase]'``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+from ase.units import Bohr, Hartree
+
+from dfmp2.jobs import pipeline
+from dfmp2.errors import InputError
+from dfmp2.records.sections import read_gradient
+from dfmp2.records.report import method_energy
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import geometry_from_atoms
+
+METHODS = ("mp2", "scs-mp2", "sos-mp2")
+# RunSettings fields that are not options of a calculation (the calculator sets them).
+NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
+               "output", "resume", "show_progress", "command"}
+RUN_OPTIONS = {item.name for item in dataclasses.fields(RunSettings)} - NOT_OPTIONS
+
+
+class DFMP2(Calculator):
+    """dfmp2 as an ASE calculator (energies in eV, forces in eV/Angstrom)."""
+
+    implemented_properties = ["energy", "free_energy", "forces"]
+    default_parameters = {"basis": "cc-pvdz", "method": "mp2", "xc": None,
+                          "frozen_core": False, "charge": None, "spin": None, "records": None}
+
+    def __init__(self, basis: str = "cc-pvdz", method: str = "mp2", xc: str | None = None,
+                 frozen_core: bool = False, charge: int | None = None,
+                 spin: int | None = None, records: str | Path | None = None,
+                 label: str | None = None, **run_options) -> None:
+        unknown = sorted(set(run_options) - RUN_OPTIONS - {"directory", "atoms"})
+        if unknown:
+            raise InputError(f"unknown option {', '.join(unknown)} for DFMP2; it takes "
+                             f"{', '.join(sorted(RUN_OPTIONS))}")
+        if method not in METHODS:
+            raise InputError(f"method {method!r}: choose one of {', '.join(METHODS)} (or xc= "
+                             "for a double hybrid)")
+        super().__init__(label=label, basis=basis, method=method, xc=xc,
+                         frozen_core=frozen_core, charge=charge, spin=spin, records=records,
+                         **run_options)
+        self.count = 0
+
+    def calculate(self, atoms=None, properties=("energy",),
+                  system_changes=all_changes) -> None:
+        super().calculate(atoms, properties, system_changes)
+        forces = "forces" in properties
+        if forces and self.parameters.xc is not None:
+            raise PropertyNotImplementedError("forces of double hybrids are not available: "
+                                              "dfmp2 has analytic gradients for MP2, SCS-MP2 "
+                                              "and SOS-MP2 only")
+        if np.any(self.atoms.pbc):
+            raise InputError("dfmp2 computes molecules; these Atoms are periodic")
+        self.count += 1
+        with tempfile.TemporaryDirectory(prefix="dfmp2-ase-") as scratch:
+            settings = self._settings(Path(scratch), forces)
+            geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
+                                           self.atoms.positions, "angstrom",
+                                           f"ase:{self.atoms.get_chemical_formula()}")
+            outcome = pipeline.run(settings, geometry=geometry)
+            energy = method_energy(outcome.record, self.parameters.method)
+            gradient = read_gradient(outcome.record) if forces else None
+        self.results["energy"] = self.results["free_energy"] = energy * Hartree
+        if gradient is not None:
+            self.results["forces"] = -np.asarray(gradient[1]) * Hartree / Bohr
+
+    def _settings(self, scratch: Path, forces: bool) -> RunSettings:
+        parameters = dict(self.parameters)
+        options = {key: parameters[key] for key in RUN_OPTIONS if key in parameters}
+        records = parameters.get("records")
+        name = f"{self.prefix or 'dfmp2'}-{self.count}.h5"
+        output = Path(records) / name if records else scratch / name
+        if records:
+            output.parent.mkdir(parents=True, exist_ok=True)
+        charge, spin = self._charge_spin()
+        return RunSettings(molecule=Path(f"ase-{self.atoms.get_chemical_formula()}"),
+                           basis=parameters["basis"], method=parameters["method"],
+                           xc=parameters["xc"], frozen_core=parameters["frozen_core"],
+                           charge=charge, spin=spin,
+                           task="gradient" if forces else "energy", output=output,
+                           scratch=options.pop("scratch", None) or scratch,
+                           show_progress=False, command="dfmp2.interfaces.ase.DFMP2", **options)
+
+    def _charge_spin(self) -> tuple[int, int]:
+        """From the arguments, else the sums of the Atoms' initial charges and magnetic
+        moments (which must be whole numbers)."""
+        charge, spin = self.parameters.charge, self.parameters.spin
+        if charge is None:
+            charge = _whole(self.atoms.get_initial_charges().sum(), "initial charges")
+        if spin is None:
+            spin = _whole(self.atoms.get_initial_magnetic_moments().sum(),
+                          "initial magnetic moments (2S)")
+        return int(charge), int(spin)
+
+
+def _whole(value: float, what: str) -> int:
+    if abs(value - round(value)) > 1e-6:
+        raise InputError(f"the Atoms' {what} add up to {value:g}, not a whole number; pass "
+                         "charge= and spin= to DFMP2")
+    return int(round(value))

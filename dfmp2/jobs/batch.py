@@ -1,0 +1,342 @@
+"""`dfmp2 batch`: many molecules, one record each, resumable and shardable.
+
+Manifest format: one molecule per line, ``path/to/molecule.xyz [run options]``, with the same
+options as ``dfmp2 run`` (e.g. ``water.xyz --basis cc-pvtz --frozen-core``). A line with
+``--split N`` (and optionally ``--charges a,b`` / ``--spins a,b``) is a dimer: it gets a
+counterpoise interaction-energy job with the options of ``dfmp2 interaction``. Paths are
+relative to the manifest's folder; blank lines and lines starting with ``#`` are ignored.
+Options on a line override the batch's own options for that molecule.
+
+A line that cannot run (a missing file, an unknown option) is recorded as failed and the
+batch goes on. A record that is already complete counts as done only when it was computed
+with the same inputs; otherwise the molecule is recomputed and the old record is kept beside
+the new one (see :mod:`dfmp2.records.checkpoint`). A molecule whose record another dfmp2 run holds
+(a second batch on the same list and folder) is left to that run, and the summary reports
+what its record says when the summary is written.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import io
+import json
+import logging
+import os
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from dfmp2.jobs import pipeline
+from dfmp2.system.distributed import environment_integer
+from dfmp2.errors import Dfmp2Error, InputError, RunFailure
+from dfmp2.system.progress import Progress
+from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA, Node,
+                                new_record, read_record, schema, set_status, status, write_record)
+from dfmp2.records.sections import CalculationInputs
+from dfmp2.records.lock import RecordInUse, RecordLock
+from dfmp2.records.report import json_summary
+from dfmp2.input.settings import RunSettings
+
+log = logging.getLogger(__name__)
+GLOB_CHARACTERS = set("*?[")
+SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot",
+                  "e_int_mp2_cp", "e_int_dh_cp", "seconds", "record", "error")
+INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
+# A molecule whose record another dfmp2 run holds is left to that run: not a failure here.
+RUNNING_ELSEWHERE = "running elsewhere"
+OTHER_RUN = "(other run)"
+
+
+@dataclass
+class BatchItem:
+    index: int
+    molecule: Path
+    overrides: dict
+    interaction: dict | None = None
+    error: str | None = None
+
+
+def _manifest_items(manifest: Path, commands: dict[str, click.Command],
+                    start: int) -> list[BatchItem]:
+    try:
+        lines = manifest.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return [BatchItem(start, manifest, {}, error=f"manifest {manifest} cannot be read as "
+                                                      "text")]
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        items.append(_line_item(manifest, number, line, commands, start + len(items)))
+    return items
+
+
+def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click.Command],
+               index: int) -> BatchItem:
+    where = f"{manifest}, line {number}"
+    try:
+        tokens = shlex.split(line)
+    except ValueError as exc:
+        return BatchItem(index, manifest, {}, error=f"{where}: {exc}")
+    path = Path(tokens[0])
+    path = path if path.is_absolute() else manifest.parent / path
+    is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
+    name = "interaction" if is_dimer else "run"
+    try:
+        ctx = commands[name].make_context(name, [str(path), *tokens[1:]], obj={"command": ""})
+    except click.ClickException as exc:
+        return BatchItem(index, path, {}, error=f"{where}: {exc.format_message()}")
+    overrides = {key: value for key, value in ctx.params.items()
+                 if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
+                 and key not in ("molecule", "dimer")}
+    if overrides.pop("as_json", None) or overrides.pop("output", None):
+        return BatchItem(index, path, {}, error=f"{where}: --json and -o are chosen by the "
+                                                "batch, not per molecule")
+    interaction = None
+    if is_dimer:
+        interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
+    return BatchItem(index, path, overrides, interaction)
+
+
+def collect_items(inputs: list[str], commands: dict[str, click.Command],
+                  dimers: bool = False) -> list[BatchItem]:
+    """XYZ files, globs of them, and manifests, in the order given. With ``dimers`` every XYZ
+    input is a dimer whose split is read from its comment line. Inputs that do not exist
+    become failed items."""
+    as_dimer = {"split": None, "charges": None, "spins": None} if dimers else None
+    items: list[BatchItem] = []
+    for text in inputs:
+        if GLOB_CHARACTERS & set(text):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                items.append(BatchItem(len(items), Path(text), {},
+                                       error=f"the pattern {text!r} matches no file"))
+            items += [BatchItem(len(items) + n, Path(m), {}, as_dimer)
+                      for n, m in enumerate(matches)]
+            continue
+        path = Path(text)
+        if not path.is_file():
+            items.append(BatchItem(len(items), path, {}, error=f"{text}: no such file"))
+        elif path.suffix.lower() == ".xyz":
+            items.append(BatchItem(len(items), path, {}, as_dimer))
+        else:
+            items += _manifest_items(path, commands, len(items))
+    if not items:
+        raise InputError("no molecules to run")
+    return items
+
+
+def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
+                world_size: int = 1) -> tuple[int, int]:
+    """``K/N`` (0 <= K < N); by default this process's rank under torchrun/srun (molecules are
+    spread over ranks), else the task of a Slurm array job (from ``environ``), else 0/1."""
+    if text is None and world_size > 1:
+        return rank, world_size
+    if text is None:
+        return slurm_array_shard(environ) or (0, 1)
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise InputError(f"--shard {text!r}: write it as K/N, e.g. 0/4") from None
+    if not 0 <= k < n:
+        raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
+    return k, n
+
+
+def _slurm_number(environ: Mapping[str, str], name: str, default: int | None = None
+                  ) -> int | None:
+    return environment_integer(environ, name, default, minimum=None,
+                               remedy="give the shard explicitly with --shard K/N")
+
+
+def slurm_array_shard(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """The shard of this task of a Slurm array job, None outside one. Task ids min, min+step,
+    ..., max are shards 0 .. count-1; an array that is not such a progression (``--array=3,7,9``)
+    is refused, since its tasks cannot tell which molecules the others run."""
+    task = _slurm_number(environ, "SLURM_ARRAY_TASK_ID")
+    if task is None:
+        return None
+    count = _slurm_number(environ, "SLURM_ARRAY_TASK_COUNT")
+    if count is None:
+        raise InputError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not; give "
+                         "the shard explicitly with --shard K/N")
+    first = _slurm_number(environ, "SLURM_ARRAY_TASK_MIN", 0)
+    step = _slurm_number(environ, "SLURM_ARRAY_TASK_STEP", 1)
+    last = _slurm_number(environ, "SLURM_ARRAY_TASK_MAX")
+    position, offset = divmod(task - first, step) if step > 0 else (-1, 0)
+    # With MAX, count ids in [min, max] on the step's grid can only be the whole progression,
+    # so each task can check on its own that no molecule falls between the tasks.
+    if (offset or not 0 <= position < count
+            or (last is not None and first + (count - 1) * step != last)):
+        bounds = f"min {first}, step {step}, count {count}" + (
+            f", max {last}" if last is not None else "")
+        raise InputError(f"Slurm array task {task} is not at a regular position of the array "
+                         f"({bounds}); give the shard explicitly with --shard K/N")
+    return position, count
+
+
+def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
+    """``<molecule>-<basis>[-<functional>].h5``, numbered where two molecules would share a
+    name."""
+    names = [f"{s.molecule.stem}-{s.basis.lower()}{s.xc_suffix()}"
+             + ("-interaction" if item.interaction is not None else "")
+             for s, item in zip(settings, items)]
+    return [f"{name}.h5" if names.count(name) == 1 else f"{name}-{item.index}.h5"
+            for name, item in zip(names, items)]
+
+
+def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
+    """Say 'failed' in a new record where the run could not write one itself. An existing
+    record is left alone: it may be complete, or belong to another run. So is a path whose
+    lock another run holds: it may not have written its record yet, and will."""
+    root = new_record(SCHEMA, settings.command, pipeline.versions())
+    set_status(root, FAILED, error)
+    CalculationInputs(xyz="", source=str(settings.molecule), basis=settings.basis,
+                      auxbasis=settings.auxbasis or "default").write(root)
+    try:
+        with RecordLock(path):
+            if not path.exists():
+                write_record(path, root)
+    except RecordInUse:
+        return
+    except Dfmp2Error as exc:
+        log.error("%s", exc)
+
+
+def _failed_row(row: dict, settings: RunSettings, error: str, start: float) -> dict:
+    _failed_record(settings.output, settings, error)
+    return {**row, "status": "failed", "error": error, "seconds": time.perf_counter() - start}
+
+
+def run_item(item: BatchItem, settings: RunSettings) -> dict:
+    row = {"index": item.index, "molecule": str(item.molecule), "basis": settings.basis,
+           "record": str(settings.output), "error": ""}
+    start = time.perf_counter()
+    if item.error is not None:
+        return _failed_row(row, settings, item.error, start)
+    try:
+        if item.interaction is not None:
+            values = _run_dimer(item, settings)
+        else:
+            outcome = pipeline.run(settings, reuse_complete=True)
+            state = ("complete (skipped)" if outcome.reused else
+                     "complete" if outcome.exit_code == 0 else "complete (check failed)")
+            values = {"status": state, **_energies(outcome.record, outcome.path)}
+    except RecordInUse as exc:
+        # The run holding the record writes it and reports on it; a failure here would
+        # contradict the record once that run completes it.
+        return {**row, "status": RUNNING_ELSEWHERE, "error": str(exc),
+                "seconds": time.perf_counter() - start}
+    except Dfmp2Error as exc:
+        return _failed_row(row, settings, str(exc), start)
+    except Exception as exc:  # a bug must not cost the rest of the batch its results
+        log.exception("internal error on %s", item.molecule)
+        return _failed_row(row, settings, f"internal error: {exc!r}", start)
+    return {**row, **values, "seconds": time.perf_counter() - start}
+
+
+def _energies(root: Node, path: Path) -> dict:
+    """The summary's energy columns of a complete record."""
+    if schema(root) == INTERACTION_SCHEMA:
+        from dfmp2.jobs import interaction as cp
+        return cp.batch_values(root)
+    summary = json_summary(root, str(path))
+    return {key: summary[key] for key in ("e_scf", "e_corr", "e_tot")}
+
+
+def _run_dimer(item: BatchItem, settings: RunSettings) -> dict:
+    from dfmp2.jobs import interaction as cp
+    outcome = cp.run_interaction(settings, item.interaction["split"],
+                                 cp.parse_pair(item.interaction["charges"], "--charges"),
+                                 cp.parse_pair(item.interaction["spins"], "--spins"),
+                                 settings.output, reuse_complete=True)
+    return {"status": "complete (skipped)" if outcome.reused else "complete",
+            **cp.batch_values(outcome.record)}
+
+
+def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
+              shard: tuple[int, int], show_progress: bool | None = None) -> list[dict]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    all_settings = [dataclasses.replace(base, molecule=item.molecule, **item.overrides)
+                    for item in items]
+    names = record_names(items, all_settings)
+    k, n = shard
+    chosen = [(item, dataclasses.replace(s, output=out_dir / name, show_progress=False))
+              for item, s, name in zip(items, all_settings, names) if item.index % n == k]
+    progress = Progress(len(chosen), f"batch {k}/{n}", show_progress)
+    rows = []
+    for item, settings in chosen:
+        rows.append(run_item(item, settings))
+        progress.advance()
+    return rows
+
+
+def _as_on_disk(row: dict) -> dict:
+    """A row left to another run, as its record says now: that run may have ended since."""
+    path = Path(row["record"])
+    try:
+        root = read_record(path)
+    except InputError:  # not written yet
+        return row
+    state = status(root)
+    if state == RUNNING:
+        return row
+    if state == COMPLETE:
+        return {**row, **_energies(root, path), "status": f"{COMPLETE} {OTHER_RUN}", "error": ""}
+    return {**row, "status": f"{state} {OTHER_RUN}", "error": root.attrs.get("error", "")}
+
+
+def _replace_file(path: Path, text: str) -> None:
+    # Two batches on one --out write the same summary: each is written beside it and renamed
+    # over it, so the file is always one batch's whole summary, never a mix of both.
+    temporary = path.parent / f".{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise RunFailure(f"cannot write the batch summary {path}: "
+                         f"{exc.strerror or exc}") from None
+
+
+def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]
+                    ) -> tuple[list[dict], Path, Path]:
+    """Write the CSV and JSON summaries; rows left to another run first take the status their
+    records have now, so a summary never contradicts a record. Returns the rows written."""
+    rows = [_as_on_disk(row) if row["status"] == RUNNING_ELSEWHERE else row for row in rows]
+    stem = "summary" if shard == (0, 1) else f"summary-shard-{shard[0]}-of-{shard[1]}"
+    csv_path, json_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=SUMMARY_FIELDS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: row.get(key, "") for key in SUMMARY_FIELDS})
+    _replace_file(csv_path, table.getvalue())
+    _replace_file(json_path, json.dumps(rows, indent=1, default=str) + "\n")
+    return rows, csv_path, json_path
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'#':>3} {'molecule':<32} {'basis':<10} {'status':<24} {'E_corr / Eh':>16} "
+             f"{'E_tot / Eh':>18} {'s':>7}"]
+    for row in rows:
+        e_corr = f"{row['e_corr']:16.10f}" if "e_corr" in row else f"{'-':>16}"
+        e_tot = f"{row['e_tot']:18.10f}" if "e_tot" in row else f"{'-':>18}"
+        lines.append(f"{row['index']:>3} {Path(row['molecule']).name[:32]:<32} "
+                     f"{row['basis'][:10]:<10} {row['status'][:24]:<24} {e_corr} {e_tot} "
+                     f"{row['seconds']:7.1f}")
+    left = [Path(row["molecule"]).name for row in rows
+            if row["status"] == RUNNING_ELSEWHERE or row["status"].endswith(OTHER_RUN)]
+    if left:
+        lines += ["", f"left to another dfmp2 run that held their records: {', '.join(left)}"]
+    return "\n".join(lines)

@@ -1,0 +1,246 @@
+"""`dfmp2 bench`: the whole calculation, and its SCF and MP2 stages, against PySCF.
+
+Each repeat runs both sides, each in a fresh process (so that each peak memory is its own):
+
+- PySCF: its density-fitted RHF/UHF (PySCF's own J/K, the same JK-fit basis and thresholds as
+  ours), then its DFMP2/DFUMP2 with the same RI basis and frozen core (``with_t2=False``);
+- dfmp2: exactly what ``dfmp2 run`` does (:func:`dfmp2.jobs.pipeline.run`): our J/K engine, our
+  MP2 stage, the record.
+
+The molecule is defined by the same options as ``dfmp2 run`` and through the same path
+(:mod:`dfmp2.input.calculation`, :mod:`dfmp2.scf.reference`). Ratios are taken within each
+repeat, then the median is reported: the machine may be shared.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dfmp2.jobs import pipeline
+from dfmp2.input.calculation import define_calculation
+from dfmp2.errors import Dfmp2Error, RunFailure
+from dfmp2.jobs.measure import energy_flops, gemm_rate
+from dfmp2.system.memory import format_size
+from dfmp2.system.progress import Progress
+from dfmp2.jobs.check import pyscf_dfmp2_energy
+from dfmp2.records.tree import BENCH_SCHEMA, COMPLETE, new_record, set_status, write_record
+from dfmp2.records.sections import Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings
+from dfmp2.records.job_sections import write_bench
+from dfmp2.scf.reference import ScfOptions, run_scf
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import read_xyz
+
+KB = 1024
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * KB
+
+
+def _define(settings: RunSettings):
+    geometry = read_xyz(settings.molecule)
+    return define_calculation(geometry, pipeline.request_of(settings, settings.charge,
+                                                             settings.spin))
+
+
+def pyscf_side(settings: RunSettings) -> dict:
+    """PySCF's DF-SCF then DF-MP2, timed stage by stage."""
+    calc = _define(settings)
+    pipeline.apply_threads(settings.threads)
+    start = time.perf_counter()
+    reference = run_scf(calc, ScfOptions(engine="pyscf"))
+    scf_done = time.perf_counter()
+    energies = pyscf_dfmp2_energy(reference.mf, calc.nfrozen, calc.auxbasis.spec)
+    end = time.perf_counter()
+    return {"scf_seconds": scf_done - start, "mp2_seconds": end - scf_done,
+            "total_seconds": end - start, "e_scf": reference.e_tot,
+            "e_corr": energies.e_corr, "cycles": reference.section.cycles,
+            "peak_rss": _peak_rss(), "converged": reference.converged}
+
+
+def dfmp2_side(settings: RunSettings) -> dict:
+    """``dfmp2 run`` in this process, with this machine's dgemm rate measured first."""
+    pipeline.apply_threads(settings.threads)
+    rate = gemm_rate(torch.float64)
+    start = time.perf_counter()
+    outcome = pipeline.run(settings)
+    total = time.perf_counter() - start
+    root = outcome.record
+    timings = read_timings(root)
+    sizes, scf, energies = Sizes.read(root), ScfSection.read(root), Mp2Section.read(root)
+    engine = ScfEngineSection.read(root)
+    return {"scf_seconds": timings["scf"], "mp2_seconds": timings["mp2"],
+            "energy_seconds": timings["energy"], "total_seconds": total,
+            "e_scf": scf.e_tot, "e_corr": energies.e_corr, "cycles": scf.cycles,
+            "peak_rss": _peak_rss(), "gemm_gflops": rate,
+            "k_build_gflops": k_build_rates(engine, sizes.nao) if engine else [],
+            "sizes": (sizes.nao, sizes.naux_fit, list(zip(
+                [sizes.nocc] + ([sizes.nocc_beta] if sizes.nocc_beta is not None else []),
+                [sizes.nvir] + ([sizes.nvir_beta] if sizes.nvir_beta is not None else []))))}
+
+
+def k_build_rates(engine: ScfEngineSection, nao: int) -> list[float]:
+    """GFLOP/s of each fp64 J/K build, counting the exchange's minimal work: 2 naux nao^2 r
+    for the half transform and naux nao^2 r for the rank-k update (r = factor columns); the
+    Coulomb part and the zero padding of the tensor's layout are not counted."""
+    return [3.0 * engine.naux * nao * nao * columns / seconds / 1e9
+            for seconds, precision, columns in zip(engine.build_seconds,
+                                                   engine.build_precisions,
+                                                   engine.build_columns)
+            if precision == "fp64" and seconds > 0]
+
+
+def _in_fresh_process(function, settings: RunSettings) -> dict:
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        try:
+            return pool.apply(function, (settings,))
+        except Dfmp2Error as exc:
+            raise RunFailure(f"benchmark side {function.__name__} failed: {exc}") from None
+
+
+def bench_once(settings: RunSettings, skip_pyscf: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="dfmp2-bench-") as folder:
+        ours = _in_fresh_process(dfmp2_side, replace(settings, output=Path(folder) / "run.h5",
+                                                     show_progress=False))
+    theirs = None if skip_pyscf else _in_fresh_process(pyscf_side, settings)
+    return {"dfmp2": ours, "pyscf": theirs}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Medians over the repeats of per-repeat ratios."""
+    def median(values) -> float:
+        values = list(values)
+        return float(statistics.median(values)) if values else float("nan")
+
+    ours = [r["dfmp2"] for r in runs]
+    theirs = [r["pyscf"] for r in runs if r["pyscf"] is not None]
+    nao, naux, channels = ours[0]["sizes"]
+    summary = {
+        "dfmp2_seconds": median(o["total_seconds"] for o in ours),
+        "dfmp2_scf_seconds": median(o["scf_seconds"] for o in ours),
+        "dfmp2_mp2_seconds": median(o["mp2_seconds"] for o in ours),
+        "dfmp2_cycles": median(o["cycles"] for o in ours),
+        "dfmp2_peak_rss_bytes": median(o["peak_rss"] for o in ours),
+        "gemm_gflops": median(o["gemm_gflops"] for o in ours),
+        "k_build_gflops": median(g for o in ours for g in o["k_build_gflops"][1:]),
+        "k_build_fraction_of_gemm": median(g / o["gemm_gflops"] for o in ours
+                                           for g in o["k_build_gflops"][1:]),
+        "energy_gflops": median(energy_flops(channels, naux) / o["energy_seconds"] / 1e9
+                                for o in ours),
+        "repeats": len(runs),
+    }
+    if theirs:
+        pairs = [(r["dfmp2"], r["pyscf"]) for r in runs]
+        summary.update({
+            "pyscf_seconds": median(t["total_seconds"] for t in theirs),
+            "pyscf_scf_seconds": median(t["scf_seconds"] for t in theirs),
+            "pyscf_mp2_seconds": median(t["mp2_seconds"] for t in theirs),
+            "pyscf_cycles": median(t["cycles"] for t in theirs),
+            "pyscf_peak_rss_bytes": median(t["peak_rss"] for t in theirs),
+            "ratio_whole": median(o["total_seconds"] / t["total_seconds"] for o, t in pairs),
+            "ratio_scf": median(o["scf_seconds"] / t["scf_seconds"] for o, t in pairs),
+            "ratio_mp2": median(o["mp2_seconds"] / t["mp2_seconds"] for o, t in pairs),
+            "ratio_peak_rss": median(o["peak_rss"] / t["peak_rss"] for o, t in pairs),
+            "abs_delta_e_scf": median(abs(o["e_scf"] - t["e_scf"]) for o, t in pairs),
+            "abs_delta_e_corr": median(abs(o["e_corr"] - t["e_corr"]) for o, t in pairs),
+        })
+    return summary
+
+
+def targets(precision: str) -> dict[str, tuple[str, float]]:
+    """The speed and accuracy targets, as (comparison, bound)."""
+    accuracy = ({"abs_delta_e_scf": ("<=", 1e-10), "abs_delta_e_corr": ("<=", 1e-8)}
+                if precision == "fp64" else
+                {"abs_delta_e_scf": ("<=", 1e-8), "abs_delta_e_corr": ("<=", 1e-6)})
+    return {"ratio_scf": ("<=", 0.35), "ratio_whole": ("<=", 0.35),
+            "k_build_fraction_of_gemm": (">=", 0.7), "ratio_peak_rss": ("<=", 1.0),
+            **accuracy}
+
+
+def verdicts(summary: dict, precision: str) -> list[str]:
+    lines = []
+    for key, (op, bound) in targets(precision).items():
+        value = summary.get(key, float("nan"))
+        if value != value:
+            lines.append(f"  target {key} {op} {bound:g}: not measured")
+            continue
+        met = value <= bound if op == "<=" else value >= bound
+        gap = "" if met else f"  (missed: {value / bound:.2f}x the bound)"
+        lines.append(f"  target {key} {op} {bound:g}: measured {value:.4g} -> "
+                     f"{'met' if met else 'MISSED'}{gap}")
+    return lines
+
+
+def as_arrays(runs: list[dict]) -> dict[str, np.ndarray]:
+    arrays = {}
+    for side in ("dfmp2", "pyscf"):
+        for key in ("total_seconds", "scf_seconds", "mp2_seconds", "e_scf", "e_corr",
+                    "cycles", "peak_rss"):
+            values = [r[side][key] for r in runs if r[side] is not None]
+            if values:
+                arrays[f"{side}_{key}"] = np.array(values, dtype=float)
+    return arrays
+
+
+def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dict, str]:
+    path = settings.output or pipeline.DEFAULT_OUTPUT_DIR / (
+        f"bench-{settings.molecule.stem}-{settings.basis.lower()}-"
+        f"{settings.precision or 'fp64'}.h5")
+    pipeline.check_output_path(path)
+    calc = _define(settings)
+    precision = settings.precision or "fp64"
+    progress = Progress(repeat, "benchmark repeats")
+    runs = []
+    for _ in range(repeat):
+        runs.append(bench_once(replace(settings, output=None), skip_pyscf))
+        progress.advance()
+    summary = summarize(runs)
+    summary.update({"molecule": str(settings.molecule), "basis": settings.basis,
+                    "reference": calc.reference, "precision": precision,
+                    "scf_engine": settings.scf_engine, "nao": calc.mol.nao_nr(),
+                    "record": str(path)})
+    root = new_record(BENCH_SCHEMA, settings.command, pipeline.versions())
+    set_status(root, COMPLETE)
+    write_bench(root, summary, as_arrays(runs),
+                [{"k_build_gflops": r["dfmp2"]["k_build_gflops"]} for r in runs])
+    write_record(path, root)
+    return summary, format_table(summary, precision)
+
+
+def format_table(s: dict, precision: str) -> str:
+    def seconds(key: str) -> str:
+        value = s.get(key, float("nan"))
+        return f"{value:9.2f}" if value == value else f"{'-':>9}"
+
+    lines = [f"{s['molecule']} / {s['basis']} ({s['reference'].upper()}, {precision}, "
+             f"SCF engine {s['scf_engine']}): nao {s['nao']}, {s['repeats']} repeat(s), medians",
+             f"{'':<12} {'PySCF s':>9} {'dfmp2 s':>9} {'ratio':>7}"]
+    for label, key in (("SCF", "scf"), ("MP2", "mp2"), ("whole", "")):
+        ratio = s.get(f"ratio_{key or 'whole'}", float("nan"))
+        lines.append(f"{label:<12} {seconds(f'pyscf_{key}_seconds' if key else 'pyscf_seconds')} "
+                     f"{seconds(f'dfmp2_{key}_seconds' if key else 'dfmp2_seconds')} "
+                     f"{ratio:7.3f}")
+    lines += [
+        f"SCF cycles: PySCF {s.get('pyscf_cycles', float('nan')):.0f}, dfmp2 "
+        f"{s['dfmp2_cycles']:.0f}",
+        f"J/K build: {s['k_build_gflops']:.1f} GFLOP/s = "
+        f"{100 * s['k_build_fraction_of_gemm']:.0f}% of the dgemm rate "
+        f"{s['gemm_gflops']:.1f} GFLOP/s measured in the same process",
+        f"MP2 energy step: {s['energy_gflops']:.1f} GFLOP/s",
+        f"peak RSS: PySCF {format_size(s.get('pyscf_peak_rss_bytes', 0))}, dfmp2 "
+        f"{format_size(s['dfmp2_peak_rss_bytes'])}",
+        f"|dE(SCF)| {s.get('abs_delta_e_scf', float('nan')):.1e} Eh, "
+        f"|dE_corr| {s.get('abs_delta_e_corr', float('nan')):.1e} Eh",
+        *verdicts(s, precision),
+        f"record: {s['record']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""`dfmp2 compare`: energies of several run records side by side, or against PySCF.
+
+Against PySCF, each record's calculation is defined again from its stored inputs through the
+same path as ``dfmp2 run`` (molecule, core potentials, RHF or UHF, auxiliary basis, frozen
+core, double-hybrid functional and grid), then PySCF converges its own SCF (its own density
+fitting builds J and K) and runs its own DF-MP2 on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dfmp2.input.calculation import define_calculation, request_from_inputs
+from dfmp2.errors import InputError
+from dfmp2.jobs.check import pyscf_recipe
+from dfmp2.records.tree import COMPLETE, Node, read_record, status
+from dfmp2.records.sections import DoubleHybridSection, Mp2Section, ScfSection, read_inputs
+
+
+@dataclass
+class Row:
+    label: str
+    basis: str
+    auxbasis: str
+    e_scf: float
+    e_corr: float
+    e_tot: float
+
+
+def record_row(path: Path, root: Node) -> Row:
+    energies, scf = Mp2Section.read(root), ScfSection.read(root)
+    if status(root) != COMPLETE or energies is None or scf is None:
+        raise InputError(f"{path} is not a complete run record (status {status(root)!r})")
+    inputs = read_inputs(root)
+    double_hybrid = DoubleHybridSection.read(root)
+    e_tot = double_hybrid.e_tot if double_hybrid is not None else energies.e_tot
+    return Row(str(path), inputs.basis if inputs else "-", inputs.auxbasis if inputs else "-",
+               scf.e_tot, energies.e_corr, e_tot)
+
+
+def pyscf_row(path: Path, root: Node) -> Row:
+    """PySCF from scratch with the record's calculation: its own SCF, then its DF-MP2 (scaled
+    for a double hybrid)."""
+    inputs = read_inputs(root)
+    if inputs is None:
+        raise InputError(f"{path} has no /input group, so its calculation cannot be "
+                         "recomputed with PySCF; compare it with another record instead")
+    geometry, request = request_from_inputs(inputs)
+    calc = define_calculation(geometry, request)
+    recipe = pyscf_recipe(calc, str(path))
+    return Row(f"pyscf ({path.name})", inputs.basis, calc.auxbasis.name, recipe.e_scf,
+               recipe.mp2.e_corr, recipe.e_tot)
+
+
+def compare(paths: list[Path], reference: str | None) -> list[tuple[Row, Row | None]]:
+    """Each record with what it is compared against: PySCF, or the first record."""
+    loaded = [(path, read_record(path)) for path in paths]
+    rows = [(record_row(path, root), path, root) for path, root in loaded]
+    if reference == "pyscf":
+        return [(row, pyscf_row(path, root)) for row, path, root in rows]
+    first = rows[0][0]
+    return [(row, None if n == 0 else first) for n, (row, _, _) in enumerate(rows)]
+
+
+def format_table(pairs: list[tuple[Row, Row | None]]) -> str:
+    lines = [f"{'record':<40} {'basis':<10} {'E(SCF)':>18} {'E_corr':>16} {'E_tot':>18} "
+             f"{'dE_corr':>10} {'dE_tot':>10}   vs"]
+    for row, against in pairs:
+        d_corr = f"{row.e_corr - against.e_corr:10.2e}" if against else f"{'-':>10}"
+        d_tot = f"{row.e_tot - against.e_tot:10.2e}" if against else f"{'-':>10}"
+        lines.append(f"{row.label[-40:]:<40} {row.basis[:10]:<10} {row.e_scf:18.10f} "
+                     f"{row.e_corr:16.10f} {row.e_tot:18.10f} {d_corr} {d_tot}   "
+                     f"{against.label if against else '(reference)'}")
+    return "\n".join(lines)

@@ -1,0 +1,212 @@
+"""`dfmp2 interaction`: Boys-Bernardi counterpoise-corrected interaction energies of a dimer.
+
+Five calculations: the dimer, each monomer in the full dimer basis (the partner's atoms as
+ghosts carrying orbital and auxiliary functions but no charge or electrons), and each monomer
+in its own basis for the uncorrected value. E_int(CP) = E(AB) - E(A in AB) - E(B in AB).
+All five go into one record, one subtree each, laid out like a run record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from dfmp2.jobs import pipeline
+from dfmp2.df.store import ScratchArea
+from dfmp2.input.calculation import define_calculation
+from dfmp2.records.checkpoint import set_aside
+from dfmp2.errors import InputError
+from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, Node, read_record, schema,
+                                stale_temporaries, status)
+from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection,
+                                    read_inputs)
+from dfmp2.records.job_sections import (InteractionInputs, calculation_node, interaction_value,
+                                        read_interaction, write_interaction)
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import Geometry, read_xyz
+
+# Hartree to kcal/mol (CODATA 2018: 1 Eh = 4.3597447222071e-18 J; N_A; 4184 J/kcal).
+KCAL_PER_HARTREE = 627.5094740631
+SPLIT_IN_COMMENT = re.compile(r"monomer A\s*=\s*first\s+(\d+)\s+atoms", re.IGNORECASE)
+CALCULATIONS = ("dimer", "monomer_a_cp", "monomer_b_cp", "monomer_a", "monomer_b")
+HARTREE_FOCK_KINDS = ("scf", "mp2", "scs", "sos")
+# A double hybrid's energies: its Kohn-Sham reference and its total (SCS and SOS sums of
+# Kohn-Sham orbitals are not methods).
+DOUBLE_HYBRID_KINDS = ("scf", "dh")
+
+
+def parse_pair(text: str | None, option: str) -> tuple[int, int]:
+    if text is None:
+        return 0, 0
+    try:
+        a, b = (int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"{option} {text!r}: write two integers as a,b (e.g. 0,0)") from None
+    return a, b
+
+
+def resolve_split(geometry: Geometry, split: int | None) -> int:
+    if split is None:
+        match = SPLIT_IN_COMMENT.search(geometry.comment)
+        if not match:
+            raise InputError("give --split N (monomer A is the first N atoms); the comment line "
+                             "does not say 'monomer A = first N atoms'")
+        split = int(match.group(1))
+    if not 1 <= split < geometry.natoms:
+        raise InputError(f"--split {split} must leave atoms in both monomers "
+                         f"(1 <= N < {geometry.natoms})")
+    return split
+
+
+def _energy(node: Node, kind: str) -> float:
+    if kind == "dh":
+        return DoubleHybridSection.read(node).e_tot
+    scf, energies = ScfSection.read(node), Mp2Section.read(node)
+    return {"scf": scf.e_tot, "mp2": energies.e_tot, "scs": energies.e_tot_scs,
+            "sos": energies.e_tot_sos}[kind]
+
+
+def _double_hybrid(root: Node) -> DoubleHybridSection | None:
+    return DoubleHybridSection.read(calculation_node(root, "dimer"))
+
+
+def kinds(root: Node) -> tuple[str, ...]:
+    return DOUBLE_HYBRID_KINDS if _double_hybrid(root) is not None else HARTREE_FOCK_KINDS
+
+
+def kind_labels(root: Node) -> dict[str, str]:
+    double_hybrid = _double_hybrid(root)
+    if double_hybrid is not None:
+        return {"scf": "KS", "dh": double_hybrid.name}
+    return {"scf": "SCF", "mp2": "MP2", "scs": "SCS-MP2", "sos": "SOS-MP2"}
+
+
+def interaction_energies(root: Node) -> dict[str, tuple[float, float]]:
+    """Per kind, (counterpoise-corrected, uncorrected) interaction energy in Eh."""
+    def energy(name: str, kind: str) -> float:
+        return _energy(calculation_node(root, name), kind)
+
+    return {kind: (energy("dimer", kind) - energy("monomer_a_cp", kind)
+                   - energy("monomer_b_cp", kind),
+                   energy("dimer", kind) - energy("monomer_a", kind) - energy("monomer_b", kind))
+            for kind in kinds(root)}
+
+
+def _reusable(path: Path, inputs: dict[str, CalculationInputs]) -> Node | None:
+    """A complete interaction record at ``path`` computed with the same inputs."""
+    if not path.exists():
+        return None
+    try:
+        previous = read_record(path)
+    except InputError:
+        return None
+    if schema(previous) != INTERACTION_SCHEMA or status(previous) != COMPLETE:
+        return None
+    for name, expected in inputs.items():
+        stored = read_inputs(calculation_node(previous, name))
+        if stored is None or stored.differing(expected, CalculationInputs.REUSE_FIELDS):
+            return None
+    return previous
+
+
+def keep_complete_record(path: Path) -> None:
+    """A complete record about to be replaced is moved aside instead (a finished result is
+    never lost); temporaries of an interrupted write are removed."""
+    for tmp in stale_temporaries(path):
+        tmp.unlink(missing_ok=True)
+    if not path.exists():
+        return
+    try:
+        previous = read_record(path)
+    except InputError:
+        return
+    if status(previous) == COMPLETE:
+        set_aside(path, previous)
+
+
+def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int],
+                    spins: tuple[int, int], output: Path | None,
+                    reuse_complete: bool = False) -> pipeline.RunOutcome:
+    path = output or settings.output_path("-interaction")
+    pipeline.check_output_path(path)
+    geometry = read_xyz(settings.molecule)
+    split = resolve_split(geometry, split)
+    atoms_a, atoms_b = range(split), range(split, geometry.natoms)
+    env = pipeline.resolve_environment(settings, path)
+    per_molecule = dataclasses.replace(settings, resume=False)
+    plans = {
+        "dimer": (geometry, sum(charges), sum(spins), frozenset()),
+        "monomer_a_cp": (geometry, charges[0], spins[0], frozenset(atoms_b)),
+        "monomer_b_cp": (geometry, charges[1], spins[1], frozenset(atoms_a)),
+        "monomer_a": (geometry.subset(atoms_a), charges[0], spins[0], frozenset()),
+        "monomer_b": (geometry.subset(atoms_b), charges[1], spins[1], frozenset()),
+    }
+    calcs = {}
+    for name, (geom, charge, spin, ghosts) in plans.items():
+        try:
+            calcs[name] = define_calculation(
+                geom, pipeline.request_of(per_molecule, charge, spin, ghosts))
+        except InputError as exc:
+            hint = str(exc).replace("need --spin (2S", "need --spins a,b (2S per monomer")
+            raise InputError(f"{name.replace('_', ' ')}: {hint}") from None
+    pipeline.check_feasible(calcs["dimer"], per_molecule, env)
+    inputs = {name: pipeline.run_inputs(calc, per_molecule, env) for name, calc in calcs.items()}
+
+    with pipeline.RecordSession(path, env) as session:
+        previous = _reusable(path, inputs) if reuse_complete else None
+        if previous is not None:
+            return pipeline.RunOutcome(previous, path, 0, reused=True)
+        keep_complete_record(path)
+        root = pipeline.new_run_record(settings, env, INTERACTION_SCHEMA)
+        InteractionInputs(geometry.text, str(settings.molecule), split, json.dumps(charges),
+                          json.dumps(spins), settings.basis, settings.frozen_core).write(root)
+
+        def work() -> int:
+            for name in CALCULATIONS:
+                node = calculation_node(root, name)
+                inputs[name].write(node)
+                scratch = ScratchArea(env.scratch_dir, f"{path.name}.{name}")
+                try:
+                    pipeline.calculate(calcs[name], per_molecule, env, node, None, scratch)
+                except InputError as exc:
+                    raise InputError(f"{name.replace('_', ' ')}: {exc}") from None
+            write_interaction(root, interaction_energies(root), KCAL_PER_HARTREE)
+            session.finish(root, COMPLETE)
+            return 0
+
+        pipeline.guarded(session, root, work)
+    return pipeline.RunOutcome(root, path, 0)
+
+
+def batch_values(root: Node) -> dict:
+    """The batch summary's columns for an interaction record."""
+    dimer = calculation_node(root, "dimer")
+    total = "dh" if _double_hybrid(root) is not None else "mp2"
+    return {"e_scf": ScfSection.read(dimer).e_tot, "e_corr": Mp2Section.read(dimer).e_corr,
+            "e_tot": _energy(dimer, total),
+            f"e_int_{total}_cp": interaction_value(read_interaction(root), total, True)}
+
+
+def format_table(root: Node, path: Path) -> str:
+    values = read_interaction(root)
+    labels = kind_labels(root)
+    shown = [kind for kind in kinds(root) if kind != "sos"]
+    lines = [f"{'calculation':<16} " + " ".join(f"{f'E({labels[k]}) / Eh'[:18]:>18}"
+                                                for k in shown)]
+    for name in CALCULATIONS:
+        node = calculation_node(root, name)
+        lines.append(f"{name:<16} " + " ".join(f"{_energy(node, k):18.10f}" for k in shown))
+    lines += ["", f"{'interaction':<16} {'CP / Eh':>16} {'CP kcal/mol':>12} "
+                  f"{'no CP / Eh':>16} {'no CP kcal/mol':>15}"]
+    for kind, label in labels.items():
+        lines.append(f"{label[:16]:<16} {interaction_value(values, kind, True):16.10f} "
+                     f"{interaction_value(values, kind, True, kcal=True):12.4f} "
+                     f"{interaction_value(values, kind, False):16.10f} "
+                     f"{interaction_value(values, kind, False, kcal=True):15.4f}")
+    lines.append(f"\nrecord written to {path}")
+    return "\n".join(lines)
+
+
+def json_summary(root: Node, path: Path) -> dict:
+    return {**read_interaction(root), "record": str(path), "status": status(root)}

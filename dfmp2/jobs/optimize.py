@@ -1,0 +1,260 @@
+"""`dfmp2 optimize`: geometry optimisation by geomeTRIC (the optimiser PySCF itself uses) on
+our DF-MP2 (SCS, SOS) energy and analytic gradient.
+
+Every step's geometry, energy and gradient go into the record as they finish, so a killed
+optimisation resumes: the recorded steps are replayed to geomeTRIC (no calculation repeated)
+and the optimisation goes on from there. Each step's SCF starts from the previous step's
+density. The final geometry is written as XYZ beside the record.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from pyscf.lib import param
+
+from dfmp2.jobs import pipeline
+from dfmp2.df.store import ScratchArea
+from dfmp2.input.calculation import define_calculation
+from dfmp2.records.checkpoint import RESUME, examine_previous
+from dfmp2.errors import InputError, RunFailure
+from dfmp2.records.tree import COMPLETE, OPTIMIZE_SCHEMA, Node, write_record
+from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
+                                        write_steps)
+from dfmp2.records.sections import write_timings
+from dfmp2.scf.reference import ScfOptions, release_integrals, run_scf
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import Geometry, read_xyz
+
+log = logging.getLogger(__name__)
+
+# geomeTRIC's convergence sets (energy Eh, RMS and max gradient Eh/Bohr, RMS and max step
+# Bohr), as geometric/params.py defines them.
+CONVERGENCE_SETS = ("GAU", "GAU_TIGHT", "GAU_VERYTIGHT", "GAU_LOOSE", "NWCHEM_LOOSE",
+                    "TURBOMOLE", "INTERFRAG_TIGHT")
+DEFAULT_MAX_STEPS = 100
+# A replayed step matches its record when every coordinate agrees to this (Bohr).
+SAME_GEOMETRY_BOHR = 1e-9
+
+Evaluation = tuple[float, np.ndarray]
+Evaluator = Callable[[Geometry], Evaluation]
+
+
+def geometry_at(start: Geometry, coords_bohr: np.ndarray) -> Geometry:
+    """The molecule of ``start`` at other coordinates (Bohr in, Angstrom kept)."""
+    coords = np.asarray(coords_bohr, dtype=float).reshape(-1, 3) * param.BOHR
+    text = f"{start.natoms}\n{start.comment}\n" + "".join(
+        f"{s} {x:.12f} {y:.12f} {z:.12f}\n" for s, (x, y, z) in zip(start.symbols, coords))
+    return Geometry(start.symbols, coords, start.comment, start.charge, start.multiplicity,
+                    text, start.source)
+
+
+class AnalyticEvaluator:
+    """Energy and analytic gradient of the settings' method at a geometry: our SCF (from the
+    previous step's density) and the relaxed DF-MP2 gradient."""
+
+    def __init__(self, settings: RunSettings, env: pipeline.Environment,
+                 scratch: ScratchArea) -> None:
+        self.settings, self.env, self.scratch = settings, env, scratch
+        self.density: np.ndarray | None = None
+
+    def __call__(self, geometry: Geometry) -> Evaluation:
+        settings, env = self.settings, self.env
+        calc = define_calculation(geometry, pipeline.request_of(settings, settings.charge,
+                                                                 settings.spin))
+        options = ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, self.scratch,
+                             keep_integrals=True, initial_density=self.density,
+                             stability=settings.stability)
+        reference = run_scf(calc, options)
+        try:
+            if not reference.converged:
+                raise RunFailure("the SCF did not converge at an optimisation step")
+            self.density = reference.mf.make_rdm1()
+            result = pipeline.differentiate(calc, settings, env, reference.mf, self.scratch)
+        finally:
+            release_integrals(reference.mf)
+        return result.e_tot, result.gradient
+
+
+@dataclass
+class StepLog:
+    """The steps so far (recorded ones first, on a resume) and how to save a new one."""
+
+    steps: Steps
+    on_step: Callable[[Steps], None]
+    replayed: int = 0
+
+    def find(self, coords: np.ndarray) -> int | None:
+        for n, recorded in enumerate(self.steps.coords):
+            if np.allclose(recorded, coords, rtol=0.0, atol=SAME_GEOMETRY_BOHR):
+                return n
+        return None
+
+    def add(self, coords: np.ndarray, energy: float, grad: np.ndarray) -> None:
+        self.steps = Steps(np.concatenate([self.steps.coords, coords[None]]),
+                           np.append(self.steps.energies, energy),
+                           np.concatenate([self.steps.gradients, grad[None]]))
+        self.on_step(self.steps)
+
+
+def _engine(start: Geometry, evaluate: Evaluator, steps: StepLog):
+    """A geomeTRIC engine whose calculations are ``evaluate`` (or a recorded step)."""
+    from geometric.engine import Engine
+    from geometric.molecule import Molecule
+
+    class DfMp2Engine(Engine):
+        def calc_new(self, coords, dirname):
+            coords = np.asarray(coords, dtype=float).reshape(-1, 3)
+            known = steps.find(coords)
+            if known is not None:
+                steps.replayed += 1
+                energy, grad = steps.steps.energies[known], steps.steps.gradients[known]
+            else:
+                energy, grad = evaluate(geometry_at(start, coords))
+                steps.add(coords, energy, np.asarray(grad))
+                log.info("optimisation step %d: E = %.10f Eh, max |g| = %.2e Eh/Bohr",
+                         len(steps.steps.energies), energy, np.abs(grad).max())
+            return {"energy": float(energy), "gradient": np.asarray(grad).ravel()}
+
+    molecule = Molecule()
+    molecule.elem = list(start.symbols)
+    molecule.xyzs = [np.asarray(start.coords, dtype=float)]
+    return DfMp2Engine(molecule), molecule
+
+
+@contextlib.contextmanager
+def _quiet_geometric():
+    """geomeTRIC logs every step at INFO (its modules set their own loggers' levels); ours
+    says what matters, so its loggers show warnings only, unless we log at DEBUG."""
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name == "geometric" or name.startswith("geometric.")]
+    levels = [logger.level for logger in loggers]
+    if logging.getLogger().level > logging.DEBUG:
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def optimize(start: Geometry, evaluate: Evaluator, steps: StepLog, convergence: str,
+             max_steps: int) -> Geometry:
+    """Run geomeTRIC from ``start``; the converged geometry, or a RunFailure."""
+    from geometric.errors import GeomOptNotConvergedError
+    from geometric.internal import DelocalizedInternalCoordinates
+    from geometric.optimize import Optimize
+    from geometric.params import OptParams
+
+    engine, molecule = _engine(start, evaluate, steps)
+    params = OptParams(convergence_set=convergence, maxiter=max_steps)
+    coordinates = DelocalizedInternalCoordinates(molecule, build=True, connect=False,
+                                                 addcart=False)
+    with tempfile.TemporaryDirectory(prefix="dfmp2-geometric-") as folder, _quiet_geometric():
+        try:
+            progress = Optimize(np.asarray(start.coords).ravel() / param.BOHR, molecule,
+                                coordinates, engine, folder, params, print_info=False)
+        except GeomOptNotConvergedError:
+            raise RunFailure(f"the geometry did not converge in {max_steps} steps "
+                             f"({convergence} criteria); raise --max-steps or start from a "
+                             "better geometry") from None
+    return geometry_at(start, np.asarray(progress.xyzs[-1]) / param.BOHR)
+
+
+def criteria(convergence: str) -> dict[str, float]:
+    from geometric.params import OptParams
+    params = OptParams(convergence_set=convergence)
+    return {"energy": params.Convergence_energy, "grms": params.Convergence_grms,
+            "gmax": params.Convergence_gmax, "drms": params.Convergence_drms,
+            "dmax": params.Convergence_dmax}
+
+
+@dataclass
+class OptimizeOutcome:
+    record: Node
+    path: Path
+    geometry: Geometry
+    xyz_path: Path
+    energy: float
+    steps: int
+    criteria: dict[str, float] = field(default_factory=dict)
+
+
+def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAULT_MAX_STEPS,
+        evaluator: Evaluator | None = None) -> OptimizeOutcome:
+    """Optimise the molecule of ``settings``; ``evaluator`` replaces the analytic gradient
+    (tests compare with a finite-difference optimisation this way)."""
+    if convergence.upper() not in CONVERGENCE_SETS:
+        raise InputError(f"unknown convergence set {convergence!r}; choose one of "
+                         f"{', '.join(CONVERGENCE_SETS)}")
+    convergence = convergence.upper()
+    path = settings.output_path("-opt")
+    pipeline.check_output_path(path, settings.resume)
+    start = read_xyz(settings.molecule)
+    if start.natoms < 2:
+        raise InputError("an optimisation needs at least two atoms")
+    env = pipeline.resolve_environment(settings, path)
+    settings = replace(settings, task="optimize", show_progress=False)
+    calc = define_calculation(start, pipeline.request_of(settings, settings.charge,
+                                                         settings.spin))
+    pipeline.check_feasible(calc, settings, env)
+    inputs = pipeline.run_inputs(calc, settings, env)
+    with pipeline.RecordSession(path, env) as session:
+        previous = examine_previous(path, OPTIMIZE_SCHEMA, inputs, settings.resume, False)
+        recorded = read_steps(previous.record) if previous.action == RESUME else None
+        root = pipeline.new_run_record(settings, env, OPTIMIZE_SCHEMA)
+        inputs.write(root)
+
+        def save(steps: Steps) -> None:
+            write_steps(root, steps)
+            write_record(path, root)
+
+        log_steps = StepLog(recorded or Steps.empty(start.natoms), save)
+        evaluate = evaluator or AnalyticEvaluator(
+            settings, env, ScratchArea(env.scratch_dir, f"{path.name}.opt"))
+        xyz_path = path.with_suffix(".xyz")
+
+        def work() -> OptimizeOutcome:
+            write_record(path, root)
+            t0 = time.perf_counter()
+            final = optimize(start, evaluate, log_steps, convergence, max_steps)
+            xyz_path.write_text(final.text, encoding="utf-8")
+            write_timings(root, {"optimize": time.perf_counter() - t0})
+            energy = float(log_steps.steps.energies[-1])
+            write_optimization(root, OptimizationSection(
+                True, convergence, json.dumps(criteria(convergence)), max_steps,
+                len(log_steps.steps.energies), log_steps.replayed, energy, final.text,
+                str(xyz_path)))
+            session.finish(root, COMPLETE)
+            return OptimizeOutcome(root, path, final, xyz_path, energy,
+                                   len(log_steps.steps.energies), criteria(convergence))
+
+        return pipeline.guarded(session, root, work)
+
+
+def json_summary(outcome: OptimizeOutcome) -> dict:
+    return {"e_tot": outcome.energy, "steps": outcome.steps, "converged": True,
+            "geometry": [[s, *map(float, xyz)] for s, xyz in
+                         zip(outcome.geometry.symbols, outcome.geometry.coords)],
+            "units": "Angstrom", "criteria": outcome.criteria, "xyz": str(outcome.xyz_path),
+            "record": str(outcome.path)}
+
+
+def format_summary(outcome: OptimizeOutcome) -> str:
+    c = outcome.criteria
+    lines = [f"optimised in {outcome.steps} steps: E = {outcome.energy:.10f} Eh",
+             f"criteria: energy {c['energy']:g} Eh, RMS/max gradient {c['grms']:g}/"
+             f"{c['gmax']:g} Eh/Bohr, RMS/max step {c['drms']:g}/{c['dmax']:g} Bohr",
+             "final geometry (Angstrom):"]
+    lines += [f"  {s:<2} {x:14.8f} {y:14.8f} {z:14.8f}"
+              for s, (x, y, z) in zip(outcome.geometry.symbols, outcome.geometry.coords)]
+    lines += [f"\ngeometry written to {outcome.xyz_path}", f"record written to {outcome.path}"]
+    return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""What an existing record means for a new run on it, and the record as a checkpoint.
+
+The record doubles as the checkpoint of the SCF and of finished block pairs. Every save
+replaces the whole record atomically, so a run killed at any moment leaves either the previous
+or the next checkpoint, never a torn file. These functions run only while the record's lock is
+held (:mod:`dfmp2.records.lock`), so nothing here races another process.
+
+Policy for a record already at the output path:
+
+- ``running`` or ``interrupted`` with the same inputs: resume it; with other inputs: refuse
+  (its work is not ours to throw away);
+- ``failed`` with the same inputs: resume what it finished; with other inputs: replace it;
+- ``complete`` with the same inputs: reused where the caller allows (batch), else
+  recomputed; with other inputs: recomputed. A complete record is never overwritten: it is
+  first moved aside (``<stem>.superseded-<created>.h5``), and the copy is dropped only when
+  the new run completes with the same inputs.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dfmp2.errors import InputError
+from dfmp2.mp2.pairs import PairKey
+from dfmp2.mp2.plan import BlockPlan
+from dfmp2.records.job_sections import read_steps
+from dfmp2.records.sections import (
+    CalculationInputs,
+    Checkpoint,
+    read_checkpoint,
+    read_inputs,
+    read_scf,
+    write_checkpoint,
+)
+from dfmp2.records.tree import (
+    COMPLETE,
+    FAILED,
+    Node,
+    created,
+    read_record,
+    schema,
+    stale_temporaries,
+    status,
+    write_record,
+)
+
+log = logging.getLogger(__name__)
+
+FRESH, RESUME, REUSE = "fresh", "resume", "reuse"
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """What to do with the record found at the output path."""
+
+    action: str
+    record: Node | None = None
+    superseded: Path | None = None
+
+
+def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs,
+                     resume_required: bool, reuse_complete: bool) -> PreviousRun:
+    for tmp in stale_temporaries(path):
+        tmp.unlink(missing_ok=True)
+    if not path.exists():
+        if resume_required:
+            raise InputError(f"--resume: there is no record at {path} to resume")
+        return PreviousRun(FRESH)
+    try:
+        previous = read_record(path)
+    except InputError as exc:
+        raise InputError(f"cannot resume from {path}: {exc}") from None
+    if schema(previous) != expected_schema:
+        raise InputError(f"{path} holds a {schema(previous)} record, not a {expected_schema} "
+                         "one; choose another -o")
+    stored = read_inputs(previous)
+    state = status(previous)
+    if state == COMPLETE:
+        same = stored is not None and not stored.differing(inputs,
+                                                           CalculationInputs.REUSE_FIELDS)
+        if same and reuse_complete:
+            return PreviousRun(REUSE, previous)
+        if same and resume_required:
+            return PreviousRun(RESUME, previous)
+        if resume_required:
+            raise InputError(f"--resume: {path} holds a complete run with other options; "
+                             "drop --resume to recompute it")
+        return PreviousRun(FRESH, superseded=set_aside(path, previous))
+    differing = (list(CalculationInputs.RESUME_FIELDS) if stored is None else
+                 stored.differing(inputs, CalculationInputs.RESUME_FIELDS))
+    stored_scf = read_scf(previous)
+    resumable = (read_checkpoint(previous) is not None or read_steps(previous) is not None
+                 or (stored_scf is not None and stored_scf[1] is not None))
+    if state == FAILED:
+        if differing or not resumable:
+            if resume_required:
+                reason = ("different " + ", ".join(differing)) if differing else "no checkpoint"
+                raise InputError(f"cannot resume from {path}: it holds a failed run with "
+                                 f"{reason}")
+            return PreviousRun(FRESH)
+        return PreviousRun(RESUME, previous)
+    if differing:
+        raise InputError(f"{path} holds an interrupted run with different "
+                         f"{', '.join(differing)}; resume it with the same molecule and options, "
+                         "or choose another -o")
+    if not resumable:
+        if resume_required:
+            raise InputError(f"cannot resume from {path}: it holds no checkpoint")
+        return PreviousRun(FRESH)
+    return PreviousRun(RESUME, previous)
+
+
+def set_aside(path: Path, previous: Node) -> Path:
+    """Move a complete record out of the way, named after its creation time."""
+    stamp = re.sub(r"[^0-9T]", "", created(previous) or "") or "earlier"
+    target = path.with_name(f"{path.stem}.superseded-{stamp}{path.suffix}")
+    counter = 1
+    while target.exists():
+        counter += 1
+        target = path.with_name(f"{path.stem}.superseded-{stamp}-{counter}{path.suffix}")
+    path.rename(target)
+    log.warning("%s held a complete run; it was kept as %s", path, target)
+    return target
+
+
+def resumable_pairs(previous: Node | None, plan: BlockPlan) -> dict[PairKey, tuple[float, float]]:
+    """The finished pairs of an interrupted run that this plan can use: all of them when the
+    block size is the same, none otherwise (pairs of other blocks cover other orbitals)."""
+    stored = read_checkpoint(previous) if previous is not None else None
+    if stored is None or stored.occ_block != plan.occ_block:
+        if stored is not None and stored.pairs:
+            log.info("the interrupted run used occupied blocks of %s; its %d finished pairs "
+                     "are recomputed with blocks of %d", stored.occ_block, len(stored.pairs),
+                     plan.occ_block)
+        return {}
+    return dict(stored.pairs)
+
+
+def stored_occ_block(previous: Node | None) -> int | None:
+    stored = read_checkpoint(previous) if previous is not None else None
+    return None if stored is None else stored.occ_block
+
+
+class RecordSaver:
+    """Rewrites the run record as the run progresses."""
+
+    def __init__(self, path: Path, root: Node, node: Node | None = None) -> None:
+        self.path, self.root = path, root
+        self.node = node if node is not None else root
+        self.checkpoint = Checkpoint(None, {})
+
+    def save(self) -> None:
+        write_record(self.path, self.root)
+
+    def start_pairs(self, occ_block: int, finished: dict[PairKey, tuple[float, float]]) -> None:
+        """The checkpoint of the energy step; saved at once only when it carries pairs of an
+        earlier run (the file on disk no longer holds them), else with the first new pair."""
+        self.checkpoint = Checkpoint(occ_block, dict(finished))
+        write_checkpoint(self.node, self.checkpoint)
+        if finished:
+            self.save()
+
+    def add_pair(self, key: PairKey, direct: float, exchange: float) -> None:
+        self.checkpoint.pairs[key] = (direct, exchange)
+        write_checkpoint(self.node, self.checkpoint)
+        self.save()

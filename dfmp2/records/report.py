@@ -1,0 +1,198 @@
+"""Readable views of a run record: the summary `run` and `show` print, the `--json` object,
+and a dump of everything."""
+from __future__ import annotations
+
+import numpy as np
+
+from dfmp2.input.xyz import KNOWN_SYMBOLS
+from dfmp2.records.sections import (
+    CheckSection,
+    DoubleHybridSection,
+    Mp2Section,
+    ScfSection,
+    Sizes,
+    read_gradient,
+    read_inputs,
+    read_kernel_ledger,
+    read_timings,
+)
+from dfmp2.records.tree import Node, error, status
+
+TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "gradient",
+                "reference", "total")
+
+
+def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None,
+                 double_hybrid: DoubleHybridSection | None) -> list[tuple[str, float]]:
+    """The energies a run made. A double hybrid's are E_KS, the unscaled MP2 parts on its
+    orbitals, the scaled sum and its total: SCS and SOS sums of Kohn-Sham orbitals are not
+    methods, so they are not shown."""
+    if double_hybrid is not None and energies is not None:
+        return [("E(KS)", double_hybrid.e_ks), ("E_OS", energies.e_os),
+                ("E_SS", energies.e_ss), ("E_corr", energies.e_corr),
+                ("E_PT2", double_hybrid.e_pt2), ("E_tot", double_hybrid.e_tot)]
+    rows = []
+    if scf is not None:
+        rows.append(("E(SCF)", scf.e_tot))
+    if energies is not None:
+        rows += [("E_OS", energies.e_os), ("E_SS", energies.e_ss), ("E_corr", energies.e_corr),
+                 ("E_SCS", energies.e_scs), ("E_SOS", energies.e_sos),
+                 ("E_tot", energies.e_tot), ("E_tot(SCS)", energies.e_tot_scs),
+                 ("E_tot(SOS)", energies.e_tot_sos)]
+    return rows
+
+
+def summary(root: Node) -> str:
+    inputs = read_inputs(root)
+    lines = [f"dfmp2 run record: status {status(root)}"]
+    if inputs is not None:
+        lines.append(f"  molecule {inputs.source}  basis {inputs.basis}  "
+                     f"auxbasis {inputs.auxbasis}  charge {inputs.charge}  "
+                     f"spin {inputs.spin}  frozen {inputs.frozen}")
+        if inputs.ecp not in ("{}", ""):
+            lines.append(f"  ECP      {inputs.ecp}")
+    double_hybrid = DoubleHybridSection.read(root)
+    if double_hybrid is not None:
+        lines.append(f"  xc       {double_hybrid.name}: {double_hybrid.xc}; MP2 scales "
+                     f"{double_hybrid.os_scale:g} OS, {double_hybrid.ss_scale:g} SS; grid level "
+                     f"{double_hybrid.grid_level} ({double_hybrid.grid_points} points)")
+    sizes = Sizes.read(root)
+    if sizes is not None:
+        lines.append(f"  sizes    nao {sizes.nao}  naux {sizes.naux}  nocc {sizes.nocc}  "
+                     f"nvir {sizes.nvir}  nfrozen {sizes.nfrozen}")
+    ledger = read_kernel_ledger(root)
+    if ledger is not None:
+        lines.append(f"  backend  {ledger.backend} {ledger.precision} on {ledger.device}"
+                     f"  fused_energy {ledger.fused_energy}  fallbacks {ledger.fallbacks}")
+        if ledger.calls:
+            lines.append("  calls    " + ", ".join(f"{k}={v}" for k, v in ledger.calls.items()))
+        if ledger.signatures is not None:
+            lines.append(f"  NKI      mode {ledger.nki_mode}  distinct signatures "
+                         f"{ledger.signatures}")
+        if ledger.estimate:
+            lines.append(f"  {ledger.estimate.get('label', 'estimate')}: "
+                         f"{ledger.estimate.get('overlapped_seconds', float('nan')):.3e} s")
+    if error(root):
+        lines.append(f"  error    {error(root)}")
+    scf = ScfSection.read(root)
+    if scf is not None and scf.stability == "unstable":
+        lines.append(f"  Warning: the {scf.reference.upper()} reference is internally unstable "
+                     f"(lowest orbital-Hessian eigenvalue {scf.stability_eigenvalue:.4g}); a "
+                     "lower SCF solution exists and MP2 on this one is questionable")
+    lines.append("")
+    for label, value in _energy_rows(scf, Mp2Section.read(root),
+                                     double_hybrid):
+        lines.append(f"  {label:<10} {value:20.10f} Eh")
+    check = CheckSection.read(root)
+    if check is not None:
+        lines.append(_check_line(check))
+    gradient = read_gradient(root)
+    if gradient is not None:
+        lines += ["", *gradient_table(root, *gradient)]
+    timings = read_timings(root)
+    if timings:
+        lines.append("")
+        parts = [f"{k} {timings[k]:.2f}s" for k in TIMING_ORDER if k in timings]
+        lines.append("  timings  " + "  ".join(parts))
+    return "\n".join(lines)
+
+
+def _check_line(check: CheckSection) -> str:
+    verdict = "PASS" if check.passed else "FAIL"
+    if check.delta_e_tot is None:
+        return (f"  PySCF DFMP2 E_corr {check.e_corr:.10f} Eh   dE = {check.delta_e_corr:.2e} Eh "
+                f"(tolerance {check.tolerance:.0e}): {verdict}")
+    return (f"  PySCF recipe E_tot {check.e_tot:.10f} Eh   dE_tot = {check.delta_e_tot:.2e} Eh, "
+            f"dE_corr = {check.delta_e_corr:.2e} Eh (tolerance {check.tolerance:.0e}): "
+            f"{verdict}")
+
+
+def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
+    inputs = read_inputs(root)
+    symbols = _symbols(inputs.xyz) if inputs is not None else [""] * len(gradient)
+    lines = [f"  {section.method.upper()} energy {section.e_tot:.10f} Eh; gradient dE/dR in "
+             f"{section.units}:",
+             f"  {'atom':>6} {'x':>16} {'y':>16} {'z':>16}"]
+    for number, (symbol, row) in enumerate(zip(symbols, gradient), start=1):
+        lines.append(f"  {number:>3} {symbol:<2} {row[0]:16.10f} {row[1]:16.10f} "
+                     f"{row[2]:16.10f}")
+    return lines
+
+
+def _symbols(xyz: str) -> list[str]:
+    lines = xyz.splitlines()
+    return [line.split()[0] for line in lines[2:2 + int(lines[0])]
+            if line.split() and line.split()[0].upper() in KNOWN_SYMBOLS]
+
+
+def json_summary(root: Node, path: str) -> dict:
+    """The ``--json`` object of ``dfmp2 run``."""
+    energies, scf = Mp2Section.read(root), ScfSection.read(root)
+    ledger = read_kernel_ledger(root)
+    summary = {"e_scf": scf.e_tot, "e_corr": energies.e_corr, "e_os": energies.e_os,
+               "e_ss": energies.e_ss, "e_scs": energies.e_scs, "e_sos": energies.e_sos,
+               "e_tot": energies.e_tot, "record": path, "status": status(root),
+               "backend": ledger.backend, "precision": ledger.precision,
+               "fallbacks": ledger.fallbacks, "stability": scf.stability,
+               # JSON has no NaN: an unchecked reference has no eigenvalue.
+               "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
+                                        else scf.stability_eigenvalue)}
+    double_hybrid = DoubleHybridSection.read(root)
+    if double_hybrid is not None:
+        for key in ("e_scs", "e_sos"):
+            del summary[key]
+        summary.update({"xc": double_hybrid.name, "xc_functional": double_hybrid.xc,
+                        "mp2_os": double_hybrid.os_scale, "mp2_ss": double_hybrid.ss_scale,
+                        "grid_level": double_hybrid.grid_level,
+                        "grid_points": double_hybrid.grid_points,
+                        "e_pt2": double_hybrid.e_pt2, "e_tot": double_hybrid.e_tot})
+    check = CheckSection.read(root)
+    if check is not None:
+        summary.update({"reference_e_corr": check.e_corr, "delta_e_corr": check.delta_e_corr,
+                        "check_passed": check.passed})
+        if check.delta_e_tot is not None:
+            summary.update({"reference_e_tot": check.e_tot, "delta_e_tot": check.delta_e_tot})
+    gradient = read_gradient(root)
+    if gradient is not None:
+        section, values = gradient
+        summary.update({"method": section.method, "e_tot": section.e_tot,
+                        "gradient": np.asarray(values).tolist(), "units": section.units})
+    return summary
+
+
+def method_energy(root: Node, method: str) -> float:
+    """The total energy of ``method`` (mp2, scs-mp2, sos-mp2, or the run's double hybrid) in a
+    complete record: a gradient record's own energy, else the matching sum."""
+    gradient = read_gradient(root)
+    if gradient is not None:
+        return gradient[0].e_tot
+    double_hybrid = DoubleHybridSection.read(root)
+    if double_hybrid is not None:
+        return double_hybrid.e_tot
+    energies = Mp2Section.read(root)
+    return {"mp2": energies.e_tot, "scs-mp2": energies.e_tot_scs,
+            "sos-mp2": energies.e_tot_sos}[method.strip().lower()]
+
+
+def _format_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.12g}"
+    text = str(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+def dump(root: Node, indent: str = "") -> str:
+    """Every group, attribute and dataset of a record (datasets by shape, small ones inline)."""
+    lines = []
+    for key, value in sorted(root.attrs.items()):
+        if key == "xyz":
+            value = value.strip().replace("\n", " | ")
+        lines.append(f"{indent}{key} = {_format_value(value)}")
+    for key, array in sorted(root.datasets.items()):
+        array = np.asarray(array)
+        shown = np.array2string(array, precision=6, threshold=8) if array.size <= 8 else ""
+        lines.append(f"{indent}{key}: dataset {array.dtype} {array.shape} {shown}".rstrip())
+    for key, child in sorted(root.groups.items()):
+        lines.append(f"{indent}/{key}")
+        lines.append(dump(child, indent + "  "))
+    return "\n".join(line for line in lines if line)

@@ -1,0 +1,414 @@
+"""The sections of one calculation's record: each a group whose attributes are a dataclass.
+
+Layout of a run record (schema ``dfmp2.run/1``): the groups ``/input``, ``/versions``,
+``/backend``, ``/scf``, ``/sizes``, ``/plan``, ``/checkpoint``, ``/mp2``, ``/timings``,
+``/reference`` (with ``--check``), ``/gradient`` and ``/distributed`` (several ranks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dfmp2.records.tree import Node
+
+
+class Section:
+    """A group whose attributes are the fields of a dataclass."""
+
+    group_name: ClassVar[str]
+
+    def write(self, node: Node) -> None:
+        """The fields as attributes; an optional field left at None is not written."""
+        node.group(self.group_name).attrs.update(
+            {k: v for k, v in dataclasses.asdict(self).items() if v is not None})
+
+    @classmethod
+    def read(cls, node: Node):
+        """The section in ``node``, or None when the group is absent. Attributes a record of
+        an older version lacks take their defaults."""
+        group = node.groups.get(cls.group_name)
+        if group is None:
+            return None
+        values = {}
+        for item in dataclasses.fields(cls):
+            if item.name in group.attrs:
+                values[item.name] = _from_attr(group.attrs[item.name], item.type)
+            elif item.default is dataclasses.MISSING:
+                return None
+        return cls(**values)
+
+
+def _from_attr(value: Any, annotation: str) -> Any:
+    if annotation == "bool":
+        return bool(value)
+    if annotation == "int":
+        return int(value)
+    if annotation == "float":
+        return float(value)
+    return value
+
+
+@dataclass(frozen=True)
+class CalculationInputs(Section):
+    """``/input``: what was computed and how. Two kinds of comparison use it: a resumed run
+    must share ``RESUME_FIELDS`` with the interrupted one (its checkpoint depends on nothing
+    else), and a complete record stands for a new request only when ``REUSE_FIELDS`` match
+    (every option that changes a stored number)."""
+
+    group_name: ClassVar[str] = "input"
+    RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
+        "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
+        "scf_engine", "jk_auxbasis", "reference", "frozen", "backend", "precision",
+        "fused_energy", "task", "method", "xc_functional", "grid_level")
+    REUSE_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
+        "scs_os", "scs_ss", "xc", "xc_os", "xc_ss", "allow_unconverged", "check")
+
+    xyz: str
+    source: str
+    basis: str
+    auxbasis: str
+    auxbasis_option: str = "default"
+    ecp: str = "{}"
+    jk_auxbasis: str = "none"
+    charge: int = 0
+    spin: int = 0
+    ghost_atoms: str = "[]"
+    scf: str = "df"
+    scf_engine: str = "pyscf"
+    reference: str = "rhf"
+    frozen: int = 0
+    backend: str = "torch"
+    precision: str = "fp64"
+    fused_energy: bool = False
+    task: str = "energy"
+    method: str = "mp2"
+    scs_os: float = 1.2
+    scs_ss: float = 1.0 / 3.0
+    xc: str = ""
+    """The double hybrid's name (empty: a Hartree-Fock reference)."""
+    xc_functional: str = ""
+    """Its exchange-correlation mix as PySCF reads it."""
+    xc_os: float = 0.0
+    xc_ss: float = 0.0
+    grid_level: int = -1
+    """PySCF's integration grid level; -1: PySCF's default (or no grid)."""
+    allow_unconverged: bool = False
+    check: bool = False
+    memory_bytes: int = 0
+    threads: int = 0
+    scratch: str = ""
+
+    def differing(self, other: "CalculationInputs", names: tuple[str, ...]) -> list[str]:
+        return [name for name in names if getattr(self, name) != getattr(other, name)]
+
+
+def read_inputs(node: Node) -> CalculationInputs | None:
+    return CalculationInputs.read(node)
+
+
+@dataclass(frozen=True)
+class BackendFacts(Section):
+    """``/backend``: which kernels ran where (the call counts are added by
+    :func:`write_kernel_ledger`)."""
+
+    group_name: ClassVar[str] = "backend"
+    backend: str
+    precision: str
+    device: str
+    fused_energy: bool
+
+
+def write_kernel_ledger(node: Node, calls: dict[tuple[str, str], int], fallbacks: int,
+                        fallback_reasons: list[str], report: dict[str, Any],
+                        group_name: str = BackendFacts.group_name) -> None:
+    """Call counts as ``calls.<kernel>.<executor>``, fallbacks, and the backend's own facts
+    (on NKI: mode, signatures, launches and the estimated trn1 time), in ``/backend`` (the
+    MP2 stage's kernels) or another group (``/scf_engine``: the SCF's)."""
+    group = node.group(group_name)
+    group.attrs.update({f"calls.{kernel}.{executor}": int(n)
+                        for (kernel, executor), n in sorted(calls.items())})
+    group.attrs["executors"] = sorted({executor for _, executor in calls})
+    group.attrs["fallbacks"] = fallbacks
+    group.attrs["fallback_reasons"] = fallback_reasons
+    group.attrs.update(report)
+
+
+@dataclass(frozen=True)
+class KernelLedger:
+    """What :func:`read_kernel_ledger` gives back."""
+
+    backend: str | None
+    precision: str | None
+    device: str | None
+    fused_energy: bool | None
+    fallbacks: int | None
+    calls: dict[str, int]
+    nki_mode: str | None
+    signatures: int | None
+    estimate: dict | None
+
+
+def read_kernel_ledger(node: Node) -> KernelLedger | None:
+    group = node.groups.get(BackendFacts.group_name)
+    if group is None:
+        return None
+    attrs = group.attrs
+    estimate = attrs.get("estimate")
+    if isinstance(estimate, str):
+        estimate = json.loads(estimate) if estimate not in ("none", "") else None
+    return KernelLedger(attrs.get("backend"), attrs.get("precision"), attrs.get("device"),
+                        attrs.get("fused_energy"), attrs.get("fallbacks"),
+                        {k[len("calls."):]: int(v) for k, v in attrs.items()
+                         if k.startswith("calls.")},
+                        attrs.get("nki_mode"), attrs.get("signatures"), estimate or None)
+
+
+@dataclass(frozen=True)
+class ScfSection(Section):
+    """``/scf``: the reference, with its orbitals as datasets."""
+
+    group_name: ClassVar[str] = "scf"
+    e_tot: float
+    converged: bool
+    cycles: int
+    method: str
+    reference: str
+    jk_auxbasis: str
+    engine: str = "pyscf"
+    xc: str = ""
+    """The Kohn-Sham exchange-correlation mix (empty for Hartree-Fock)."""
+    grid_level: int = -1
+    grid_points: int = 0
+    stability: str = "not checked"
+    """Internal stability of the converged reference: ``stable``, ``unstable`` or ``not
+    checked`` (closed shells unless asked, unconverged SCFs, older records)."""
+    stability_eigenvalue: float = float("nan")
+    """The lowest orbital-Hessian eigenvalue (PySCF's normalisation); NaN when not checked."""
+
+
+@dataclass(frozen=True)
+class StoredOrbitals:
+    mo_energy: np.ndarray
+    mo_occ: np.ndarray
+    mo_coeff: np.ndarray
+
+
+def write_scf(node: Node, section: ScfSection, orbitals: StoredOrbitals) -> None:
+    section.write(node)
+    node.group(ScfSection.group_name).datasets.update(dataclasses.asdict(orbitals))
+
+
+def read_scf(node: Node) -> tuple[ScfSection, StoredOrbitals | None] | None:
+    section = ScfSection.read(node)
+    if section is None:
+        return None
+    datasets = node.groups[ScfSection.group_name].datasets
+    if not all(name in datasets for name in ("mo_energy", "mo_occ", "mo_coeff")):
+        return section, None
+    return section, StoredOrbitals(np.asarray(datasets["mo_energy"]),
+                                   np.asarray(datasets["mo_occ"]),
+                                   np.asarray(datasets["mo_coeff"]))
+
+
+@dataclass(frozen=True)
+class ScfEngineSection(Section):
+    """``/scf_engine``: our J/K engine's tensor and every build (seconds, precision and
+    executor, in order); the call counts of its kernels go beside them."""
+
+    group_name: ClassVar[str] = "scf_engine"
+    engine: str
+    builds: int
+    build_seconds: list
+    build_precisions: list
+    build_executors: list
+    build_columns: list
+    naux: int
+    tensor_bytes: int
+    out_of_core: bool
+    tensor_seconds: float
+    mixed_precision: bool
+
+
+@dataclass(frozen=True)
+class Sizes(Section):
+    """``/sizes``: orbital and auxiliary dimensions (``nocc`` and ``nvir`` are alpha's for UHF,
+    whose beta counts are ``nocc_beta`` and ``nvir_beta``)."""
+
+    group_name: ClassVar[str] = "sizes"
+    nao: int
+    naux: int
+    naux_fit: int
+    nocc: int
+    nvir: int
+    nfrozen: int
+    natoms: int
+    nocc_beta: int | None = None
+    nvir_beta: int | None = None
+
+
+@dataclass(frozen=True)
+class PlanSection(Section):
+    """``/plan``: the occupied blocks, where B lives and the memory budget."""
+
+    group_name: ClassVar[str] = "plan"
+    occ_block: int
+    occ_blocks: int
+    out_of_core: bool
+    b_bytes: int
+    energy_bytes: int
+    build_block_bytes: int
+    budget_bytes: int
+    metric: str
+
+
+@dataclass(frozen=True)
+class Mp2Section(Section):
+    """``/mp2``: MP2, SCS-MP2 (with its scales) and SOS-MP2 energies, plus the parts they were
+    formed from (closed shell: direct and exchange; UHF: the two same-spin halves)."""
+
+    group_name: ClassVar[str] = "mp2"
+    e_corr: float
+    e_os: float
+    e_ss: float
+    e_scs: float
+    e_sos: float
+    e_tot: float
+    e_tot_scs: float
+    e_tot_sos: float
+    scs_os_scale: float
+    scs_ss_scale: float
+    sos_os_scale: float
+    direct: float | None = None
+    exchange: float | None = None
+    e_ss_alpha: float | None = None
+    e_ss_beta: float | None = None
+
+
+@dataclass(frozen=True)
+class DoubleHybridSection(Section):
+    """``/double_hybrid``: the functional (name, exchange-correlation mix, MP2 scales, source),
+    the Kohn-Sham grid, and the total E_KS + os_scale E_OS + ss_scale E_SS. ``/scf`` holds
+    E_KS and ``/mp2`` the unscaled MP2 parts; /mp2's totals are the plain sums, not this
+    method's energy."""
+
+    group_name: ClassVar[str] = "double_hybrid"
+    name: str
+    xc: str
+    os_scale: float
+    ss_scale: float
+    source: str
+    grid_level: int
+    grid_points: int
+    e_ks: float
+    e_pt2: float
+    e_tot: float
+
+
+@dataclass(frozen=True)
+class GradientSection(Section):
+    """``/gradient``: the method's total energy and its nuclear gradient (dataset
+    ``gradient``, one row [gx, gy, gz] per atom, Eh/Bohr: dE/dR, the negative force);
+    ``tensors`` says where its large tensors lived (``memory`` or ``scratch``)."""
+
+    group_name: ClassVar[str] = "gradient"
+    method: str
+    e_tot: float
+    os_scale: float
+    ss_scale: float
+    response_jk_builds: int
+    units: str = "Eh/Bohr"
+    tensors: str = "memory"
+    response_solver: str = ""
+    """How the Z-vector was solved (``minres`` or ``dense``; empty in older records)."""
+    response_iterations: int = -1
+    response_residual: float = float("nan")
+    """||A z - L|| of the Z-vector solution."""
+
+
+def write_gradient(node: Node, section: GradientSection, gradient: np.ndarray) -> None:
+    section.write(node)
+    node.group(GradientSection.group_name).datasets["gradient"] = np.asarray(gradient)
+
+
+def read_gradient(node: Node) -> tuple[GradientSection, np.ndarray] | None:
+    section = GradientSection.read(node)
+    if section is None:
+        return None
+    return section, np.asarray(node.groups[GradientSection.group_name].datasets["gradient"])
+
+
+@dataclass(frozen=True)
+class CheckSection(Section):
+    """``/reference``: PySCF's DF-MP2 on the same orbitals (``--check``); for a double hybrid,
+    PySCF's whole recipe, with its SCF energy and the difference in the total."""
+
+    group_name: ClassVar[str] = "reference"
+    program: str
+    e_corr: float
+    e_os: float
+    e_ss: float
+    e_tot: float
+    delta_e_corr: float
+    tolerance: float
+    passed: bool
+    seconds: float
+    e_scf: float | None = None
+    delta_e_tot: float | None = None
+
+
+def write_timings(node: Node, seconds: dict[str, float]) -> None:
+    """``/timings``: seconds per stage (``scf``, ``mp2``, ``total`` and finer stages)."""
+    node.group("timings").attrs.update(seconds)
+
+
+def read_timings(node: Node) -> dict[str, float]:
+    group = node.groups.get("timings")
+    return {} if group is None else {k: float(v) for k, v in group.attrs.items()}
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """``/checkpoint``: the occupied block size and every finished block pair's weighted
+    (direct, exchange) sums, keyed (spin case, i0, i1, j0, j1)."""
+
+    occ_block: int | None
+    pairs: dict[tuple[int, ...], tuple[float, float]]
+
+
+PAIR_KEY_LENGTH = 5
+
+
+def write_checkpoint(node: Node, checkpoint: Checkpoint) -> None:
+    group = node.group("checkpoint")
+    if checkpoint.occ_block is not None:
+        group.attrs["occ_block"] = checkpoint.occ_block
+    keys = sorted(checkpoint.pairs)
+    group.datasets["pairs"] = np.array(keys, dtype=np.int64).reshape(-1, PAIR_KEY_LENGTH)
+    group.datasets["sums"] = np.array([checkpoint.pairs[k] for k in keys],
+                                      dtype=float).reshape(-1, 2)
+
+
+def read_checkpoint(node: Node) -> Checkpoint | None:
+    group = node.groups.get("checkpoint")
+    if group is None:
+        return None
+    occ_block = group.attrs.get("occ_block")
+    keys = group.datasets.get("pairs", np.empty((0, PAIR_KEY_LENGTH)))
+    sums = group.datasets.get("sums", np.empty((0, 2)))
+    return Checkpoint(None if occ_block is None else int(occ_block),
+                      {tuple(int(v) for v in key): (float(s[0]), float(s[1]))
+                       for key, s in zip(keys, sums)})
+
+
+def write_distributed(node: Node, world_size: int, backend: str,
+                      ranks: dict[int, tuple[list, float]]) -> None:
+    """``/distributed``: each rank's block pairs and busy seconds."""
+    group = node.group("distributed")
+    group.attrs.update({"world_size": world_size, "backend": backend})
+    for rank, (pairs, seconds) in ranks.items():
+        group.attrs[f"rank{rank}.pairs"] = pairs
+        group.attrs[f"rank{rank}.seconds"] = seconds

@@ -1,0 +1,228 @@
+"""The HDF5 tree engine of run records: the one place that reads and writes HDF5.
+
+A record is a tree of :class:`Node` (attributes, datasets, child groups) written whole and
+atomically: a temporary file beside the target, then a rename. The groups and attributes of
+each command are the typed sections of :mod:`dfmp2.records.sections` (a calculation) and
+:mod:`dfmp2.records.job_sections` (optimisations, interactions, benchmarks); no other module
+spells a group or attribute name.
+
+Root attributes: ``schema``, ``status``, ``created``, ``command`` (``error`` when failed,
+``resumed``).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from dfmp2.errors import InputError, RunFailure
+from dfmp2.system.files import FILE, disk_reason, existing_kind
+
+SCHEMA = "dfmp2.run/1"
+
+
+BENCH_SCHEMA = "dfmp2.bench/1"
+
+
+INTERACTION_SCHEMA = "dfmp2.interaction/1"
+
+
+OPTIMIZE_SCHEMA = "dfmp2.optimize/1"
+
+
+KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA)
+
+
+RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
+
+
+class RecordWriteError(RunFailure):
+    """The record (or its temporary file) could not be written: a full disk, a quota, a
+    vanished folder."""
+
+
+@dataclass
+class Node:
+    """One HDF5 group: attributes, datasets and child groups."""
+
+    attrs: dict[str, Any] = field(default_factory=dict)
+    datasets: dict[str, np.ndarray] = field(default_factory=dict)
+    groups: dict[str, "Node"] = field(default_factory=dict)
+
+    def group(self, name: str) -> "Node":
+        """The child group ``name`` (``a/b`` for nested), created when missing."""
+        node = self
+        for part in name.strip("/").split("/"):
+            node = node.groups.setdefault(part, Node())
+        return node
+
+
+def _attr_value(value: Any) -> Any:
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, sort_keys=True, default=str)
+    if value is None:
+        return "none"
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        return value.item()
+    if isinstance(value, str):
+        return _exact_text(value)
+    return value
+
+
+def _exact_text(text: str) -> str | bytes:
+    """``text`` as HDF5 can store it. A file name that is not valid UTF-8 reaches us with its
+    odd bytes as surrogate escapes, which no UTF-8 string attribute holds: such text is kept
+    as its exact bytes (h5py reads them back as the same str)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape")
+    return text
+
+
+def _write_node(group: h5py.Group, node: Node) -> None:
+    for key, value in node.attrs.items():
+        group.attrs[key] = _attr_value(value)
+    for key, array in node.datasets.items():
+        group.create_dataset(key, data=np.asarray(array))
+    for key, child in node.groups.items():
+        _write_node(group.create_group(key), child)
+
+
+def record_image(root: Node) -> bytes:
+    """The record as HDF5 file bytes, built in memory."""
+    image = io.BytesIO()
+    with h5py.File(image, "w") as h5:
+        _write_node(h5, root)
+    return image.getvalue()
+
+
+def write_record(path: str | Path, root: Node) -> Path:
+    """Write the whole record to a temporary file beside ``path``, then rename it into place.
+
+    The HDF5 image is built in memory and written with plain system calls, so a full disk is
+    an ordinary error (the HDF5 library itself can crash the process when a write fails under
+    it). Any failure removes the temporary file and leaves the previous record untouched."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    image = record_image(root)
+    tmp_name = None
+    try:
+        # mkstemp opens a fresh name with O_EXCL | O_NOFOLLOW and the rename replaces a link
+        # at ``path`` rather than writing through it.
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(image)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except OSError as exc:
+        _remove_quietly(tmp_name)
+        raise RecordWriteError(f"cannot write the run record {path}: {_reason(exc)}") from None
+    except BaseException:
+        _remove_quietly(tmp_name)
+        raise
+    return path
+
+
+def _reason(exc: OSError) -> str:
+    return disk_reason(exc, "free some space or choose another folder")
+
+
+def _remove_quietly(name: str | None) -> None:
+    if name:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass
+
+
+def stale_temporaries(path: Path) -> list[Path]:
+    """Temporary files an interrupted write of ``path`` left behind."""
+    return list(path.parent.glob(f".{path.name}.*.tmp"))
+
+
+def _read_node(group: h5py.Group) -> Node:
+    node = Node()
+    for key, value in group.attrs.items():
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "surrogateescape")
+        node.attrs[key] = value.item() if isinstance(value, np.generic) else value
+    for key, item in group.items():
+        if isinstance(item, h5py.Group):
+            node.groups[key] = _read_node(item)
+        else:
+            node.datasets[key] = item[()]
+    return node
+
+
+def read_record(path: str | Path) -> Node:
+    """Read a record; anything that is not one is an InputError naming the file."""
+    path = Path(path)
+    kind = existing_kind(path, follow_links=True)
+    if kind is None:
+        raise InputError(f"{path}: no such record")
+    # Opening a FIFO would wait forever for a writer.
+    if kind != FILE:
+        raise InputError(f"{path} is {kind}, not a run record file")
+    try:
+        with h5py.File(path, "r") as h5:
+            root = _read_node(h5)
+    except OSError:
+        raise InputError(f"{path} is not a readable HDF5 run record") from None
+    if root.attrs.get("schema") not in KNOWN_SCHEMAS:
+        raise InputError(f"{path} is an HDF5 file but not a dfmp2 record "
+                         f"(schema {root.attrs.get('schema')!r}, expected {SCHEMA!r})")
+    return root
+
+
+def is_record_file(path: str | Path) -> bool:
+    try:
+        read_record(path)
+    except InputError:
+        return False
+    return True
+
+
+def new_record(schema: str, command: str, versions: dict[str, str]) -> Node:
+    root = Node(attrs={"schema": schema, "status": RUNNING,
+                       "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                       "command": command})
+    root.group("versions").attrs.update(versions)
+    return root
+
+
+def schema(root: Node) -> str | None:
+    return root.attrs.get("schema")
+
+
+def status(root: Node) -> str | None:
+    return root.attrs.get("status")
+
+
+def error(root: Node) -> str | None:
+    return root.attrs.get("error")
+
+
+def created(root: Node) -> str | None:
+    return root.attrs.get("created")
+
+
+def set_status(root: Node, value: str, error_text: str | None = None) -> None:
+    root.attrs["status"] = value
+    if error_text:
+        root.attrs["error"] = error_text
+    else:
+        root.attrs.pop("error", None)
+
+
+def set_resumed(node: Node, resumed: bool) -> None:
+    node.attrs["resumed"] = resumed

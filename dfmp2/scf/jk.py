@@ -1,0 +1,198 @@
+"""Coulomb (J) and exchange (K) matrices from the JK-fit tensor, through a kernel set.
+
+With B_P = X_P + X_P^T the fitted (P|mu nu) (see :mod:`dfmp2.scf.jk_tensor`):
+
+    J = sum_P B_P rho_P,  rho_P = sum_{mu nu} B_P[mu, nu] D[mu, nu]     (the fitted density)
+    K = sum_P B_P D B_P = sum_P (B_P F)(B_P F)^T                        for D = F F^T
+
+K goes through the density's factor F: the occupied orbitals (times the square root of their
+occupations) when PySCF tags the density with them, as it does in every SCF cycle; else the
+eigenvectors of D, positive and negative parts separately. The half-transformed tensor
+G[mu, (i, P)] = (F^T B_P)[i, mu] is built row block by row block from X_P with two matrix
+products (rows mu of X_P, and columns mu of X_P), then K = G G^T by a symmetric rank-k update.
+Per build that is about 3 naux nao^2 nocc multiply-adds, half of it in the rank-k update.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dfmp2.scf.jk_tensor import FP64_BYTES, JkTensor
+from kernels.torch_backend import single_threaded_ops
+
+# Eigenvalues of an untagged density below this (relative to the largest) carry no exchange
+# worth a column of F: 1e-14 of it is far below the SCF's 1e-12 Eh energy threshold.
+FACTOR_CUTOFF = 1e-14
+# Work arrays of one build: the half-transformed tensor G of one aux chunk and its products.
+DEFAULT_WORK_BYTES = 512 * 2**20
+# Below this many multiply-adds a build runs on one thread: its products are too small to
+# gain from two, and a core busy with another process makes each parallel region wait.
+SINGLE_THREAD_WORK = 2e8
+
+
+@dataclass(frozen=True)
+class DensityFactor:
+    """One term of a density, D += sign * left right^T (right None: right = left)."""
+
+    left: np.ndarray
+    sign: float = 1.0
+    right: np.ndarray | None = None
+
+
+def factorize(dm: np.ndarray, hermi: int, mo_coeff=None, mo_occ=None) -> list[DensityFactor]:
+    """Factors of one density: from its orbitals and occupations when given, else from its
+    eigenvectors (symmetric densities) or singular vectors (any other)."""
+    if mo_coeff is not None and mo_occ is not None:
+        occupied = np.asarray(mo_occ) > 0
+        left = np.asarray(mo_coeff)[:, occupied] * np.sqrt(np.asarray(mo_occ)[occupied])
+        return [DensityFactor(np.ascontiguousarray(left))]
+    if hermi == 1:
+        eigval, eigvec = np.linalg.eigh(dm)
+        cutoff = FACTOR_CUTOFF * max(1.0, float(np.abs(eigval).max(initial=0.0)))
+        factors = []
+        for sign, keep in ((1.0, eigval > cutoff), (-1.0, eigval < -cutoff)):
+            if keep.any():
+                factors.append(DensityFactor(np.ascontiguousarray(
+                    eigvec[:, keep] * np.sqrt(np.abs(eigval[keep]))), sign))
+        return factors
+    left, singular, right_t = np.linalg.svd(dm)
+    keep = singular > FACTOR_CUTOFF * max(1.0, float(singular.max(initial=0.0)))
+    return [DensityFactor(np.ascontiguousarray(left[:, keep] * singular[keep]), 1.0,
+                          np.ascontiguousarray(right_t[keep].T))]
+
+
+@dataclass
+class JkBuild:
+    """One J/K build as the record lists it."""
+
+    seconds: float
+    precision: str
+    executor: str
+    factor_columns: int
+
+
+class JkEngine:
+    """J and K of densities, built from ``tensor``: K through ``kernel_set`` (a
+    :class:`kernels.interface.JkKernelSet`), J through ``coulomb_set``.
+
+    J is a pair of matrix-vector products over the tensor (bandwidth-bound, a few percent of
+    a build) but its elements are large (hundreds of Eh for (H2O)16), so its fp32 error would
+    be the largest error of an fp32 Fock matrix: J always runs in fp64. The tensor stays in
+    fp64; K is contracted in the kernel set's precision, and both are summed in fp64."""
+
+    def __init__(self, tensor: JkTensor, kernel_set, coulomb_set=None,
+                 work_bytes: int = DEFAULT_WORK_BYTES):
+        self.tensor = tensor
+        self.kernel_set = kernel_set
+        self.coulomb_set = coulomb_set if coulomb_set is not None else kernel_set
+        self.work_bytes = work_bytes
+        self.builds: list[JkBuild] = []
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def build(self, dms: np.ndarray, factors: list[list[DensityFactor]] | None,
+              with_j: bool = True, with_k: bool = True, k_scale: float = 1.0
+              ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """J and ``k_scale`` K (a hybrid functional's exact-exchange share) of densities
+        ``dms`` (nset, nao, nao), whose exchange goes through ``factors`` (one list per
+        density)."""
+        start = time.perf_counter()
+        nset, nao, _ = dms.shape
+        columns = sum(f.left.shape[1] * (1 if f.right is None else 2)
+                      for fs in (factors if with_k else []) for f in fs)
+        small = 3.0 * self.tensor.naux * nao * nao * max(columns, nset) < SINGLE_THREAD_WORK
+        with single_threaded_ops() if small else contextlib.nullcontext():
+            vj, vk = self._build(dms, factors, with_j, with_k, k_scale, columns)
+        self.builds.append(JkBuild(time.perf_counter() - start, self.kernel_set.precision,
+                                   self.kernel_set.executor, columns))
+        return vj, vk
+
+    def _build(self, dms: np.ndarray, factors: list[list[DensityFactor]] | None,
+               with_j: bool, with_k: bool, k_scale: float, columns: int
+               ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        nset, nao, _ = dms.shape
+        ks = self.kernel_set
+        vj = np.zeros((nset, nao, nao)) if with_j else None
+        vk = np.zeros((nset, nao, nao)) if with_k else None
+        terms = [(n, f) for n, fs in enumerate(factors) for f in fs] if with_k else []
+        naux = self.tensor.naux
+        chunk = self._aux_chunk(nao, max(columns, 1))
+        js = self.coulomb_set
+        symmetric = torch.as_tensor(dms + dms.transpose(0, 2, 1), dtype=js.dtype,
+                                    device=js.device)
+        factor_tensors = [(n, f.sign, torch.as_tensor(f.left, dtype=ks.dtype, device=ks.device),
+                           None if f.right is None else
+                           torch.as_tensor(f.right, dtype=ks.dtype, device=ks.device))
+                          for n, f in terms]
+        for x0 in range(0, naux, chunk):
+            x1 = min(naux, x0 + chunk)
+            halves = [(n, sign, self._half(nao, left.shape[1], x1 - x0, 2 * slot),
+                       None if right is None else
+                       self._half(nao, right.shape[1], x1 - x0, 2 * slot + 1), left, right)
+                      for slot, (n, sign, left, right) in enumerate(factor_tensors)]
+            rho = torch.zeros((nset, x1 - x0), dtype=js.dtype, device=js.device)
+            for block in self.tensor.layout.blocks:
+                exact_rows = self.tensor.block(block, x0, x1)
+                if with_j:
+                    density = symmetric[:, block.m0:block.m1, :block.m1].reshape(nset, -1)
+                    rho += js.gemm(density, exact_rows.reshape(-1, x1 - x0).to(
+                        dtype=js.dtype, device=js.device))
+                rows = exact_rows.to(dtype=ks.dtype, device=ks.device)
+                for _, _, g_left, g_right, left, right in halves:
+                    ks.half_transform(rows, left, block.m0, g_left)
+                    if right is not None:
+                        ks.half_transform(rows, right, block.m0, g_right)
+            for n, sign, g_left, g_right, _, _ in halves:
+                g_left = g_left.reshape(nao, -1)
+                if g_right is None:
+                    product = torch.tril(ks.syrk(g_left, 1).to(torch.float64))
+                else:
+                    product = ks.gemm(g_left, g_right.reshape(nao, -1).T).to(torch.float64)
+                vk[n] += sign * k_scale * product.cpu().numpy()
+            if with_j:
+                self._coulomb(rho, x0, x1, vj)
+        if with_k:
+            for n, fs in enumerate(factors):
+                if all(f.right is None for f in fs):
+                    vk[n] = _symmetric_from_lower(vk[n])
+        if with_j:
+            vj = vj + vj.transpose(0, 2, 1)
+        return vj, vk
+
+    def _aux_chunk(self, nao: int, columns: int) -> int:
+        itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
+        block = self.tensor.layout.row_block
+        per_aux = itemsize * (nao * columns + 2 * block * nao + nao * columns)
+        return max(1, min(self.tensor.naux, self.work_bytes // per_aux))
+
+    def _half(self, nao: int, columns: int, naux: int, slot: int) -> torch.Tensor:
+        """G for one aux chunk, kept from build to build (a fresh 100 MB+ array would be paid
+        again in page faults every cycle); half_transform overwrites each row block before
+        adding to it, so it needs no zeroing."""
+        key = (slot, nao, columns, naux, self.kernel_set.dtype, self.kernel_set.device)
+        if key not in self._buffers:
+            self._buffers = {k: v for k, v in self._buffers.items() if k[0] != slot}
+            self._buffers[key] = torch.empty((nao, columns, naux), dtype=self.kernel_set.dtype,
+                                             device=self.kernel_set.device)
+        return self._buffers[key]
+
+    def _coulomb(self, rho: torch.Tensor, x0: int, x1: int, vj: np.ndarray) -> None:
+        """vj[mu, nu] += sum_P X_P[mu, nu] rho_P over this aux chunk (lower part)."""
+        js = self.coulomb_set
+        for block in self.tensor.layout.blocks:
+            rows = self.tensor.block(block, x0, x1).to(dtype=js.dtype, device=js.device)
+            part = js.gemm(rows.reshape(-1, x1 - x0), rho.T).to(torch.float64).cpu().numpy()
+            width = block.m1 - block.m0
+            vj[:, block.m0:block.m1, :block.m1] += part.T.reshape(-1, width, block.m1)
+
+
+def _symmetric_from_lower(lower: np.ndarray) -> np.ndarray:
+    return lower + np.tril(lower, -1).T
+
+
+def jk_work_bytes(nao: int, nocc: int, naux: int, itemsize: int = FP64_BYTES) -> int:
+    """The half-transformed tensor of one build with every aux function at once."""
+    return itemsize * nao * nocc * naux

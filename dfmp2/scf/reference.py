@@ -1,0 +1,291 @@
+"""The reference from PySCF: RHF or UHF, converged tightly enough for a 1e-9 Eh stable MP2.
+
+``run``, ``compare`` and ``bench`` all reach their reference through :func:`new_scf`, so they
+build the same SCF object for the same calculation (RHF or UHF, the same JK-fit basis, the
+same thresholds and memory budget).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pyscf import df, dft, gto, lib, scf
+from pyscf.lib.diis import INCORE_SIZE as DIIS_INCORE_SIZE
+from pyscf.soscf import newton_ah
+
+from dfmp2.df.store import ScratchArea
+from dfmp2.system.blas_threads import torch_owns_the_cores
+from dfmp2.input.calculation import Calculation
+from dfmp2.system.disk import check_space
+from dfmp2.errors import InputError, RunFailure
+from dfmp2.system.memory import format_size
+from dfmp2.records.sections import ScfEngineSection, ScfSection, StoredOrbitals
+from dfmp2.scf.engine import KernelDF, ScfKernels, scf_engine_section, use_kernel_engine
+
+log = logging.getLogger(__name__)
+
+SCF_METHODS = ("df", "conventional")
+# conv_tol 1e-10 leaves glycine's DF-MP2 energy 1.4e-8 Eh off the converged value; 1e-12 with a
+# 1e-7 orbital-gradient threshold is stable to 1e-9 Eh (measured when the project started).
+CONV_TOL = 1e-12
+CONV_TOL_GRAD = 1e-7
+# Kohn-Sham orbital gradients stall at a floor set by the functional on its grid: 2.6e-7 to
+# 4.4e-7 for hydroxyl with B3LYP, B2PLYP and DSD-PBEP86 on grid level 3, where a second-order
+# solver makes no further step (measured with PySCF 2.14). 1e-6 is above those floors.
+KS_CONV_TOL_GRAD = 1e-6
+MAX_CYCLE = 100
+FP64_BYTES = 8
+# Square matrices (nao x nao) an SCF holds at once, per spin: overlap, core Hamiltonian, Fock,
+# density, orbitals, the eigensolver's work space and the J/K buffers; DIIS keeps its vectors
+# in a file once they are large. A lower bound, used to refuse hopeless budgets early.
+SCF_SQUARE_MATRICES = {"rhf": 10, "uhf": 16}
+BYTES_PER_MB = 10**6
+# PySCF keeps its JK-fit tensor in memory when it takes less than this share of max_memory.
+JK_IN_MEMORY_SHARE = 0.9
+# PySCF's own line between stable and unstable (pyscf.scf.stability): an orbital-Hessian
+# eigenvalue below it means a lower SCF solution exists.
+UNSTABLE_BELOW = -1e-5
+# Davidson's eigenvalue convergence and its start vectors (rotations of the lowest diagonal
+# Hessian elements): several, so that every symmetry of a symmetric molecule is reached.
+STABILITY_TOL = 1e-6
+STABILITY_START_VECTORS = 6
+
+
+@dataclass(frozen=True)
+class ScfOptions:
+    """How the SCF runs: who builds J and K (``kernels``: our engine, ``pyscf``: PySCF's
+    density fitting), with which kernel sets, within which memory budget, with which
+    scratch folder for a JK tensor that does not fit."""
+
+    engine: str = "pyscf"
+    kernels: ScfKernels | None = None
+    budget: int | None = None
+    scratch: ScratchArea | None = None
+    keep_integrals: bool = False
+    """Keep the JK-fit tensor after the SCF (the gradient's orbital response needs it)."""
+    initial_density: np.ndarray | None = None
+    """Start from this density instead of PySCF's guess (an optimisation's previous step)."""
+    stability: bool = False
+    """Check a closed-shell reference's internal stability too (open shells always are)."""
+
+
+@dataclass(frozen=True)
+class ScfResult:
+    """The converged (or restored) reference: what MP2 needs, the PySCF object, and (with our
+    engine) what the J/K builds were."""
+
+    section: ScfSection
+    orbitals: StoredOrbitals
+    mf: Any = None
+    engine: ScfEngineSection | None = None
+
+    @property
+    def e_tot(self) -> float:
+        return self.section.e_tot
+
+    @property
+    def converged(self) -> bool:
+        return self.section.converged
+
+
+def scf_minimum_bytes(nao: int, reference: str) -> int:
+    return SCF_SQUARE_MATRICES[reference] * nao * nao * FP64_BYTES
+
+
+def check_scf_memory(nao: int, reference: str, budget: int) -> None:
+    need = scf_minimum_bytes(nao, reference)
+    if budget < need:
+        raise InputError(f"memory budget {format_size(budget)} is too small for the SCF of "
+                         f"this molecule ({nao} basis functions): at least {format_size(need)} "
+                         "is needed; raise --memory or use a smaller basis")
+
+
+def jk_tensor_bytes(mol: gto.Mole, jk_auxbasis: str | dict) -> int:
+    """Size of PySCF's JK-fit three-index tensor (naux x nao(nao+1)/2 doubles)."""
+    nao = mol.nao_nr()
+    return df.addons.make_auxmol(mol, jk_auxbasis).nao_nr() * nao * (nao + 1) // 2 * FP64_BYTES
+
+
+def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
+            converging: bool = True) -> scf.hf.SCF:
+    """The PySCF SCF object of ``calc``: UHF or RHF (never ROHF), or UKS or RKS with a double
+    hybrid's exchange-correlation mix on its grid, density-fitted with its JK-fit basis
+    unless the SCF is ``conventional``, at our thresholds, within the budget, with J/K from
+    ``options.engine`` (its precision schedule only when ``converging``)."""
+    mf = _reference_object(calc)
+    _drop_chkfile(mf)
+    if calc.scf_method == "df":
+        mf = mf.density_fit(auxbasis=calc.jk_spec())
+    mf.conv_tol = CONV_TOL
+    mf.conv_tol_grad = CONV_TOL_GRAD if calc.functional is None else KS_CONV_TOL_GRAD
+    mf.max_cycle = MAX_CYCLE
+    mf.verbose = 0
+    if options.budget is not None:
+        # PySCF's max_memory bounds the whole process; ours bounds what the calculation adds.
+        mf.max_memory = lib.current_memory()[0] + options.budget / BYTES_PER_MB
+    spins = 2 if calc.reference == "uhf" else 1
+    if options.scratch is not None and spins * calc.mol.nao_nr() ** 2 >= DIIS_INCORE_SIZE:
+        # Vectors this large PySCF's DIIS keeps in a file, by default an anonymous one in its
+        # TMPDIR that a killed run leaves behind; named after the record, a resumed run's
+        # ScratchArea.remove_leftovers finds it.
+        mf.diis_file = str(options.scratch.reserve(options.scratch.named("diis")))
+    if calc.scf_method != "df":
+        return mf
+    if options.engine == "kernels":
+        use_kernel_engine(mf, calc.jk_auxbasis, options.kernels, options.budget,
+                          options.scratch, converging)
+        return mf
+    mf.with_df.max_memory = mf.max_memory
+    nbytes = jk_tensor_bytes(calc.mol, calc.jk_spec())
+    if (options.budget is not None and options.scratch is not None
+            and nbytes >= JK_IN_MEMORY_SHARE * options.budget):
+        jk_file = options.scratch.jk_path()
+        check_space(jk_file.parent, nbytes, "the SCF's JK-fit tensor")
+        options.scratch.reserve(jk_file)
+        mf.with_df._cderi_to_save = str(jk_file)
+    return mf
+
+
+def _drop_chkfile(mf: scf.hf.SCF) -> None:
+    """Delete the checkpoint file PySCF opened in its TMPDIR when ``mf`` was made, and turn
+    checkpointing off: the run record is our checkpoint, and a killed run would leave the
+    file behind."""
+    handle = getattr(mf, "_chkfile", None)
+    if handle is not None:
+        handle.close()
+        mf._chkfile = None
+    mf.chkfile = None
+
+
+def _reference_object(calc: Calculation) -> scf.hf.SCF:
+    unrestricted = calc.reference == "uhf"
+    if calc.functional is None:
+        return scf.UHF(calc.mol) if unrestricted else scf.RHF(calc.mol)
+    mf = (dft.UKS if unrestricted else dft.RKS)(calc.mol, xc=calc.functional.xc)
+    if calc.grid is not None:
+        mf.grids.level = calc.grid
+    return mf
+
+
+def grid_facts(mf: scf.hf.SCF) -> tuple[str, int, int]:
+    """(exchange-correlation mix, grid level, grid points) of a Kohn-Sham SCF; ("", -1, 0)
+    for Hartree-Fock."""
+    grids = getattr(mf, "grids", None)
+    if grids is None:
+        return "", -1, 0
+    points = 0 if grids.weights is None else int(grids.weights.size)
+    return str(mf.xc), int(grids.level), points
+
+
+def release_integrals(mf: scf.hf.SCF) -> None:
+    """Drop the SCF's JK-fit three-index tensor (about 1 GB for (H2O)16), in memory or in its
+    file: MP2 never uses it."""
+    with_df = getattr(mf, "with_df", None)
+    if with_df is not None:
+        saved = with_df._cderi_to_save
+        with_df.reset()
+        if isinstance(saved, str):
+            Path(saved).unlink(missing_ok=True)
+
+
+def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
+    """Converge the reference; running out of memory or disk inside PySCF is a RunFailure."""
+    mf = new_scf(calc, options)
+    cycles = 0
+
+    def count_cycle(envs: dict) -> None:
+        nonlocal cycles
+        cycles = int(envs.get("cycle", cycles)) + 1
+
+    mf.callback = count_cycle
+    def blas():
+        return torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext()
+
+    try:
+        with blas():
+            e_tot = mf.kernel(dm0=options.initial_density)
+    except MemoryError:
+        release_integrals(mf)
+        raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis functions); "
+                         "raise --memory if the machine has more, or use a smaller basis"
+                         ) from None
+    except OSError as exc:
+        release_integrals(mf)
+        raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
+                         f"{exc.strerror or exc}") from None
+    except BaseException:
+        release_integrals(mf)
+        raise
+    finally:
+        if isinstance(mf.diis_file, str):
+            Path(mf.diis_file).unlink(missing_ok=True)
+    log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", calc.reference_name,
+             calc.scf_method, e_tot, cycles, mf.converged)
+    stability, eigenvalue = "not checked", float("nan")
+    if mf.converged and (calc.reference == "uhf" or options.stability):
+        with blas():
+            eigenvalue = lowest_hessian_eigenvalue(mf)
+        stability = "stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"
+        if stability == "unstable":
+            log.warning("the %s reference is internally unstable (lowest orbital-Hessian "
+                        "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one "
+                        "is questionable", calc.reference_name.upper(), eigenvalue,
+                        calc.reference_name.upper())
+    with_df = getattr(mf, "with_df", None)
+    engine = scf_engine_section(with_df) if isinstance(with_df, KernelDF) else None
+    section = ScfSection(float(e_tot), bool(mf.converged), cycles, calc.scf_method,
+                         calc.reference_name, calc.jk_name(), engine_name(calc, options),
+                         *grid_facts(mf), stability=stability, stability_eigenvalue=eigenvalue)
+    orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
+                              np.asarray(mf.mo_coeff))
+    if not options.keep_integrals:
+        release_integrals(mf)
+    return ScfResult(section, orbitals, mf, engine)
+
+
+def lowest_hessian_eigenvalue(mf: scf.hf.SCF) -> float:
+    """The lowest eigenvalue of the converged ``mf``'s orbital Hessian for real internal
+    rotations, in PySCF's normalisation (pyscf.scf.stability's rhf_internal, uhf_internal):
+    PySCF's Hessian operator, by Davidson."""
+    unrestricted = np.asarray(mf.mo_coeff).ndim == 3
+    generate = newton_ah.gen_g_hop_uhf if unrestricted else newton_ah.gen_g_hop_rhf
+    _, hop, hdiag = generate(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
+    hdiag = 2.0 * hdiag
+
+    def precondition(dx: np.ndarray, e: float, _x0: np.ndarray) -> np.ndarray:
+        shifted = hdiag - e
+        shifted[np.abs(shifted) < 1e-8] = 1e-8
+        return dx / shifted
+
+    starts = []
+    for index in np.argsort(hdiag)[:STABILITY_START_VECTORS]:
+        start = np.zeros_like(hdiag)
+        start[index] = 1.0
+        starts.append(start)
+    eigenvalue, _ = lib.davidson(lambda x: 2.0 * hop(x).real, starts, precondition,
+                                 tol=STABILITY_TOL, nroots=1, verbose=0)
+    return float(eigenvalue)
+
+
+def engine_name(calc: Calculation, options: ScfOptions) -> str:
+    """Who built J and K: our kernels, PySCF's density fitting, or PySCF's exact integrals."""
+    if calc.scf_method != "df":
+        return "pyscf-conventional"
+    return options.engine
+
+
+def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals,
+                 options: ScfOptions = ScfOptions()) -> ScfResult:
+    """The SCF of an interrupted run, as a PySCF object carrying its orbitals (whose J/K, if
+    ever asked for, come from ``options.engine``; our engine then builds in fp64)."""
+    mf = new_scf(calc, options, converging=False)
+    mf.mo_coeff = orbitals.mo_coeff
+    mf.mo_energy = orbitals.mo_energy
+    mf.mo_occ = orbitals.mo_occ
+    mf.e_tot = section.e_tot
+    mf.converged = section.converged
+    return ScfResult(section, orbitals, mf)
