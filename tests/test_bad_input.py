@@ -223,7 +223,8 @@ def test_energies_that_overflow_are_a_failure_not_infinity():
     before it reaches the record or --json."""
     from pathlib import Path
 
-    from dfmp2.mp2.pairs import SCS_SS_DEFAULT, Mp2Energies
+    from dfmp2.mp2.methods import SCS_SS_DEFAULT
+    from dfmp2.mp2.pairs import Mp2Energies
     from dfmp2.errors import RunFailure
     from dfmp2.jobs.pipeline import mp2_section
     from dfmp2.input.settings import RunSettings

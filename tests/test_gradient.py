@@ -21,6 +21,7 @@ from dfmp2.input.calculation import CalculationRequest, define_calculation
 from dfmp2.errors import InputError
 from dfmp2.grad.integrals import JkChannel, jk_pass, one_electron_gradient
 from dfmp2.grad.response import channels_of
+from dfmp2.mp2.methods import method_scales
 from dfmp2.scf.reference import ScfOptions, run_scf
 from dfmp2.scf.engine import scf_kernels
 from dfmp2.input.xyz import read_xyz
@@ -120,7 +121,7 @@ def test_scs_mp2_bent_water_frozen_core():
     mol = mol.set_geom_(mol.atom_coords() + 0.05 * random_direction(mol.natm, 3), unit="Bohr",
                         inplace=False)
     check_directional(converged_scf(mol), nfrozen=1,
-                      scales=gradient.METHOD_SCALES["scs-mp2"])
+                      scales=method_scales("scs-mp2"))
 
 
 def test_uhf_doublet_hydroxyl():
@@ -130,7 +131,7 @@ def test_uhf_doublet_hydroxyl():
 
 def test_uhf_sos_mp2_frozen_core_hydroxyl():
     mf = converged_scf(pyscf_molecule("hydroxyl", "cc-pvdz", spin=1))
-    check_directional(mf, nfrozen=1, scales=gradient.METHOD_SCALES["sos-mp2"], seed=11)
+    check_directional(mf, nfrozen=1, scales=method_scales("sos-mp2"), seed=11)
 
 
 def test_scf_terms_match_pyscf_df_rhf_gradient():

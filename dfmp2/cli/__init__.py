@@ -25,18 +25,18 @@ from dfmp2 import __version__
 from dfmp2.system import distributed
 from dfmp2.jobs import pipeline
 from dfmp2.records import report
+from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.system.memory import parse_size
 from dfmp2.records.tree import SCHEMA, read_record, schema
 from dfmp2.system.files import printable
-from dfmp2.mp2.pairs import SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.input.calculation import REFERENCES
 from dfmp2.scf.reference import SCF_METHODS
 from dfmp2.input.functionals import GRID_LEVELS, known_names
 from dfmp2.scf.engine import ENGINES
 from dfmp2.input.settings import RunSettings
 
-METHODS = ("mp2", "scs-mp2", "sos-mp2")
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 REQUIRE_NKI_ENV = "DFMP2_REQUIRE_NKI"

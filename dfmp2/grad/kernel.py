@@ -38,7 +38,7 @@ from dfmp2.df.store import ScratchArea, open_store
 from dfmp2.system.blas_threads import torch_owns_the_cores
 from dfmp2.df.fitted import build_fitted_tensors
 from dfmp2.system.disk import check_space
-from dfmp2.mp2.pairs import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT, BlockReader
+from dfmp2.mp2.pairs import BlockReader
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.grad.amplitudes import (MAX_SLAB_BYTES, AmplitudeIntermediates, Scales,
                                        amplitude_intermediates, gradient_occ_block)
@@ -54,8 +54,6 @@ from dfmp2.mp2.plan import FP64_BYTES, IN_CORE_MAX_SHARE
 
 log = logging.getLogger(__name__)
 
-METHOD_SCALES = {"mp2": (1.0, 1.0), "scs-mp2": (SCS_OS_DEFAULT, SCS_SS_DEFAULT),
-                 "sos-mp2": (SOS_OS_DEFAULT, 0.0)}
 # Work memory of the integral sweeps: one auxiliary block's raw and derivative integrals.
 DEFAULT_BLOCK_BYTES = 256 * 2**20
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfmp2.mp2.pairs import SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.input.functionals import named_functional
 
 DEFAULT_OUTPUT_DIR = Path("runs")

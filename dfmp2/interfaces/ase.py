@@ -24,13 +24,13 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from ase.units import Bohr, Hartree
 
 from dfmp2.jobs import pipeline
+from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError
 from dfmp2.records.sections import read_gradient
 from dfmp2.records.report import method_energy
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import geometry_from_atoms
 
-METHODS = ("mp2", "scs-mp2", "sos-mp2")
 # RunSettings fields that are not options of a calculation (the calculator sets them).
 NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
                "output", "resume", "show_progress", "command"}

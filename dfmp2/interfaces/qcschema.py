@@ -25,6 +25,7 @@ from qcelemental.models.v2 import (AtomicInput, AtomicProtocols, AtomicResult,
 import dfmp2
 from dfmp2.jobs import pipeline
 from dfmp2.records import report
+from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError
 from dfmp2.input.functionals import check_xc_string, known_names, named_functional
 from dfmp2.records.sections import (DoubleHybridSection, Mp2Section, ScfSection, read_gradient,
@@ -33,7 +34,6 @@ from dfmp2.records.tree import Node
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry, geometry_from_atoms, parse_xyz
 
-MP2_METHODS = ("mp2", "scs-mp2", "sos-mp2")
 # QCSchema keyword -> (RunSettings field, type).
 KEYWORDS: dict[str, tuple[str, type]] = {
     "frozen_core": ("frozen_core", bool), "frozen": ("frozen", int),
@@ -73,13 +73,13 @@ def method_options(method: str, keywords: dict) -> dict:
     """``model.method`` as RunSettings fields: an MP2 method, a named double hybrid, or an
     exchange-correlation string with the ``mp2_os`` and ``mp2_ss`` keywords."""
     name = method.strip().lower()
-    if name in MP2_METHODS:
+    if name in METHODS:
         return {"method": name}
     if named_functional(method) is None:
         try:
             check_xc_string(method)
         except InputError:
-            raise InputError(f"method {method!r} is not an MP2 method ({', '.join(MP2_METHODS)}), "
+            raise InputError(f"method {method!r} is not an MP2 method ({', '.join(METHODS)}), "
                              f"a double hybrid ({known_names()}) or a PySCF "
                              "exchange-correlation string") from None
         if "mp2_os" not in keywords or "mp2_ss" not in keywords:
@@ -237,7 +237,7 @@ def _command_words(atomic_input: AtomicInput) -> list[str]:
     words = ["dfmp2", "gradient" if gradient else "run", "<molecule>.xyz", "--basis",
              str(specification.model.basis)]
     method = specification.model.method
-    if method.lower() not in MP2_METHODS:
+    if method.lower() not in METHODS:
         words += ["--xc", method]
     elif gradient:
         words += ["--method", method.lower()]

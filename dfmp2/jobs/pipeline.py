@@ -31,11 +31,12 @@ from dfmp2.records.checkpoint import (RESUME, REUSE, PreviousRun, RecordSaver, e
                               resumable_pairs, stored_occ_block)
 from dfmp2.system.distributed import World
 from dfmp2.grad import kernel as gradient
-from dfmp2.mp2.pairs import Mp2Energies, PairLedger, SOS_OS_DEFAULT
+from dfmp2.mp2.methods import SOS_OS_DEFAULT, method_scales
+from dfmp2.mp2.pairs import Mp2Energies, PairLedger
 from dfmp2.grad.kernel import GradientResult
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.input.functionals import resolve_functional
-from dfmp2.system.memory import checked_size, default_budget
+from dfmp2.system.memory import memory_budget
 from dfmp2.mp2.plan import plan_blocks
 from dfmp2.jobs.check import TOLERANCE, pyscf_dfmp2_energy, pyscf_recipe
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, Node, RecordWriteError,
@@ -141,7 +142,7 @@ def resolve_environment(settings: RunSettings, record_path: Path,
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
                          "choose another with --scratch")
     threads = apply_threads(settings.threads)
-    budget = checked_size(settings.memory) if settings.memory is not None else default_budget()
+    budget = memory_budget(settings.memory)
     return Environment(kernel_set, scf_kernel_sets, budget, threads, scratch_dir,
                        world or World())
 
@@ -300,19 +301,13 @@ def calculate(calc: Calculation, settings: RunSettings, env: Environment, node: 
     return CalculationOutcome(scf_result, result)
 
 
-def method_scales(settings: RunSettings) -> tuple[float, float]:
-    """(opposite-spin, same-spin) scales of ``settings.method``: MP2, SCS-MP2 with the
-    run's --scs-os/--scs-ss, or SOS-MP2."""
-    return {"mp2": (1.0, 1.0), "scs-mp2": (settings.scs_os, settings.scs_ss),
-            "sos-mp2": (SOS_OS_DEFAULT, 0.0)}[settings.method]
-
-
 def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf,
                   scratch: ScratchArea) -> GradientResult:
     """The relaxed gradient of the chosen method on the converged SCF ``mf``, within the
     run's memory budget (its large tensors in ``scratch`` when they do not fit)."""
     return gradient.kernel(mf, calc.nfrozen, calc.auxbasis, calc.jk_auxbasis, env.kernel_set,
-                           method_scales(settings), settings.occ_block, env.budget, scratch)
+                           method_scales(settings.method, settings.scs_os, settings.scs_ss),
+                           settings.occ_block, env.budget, scratch)
 
 
 def gradient_stage(calc: Calculation, settings: RunSettings, env: Environment, node: Node,

@@ -23,7 +23,7 @@ from dfmp2.df.fitted import build_fitted_tensors
 from dfmp2.system.distributed import World
 from dfmp2.mp2.pairs import BlockReader, Mp2Energies, PairLedger, energy_sums
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.system.memory import default_budget
+from dfmp2.system.memory import memory_budget
 from dfmp2.df.metric import FitMetric, build_metric
 from dfmp2.mp2.plan import BlockPlan, plan_blocks
 
@@ -231,7 +231,7 @@ class DFMP2:
         self.auxbasis = ri_basis(mf.mol, auxbasis)
         self.kernel_set = kernels.load(backend, precision)
         self.fused_energy = fused_energy
-        self.memory = memory if memory is not None else default_budget()
+        self.memory = memory_budget(memory)
         self.occ_block = occ_block
         self.scratch_dir = scratch_dir
         self.result: Mp2Result | None = None

@@ -18,13 +18,11 @@ import torch
 
 from dfmp2.system.distributed import DIAGONAL_COST, World, deal_pairs
 from dfmp2.errors import RunFailure
+from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT
 from dfmp2.system.progress import Progress
 
 log = logging.getLogger(__name__)
 
-SCS_OS_DEFAULT = 1.2
-SCS_SS_DEFAULT = 1.0 / 3.0
-SOS_OS_DEFAULT = 1.3
 
 OccRange = tuple[int, int]
 PairKey = tuple[int, int, int, int, int]

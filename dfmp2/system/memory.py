@@ -46,7 +46,11 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def default_budget() -> int:
+def memory_budget(memory: int | None) -> int:
+    """The budget of a calculation: ``memory`` bytes (checked), else a share of the memory
+    available now."""
+    if memory is not None:
+        return checked_size(memory)
     return int(available_bytes() * DEFAULT_FRACTION_OF_AVAILABLE)
 
 
