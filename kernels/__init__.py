@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from kernels.accounting import KernelAccounting, NkiRequired
 from kernels.interface import KernelSet
-from kernels.torch_backend import TorchKernels, resolve_device
+# single_threaded_ops is exported so that stages (the SCF's J/K builds) set the host's torch
+# threads through the package, not through one backend's module.
+from kernels.torch_backend import TorchKernels, resolve_device, single_threaded_ops
 
 BACKENDS = ("auto", "torch", "nki")
 PRECISIONS = ("fp64", "fp32")
@@ -46,4 +48,5 @@ def load(backend: str = "torch", precision: str | None = None, device: str | Non
                         accounting=accounting)
 
 
-__all__ = ["load", "KernelAccounting", "KernelSet", "NkiRequired", "BACKENDS", "PRECISIONS"]
+__all__ = ["load", "single_threaded_ops", "KernelAccounting", "KernelSet", "NkiRequired",
+           "BACKENDS", "PRECISIONS"]

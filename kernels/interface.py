@@ -55,7 +55,7 @@ class KernelSet(Protocol):
         """``a @ b`` with gemm's shapes, for the DF transform (C_occ^T (P|mu nu), (P|i nu) C_vir)
         and the eigen-metric fit: products whose sums cancel strongly on diffuse bases. On NKI
         an exact-head split makes the fp32 Tensor Engine nearly fp64-accurate and the result is
-        fp64 (kernels/nki_host/split_gemm.py); on torch it is the plain product in ``dtype``."""
+        fp64 (kernels/nki_host/gemm_split.py); on torch it is the plain product in ``dtype``."""
         ...
 
     def syrk(self, a: torch.Tensor, row_unit: int) -> torch.Tensor:
@@ -112,7 +112,7 @@ class KernelSet(Protocol):
 
 @runtime_checkable
 class JkKernelSet(KernelSet, Protocol):
-    """The kernels of the SCF's J/K engine (``dfmp2/jk.py``): the DF-MP2 kernels (``gemm`` for
+    """The kernels of the SCF's J/K engine (``dfmp2/scf/jk.py``): the DF-MP2 kernels (``gemm`` for
     the fitted density and J, ``syrk`` for K = G G^T) plus the exchange half transform."""
 
     def half_transform(self, rows: torch.Tensor, factor: torch.Tensor, first_row: int,

@@ -5,6 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# Shared assertion helpers of the kernel tests report like asserts written in the tests.
+pytest.register_assert_rewrite("interpreter_rule_helpers", "nki_helpers")
 from pyscf import df, gto, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 

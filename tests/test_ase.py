@@ -8,7 +8,7 @@ from ase.calculators.calculator import PropertyNotImplementedError
 from ase.units import Bohr, Hartree
 
 from conftest import molecule_path
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import run as run_job
 from dfmp2.ase import DFMP2
 from dfmp2.errors import InputError
 from dfmp2.records.report import json_summary
@@ -24,7 +24,7 @@ def atoms_of(name: str) -> Atoms:
 def run_record(tmp_path, name: str, **options):
     settings = RunSettings(molecule=molecule_path(name), output=tmp_path / f"{name}.h5",
                            show_progress=False, **options)
-    return pipeline.run(settings).record
+    return run_job.run(settings).record
 
 
 def test_energy_and_forces_equal_dfmp2(tmp_path):

@@ -87,11 +87,11 @@ def test_output_that_is_not_a_record(run_cli, tmp_path):
 
 
 def _no_scf(monkeypatch):
-    import dfmp2.jobs.pipeline
+    import dfmp2.jobs.stages
 
     def refuse(*args, **kwargs):
         raise AssertionError("the SCF ran although the input could be refused before it")
-    monkeypatch.setattr(dfmp2.jobs.pipeline, "run_scf", refuse)
+    monkeypatch.setattr(dfmp2.jobs.stages, "run_scf", refuse)
 
 
 @pytest.mark.parametrize("args,fragment", [
@@ -226,7 +226,7 @@ def test_energies_that_overflow_are_a_failure_not_infinity():
     from dfmp2.mp2.methods import SCS_SS_DEFAULT
     from dfmp2.mp2.pairs import Mp2Energies
     from dfmp2.errors import RunFailure
-    from dfmp2.jobs.pipeline import mp2_section
+    from dfmp2.jobs.stages import mp2_section
     from dfmp2.input.settings import RunSettings
     settings = RunSettings(molecule=Path("x.xyz"), scs_os=100.0)
     assert mp2_section(Mp2Energies(-1.0, -0.5), -76.0, settings).e_scs == pytest.approx(

@@ -72,7 +72,8 @@ def test_kernel_calls_without_an_execution_share_nothing(water_dimer_scf):
     def e_corr(mo_energy) -> float:
         orbitals = mp2.Orbitals(mo_energy, mf.mo_coeff, mf.mo_occ, 2)
         fit = mp2.fit_basis(mf.mol, ri_basis(mf.mol, None))
-        plan = mp2.plan_for(orbitals, fit, mf.mol.nao_nr(), kernel_set, 10**9, False, 3)
+        plan = mp2.plan_for(orbitals.sizes(), fit.naux_fit, mf.mol.nao_nr(), kernel_set, 10**9,
+                            False, 3)
         return mp2.kernel(mf.mol, orbitals, fit, kernel_set, plan).energies.e_corr
 
     shifted = mf.mo_energy.copy()

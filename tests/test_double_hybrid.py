@@ -13,7 +13,7 @@ from pyscf.mp import dfmp2 as pyscf_dfmp2
 from pyscf.mp import dfump2 as pyscf_dfump2
 
 from conftest import molecule_path, pyscf_molecule
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import run as run_job
 from dfmp2.errors import InputError
 from dfmp2.records.sections import CalculationInputs
 from dfmp2.records.report import json_summary
@@ -49,7 +49,7 @@ def pyscf_double_hybrid(mol: gto.Mole, xc: str, os_scale: float, ss_scale: float
 def run(path: Path, tmp_path: Path, **options):
     settings = RunSettings(molecule=path, output=tmp_path / f"{path.stem}.h5",
                            show_progress=False, **options)
-    outcome = pipeline.run(settings)
+    outcome = run_job.run(settings)
     return json_summary(outcome.record, str(outcome.path))
 
 
@@ -153,7 +153,7 @@ def test_gradient_of_double_hybrid_is_refused(tmp_path):
     settings = RunSettings(molecule=molecule_path("water"), xc="b2plyp", task="gradient",
                            output=tmp_path / "g.h5", show_progress=False)
     with pytest.raises(InputError, match="gradients of double hybrids"):
-        pipeline.run(settings)
+        run_job.run(settings)
 
 
 def test_functional_and_grid_decide_whether_a_record_is_reused():

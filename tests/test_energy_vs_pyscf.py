@@ -5,7 +5,7 @@ import pytest
 from pyscf.data import elements
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
-from dfmp2.jobs.pipeline import run
+from dfmp2.jobs.run import run
 from dfmp2.input.settings import RunSettings
 
 CASES = [

@@ -20,7 +20,7 @@ from dfmp2.df.store import ScratchArea
 from dfmp2.input.calculation import CalculationRequest, define_calculation
 from dfmp2.errors import InputError
 from dfmp2.grad.integrals import JkChannel, jk_pass, one_electron_gradient
-from dfmp2.grad.response import channels_of
+from dfmp2.mp2.channels import split_channels
 from dfmp2.mp2.methods import method_scales
 from dfmp2.scf.reference import ScfOptions, run_scf
 from dfmp2.scf.engine import scf_kernels
@@ -174,7 +174,7 @@ def test_out_of_core_tensors_do_not_change_the_gradient(name, spin, nfrozen, tmp
     scratch files, B read in blocks of a few orbitals; the files are gone afterwards."""
     mf = converged_scf(pyscf_molecule(name, "cc-pvdz", spin=spin))
     in_memory = gradient.kernel(mf, nfrozen)
-    channels = channels_of(mf, nfrozen)
+    channels = split_channels(mf.mo_energy, mf.mo_coeff, mf.mo_occ, nfrozen)
     naux_ri = gradient.fit_basis(mf.mol, ri_basis(mf.mol, None)).metric.naux_fit
     naux_jk = make_auxmol(mf.mol, gradient.scf_jk_basis(mf)).nao_nr()
     budget = gradient.held_bytes(channels, naux_ri, naux_jk, mf.mol.nao_nr())

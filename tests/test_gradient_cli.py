@@ -13,7 +13,7 @@ from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_m
 from dfmp2.grad import kernel as gradient
 from dfmp2.mp2 import kernel as mp2
 from dfmp2.jobs import optimize
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import preamble
 from dfmp2.input.calculation import define_calculation
 from dfmp2.scf.reference import ScfOptions, run_scf
 from dfmp2.input.settings import RunSettings
@@ -121,13 +121,14 @@ def test_one_atom_has_no_gradient(command, run_cli, tmp_path):
 
 
 def _energy(settings: RunSettings, geometry: Geometry) -> float:
-    calc = define_calculation(geometry, pipeline.request_of(settings, None, None))
+    calc = define_calculation(geometry, preamble.request_of(settings, None, None))
     reference = run_scf(calc, ScfOptions(engine="pyscf"))
     orbitals = mp2.Orbitals(reference.orbitals.mo_energy, reference.orbitals.mo_coeff,
                             reference.orbitals.mo_occ, calc.nfrozen)
     kernel_set = kernels.load("torch", "fp64")
     fit = mp2.fit_basis(calc.mol, calc.auxbasis)
-    plan = mp2.plan_for(orbitals, fit, calc.mol.nao_nr(), kernel_set, 10**9, False, None)
+    plan = mp2.plan_for(orbitals.sizes(), fit.naux_fit, calc.mol.nao_nr(), kernel_set, 10**9,
+                        False, None)
     return reference.e_tot + mp2.kernel(calc.mol, orbitals, fit, kernel_set, plan).energies.e_corr
 
 

@@ -12,7 +12,7 @@ from conftest import molecule_path
 
 @pytest.fixture(scope="module")
 def torch_energies():
-    from dfmp2.jobs.pipeline import run
+    from dfmp2.jobs.run import run
     from dfmp2.input.settings import RunSettings
 
     def energy(name: str, tmp) -> float:

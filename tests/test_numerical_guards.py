@@ -8,7 +8,7 @@ import pytest
 import kernels
 from conftest import molecule_path, pyscf_df_rhf, pyscf_molecule
 from dfmp2.errors import RunFailure
-from dfmp2.jobs.pipeline import run
+from dfmp2.jobs.run import run
 from dfmp2.input.settings import RunSettings
 from dfmp2.mp2 import kernel as mp2
 from dfmp2.df.auxbasis import ri_basis
@@ -23,7 +23,8 @@ def _kernel(mf, kernel_set, mo_energy=None):
     orbitals = mp2.Orbitals(mf.mo_energy if mo_energy is None else mo_energy, mf.mo_coeff,
                             mf.mo_occ)
     fit = mp2.fit_basis(mf.mol, ri_basis(mf.mol, None))
-    plan = mp2.plan_for(orbitals, fit, mf.mol.nao_nr(), kernel_set, 10**9, False, 2)
+    plan = mp2.plan_for(orbitals.sizes(), fit.naux_fit, mf.mol.nao_nr(), kernel_set, 10**9,
+                        False, 2)
     return mp2.kernel(mf.mol, orbitals, fit, kernel_set, plan,
                       mp2.Execution(show_progress=False))
 

@@ -9,7 +9,7 @@ from pyscf.data import elements
 from pyscf.mp import dfump2
 
 from conftest import molecule_path, pyscf_molecule
-from dfmp2.jobs.pipeline import run
+from dfmp2.jobs.run import run
 from dfmp2.input.settings import RunSettings
 
 OPEN_SHELL = [("hydroxyl", 1), ("methyl", 1), ("amino", 1), ("oxygen", 2), ("methylene", 2)]
@@ -130,9 +130,9 @@ def test_bench_on_an_open_shell_is_uhf_on_both_sides(run_cli, tmp_path):
 
 def test_a_restricted_open_shell_reference_is_refused_by_the_mp2_stage():
     from dfmp2.mp2 import kernel as mp2
-    from dfmp2.errors import RunFailure
+    from dfmp2.errors import InputError
     mf = scf.RHF(pyscf_molecule("hydroxyl", "sto-3g", spin=1))
     mf.verbose = 0
     mf.kernel()
-    with pytest.raises(RunFailure, match="ROHF"):
+    with pytest.raises(InputError, match="ROHF"):
         mp2.Orbitals(mf.mo_energy, mf.mo_coeff, mf.mo_occ).channels()

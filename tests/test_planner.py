@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from dfmp2.errors import InputError
-from dfmp2.mp2.plan import IN_CORE_MAX_SHARE, energy_block_bytes, plan_blocks
+from dfmp2.mp2.plan import energy_block_bytes, plan_blocks
+from dfmp2.system.memory import B_IN_MEMORY_SHARE
 
 WATER16 = dict(sizes=[(80, 304)], naux=1344, nao=384, itemsize=8, fused=False)
 B_BYTES = 1344 * 80 * 304 * 8
@@ -18,7 +19,7 @@ def test_b_in_memory_when_it_fits_comfortably():
 
 def test_500mb_goes_out_of_core_and_stays_within_budget():
     plan = plan_blocks(budget=500 * 10**6, **WATER16)
-    assert plan.out_of_core and B_BYTES > IN_CORE_MAX_SHARE * plan.budget
+    assert plan.out_of_core and B_BYTES > B_IN_MEMORY_SHARE * plan.budget
     assert plan.energy_bytes <= plan.budget
     assert energy_block_bytes(plan.occ_block + 1, 304, 1344, 8, False, True) > plan.budget
 

@@ -14,7 +14,7 @@ from qcelemental.models.v2 import Molecule
 
 import dfmp2.qcengine  # noqa: F401  (registers the harness)
 from conftest import molecule_path
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import run as run_job
 from dfmp2.records.report import json_summary
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import read_xyz
@@ -42,7 +42,7 @@ def water_xyz(tmp_path) -> Path:
 def run_record(tmp_path, name: str, **options):
     settings = RunSettings(molecule=water_xyz(tmp_path), output=tmp_path / f"{name}.h5",
                            show_progress=False, **options)
-    return pipeline.run(settings).record
+    return run_job.run(settings).record
 
 
 def test_energy_equals_dfmp2_run_with_record_among_native_files(tmp_path):

@@ -249,12 +249,12 @@ def test_a_signal_during_the_final_write_keeps_the_finished_work(tmp_path, run_c
     a dead rank: the interrupted write is done again with the SCF orbitals, not replaced by a
     record without datasets (seen once under torchrun: a record with no pairs left)."""
     import dfmp2.mp2.kernel
-    from dfmp2.jobs import pipeline
+    from dfmp2.jobs import session
     from dfmp2.errors import Interrupted
     record = tmp_path / "w.h5"
     monkeypatch.setattr(dfmp2.mp2.kernel, "fit_basis",
                         lambda *a: (_ for _ in ()).throw(InputError("injected after the SCF")))
-    real_write = pipeline.write_record
+    real_write = session.write_record
     status_writes = []
 
     def write_interrupted_once(path, root):
@@ -263,7 +263,7 @@ def test_a_signal_during_the_final_write_keeps_the_finished_work(tmp_path, run_c
             raise Interrupted("terminated by signal SIGTERM", 143)
         return real_write(path, root)
 
-    monkeypatch.setattr(pipeline, "write_record", write_interrupted_once)
+    monkeypatch.setattr(session, "write_record", write_interrupted_once)
     failed = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", record)
     assert failed.code == 2 and status_writes
     root = read_record(record)

@@ -20,9 +20,9 @@ from dfmp2.df.store import ScratchArea, ScratchB, open_store
 from dfmp2.system.disk import check_space
 from dfmp2.errors import RunFailure
 from dfmp2.df.metric import FitMetric
+from dfmp2.system.memory import FP64_BYTES
 
 log = logging.getLogger(__name__)
-FP64_BYTES = 8
 
 
 def aux_shell_blocks(auxmol: gto.Mole, max_functions: int) -> list[tuple[int, int, int, int]]:
@@ -77,6 +77,55 @@ def orbital_signature(c_occ: np.ndarray, c_vir: np.ndarray, metric: FitMetric) -
     return digest.hexdigest()
 
 
+def _reuse_or_clear(scratch: ScratchArea, orbitals: list[tuple[np.ndarray, np.ndarray]],
+                   signatures: list[str], metric: FitMetric) -> list | None:
+    """The finished B of every channel that a killed run left in ``scratch`` for the same
+    orbitals; else None, with the scratch area cleared and checked for room for B."""
+    reused = [ScratchB.reopen_complete(scratch.path(n), (metric.naux_fit,
+                                                        c_occ.shape[1] * c_vir.shape[1]),
+                                       signature)
+              for n, ((c_occ, c_vir), signature) in enumerate(zip(orbitals, signatures))]
+    if all(store is not None for store in reused):
+        return reused
+    for store in reused:
+        if store is not None:
+            store.close()
+    scratch.remove_leftovers()
+    copies = 1 if metric.kind == "cholesky" else 2
+    check_space(scratch.folder, copies * FP64_BYTES * metric.naux * sum(
+        c_occ.shape[1] * c_vir.shape[1] for c_occ, c_vir in orbitals), "the fitted tensor B")
+    return None
+
+
+def _transform(mol: gto.Mole, auxmol: gto.Mole, channels: list[tuple[torch.Tensor, torch.Tensor]],
+               raws: list, kernel_set, max_block_bytes: int, timings: dict[str, float]) -> None:
+    """(P|ia) of every channel into its ``raws`` store, one block of auxiliary shells at a
+    time: each integral block is computed once for all channels."""
+    clock = time.perf_counter
+    nao = mol.nao_nr()
+    per_function = max(build_bytes_per_aux_function(nao, occ.shape[1], vir.shape[1])
+                       for occ, vir in channels)
+    integrals = ThreeIndexBlocks(mol, auxmol, max(1, max_block_bytes // per_function))
+    log.info("three-index integrals in %d auxiliary blocks", len(integrals.blocks))
+    t_ints = t_transform = 0.0
+    for shell0, shell1, p0, p1 in integrals.blocks:
+        t0 = clock()
+        lpq = integrals.block(shell0, shell1, p1 - p0)
+        t1 = clock()
+        npart = p1 - p0
+        for (occ, vir), raw in zip(channels, raws):
+            nocc, nvir = occ.shape[1], vir.shape[1]
+            # (P|i nu) = C_occ^T (P|mu nu) for every P, then one GEMM over all (P, i) rows.
+            # transform_gemm: these sums cancel strongly on diffuse bases (kernels/interface.py)
+            half = kernel_set.transform_gemm(occ.T, lpq).reshape(npart * nocc, nao)
+            raw.write_rows(p0, p1, kernel_set.transform_gemm(half, vir).reshape(
+                npart, nocc * nvir))
+        t_ints += t1 - t0
+        t_transform += clock() - t1
+    timings["integrals"] = t_ints
+    timings["transform"] = t_transform
+
+
 def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
                          orbitals: list[tuple[np.ndarray, np.ndarray]], metric: FitMetric,
                          kernel_set, max_block_bytes: int, scratch: ScratchArea | None,
@@ -88,20 +137,10 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
     timings = timings if timings is not None else {}
     signatures = [orbital_signature(c_occ, c_vir, metric) for c_occ, c_vir in orbitals]
     if scratch is not None:
-        reused = [ScratchB.reopen_complete(scratch.path(n), (metric.naux_fit,
-                                                            c_occ.shape[1] * c_vir.shape[1]),
-                                           signature)
-                  for n, ((c_occ, c_vir), signature) in enumerate(zip(orbitals, signatures))]
-        if all(store is not None for store in reused):
+        reused = _reuse_or_clear(scratch, orbitals, signatures, metric)
+        if reused is not None:
             timings.update({"integrals": 0.0, "transform": 0.0, "fit": 0.0})
             return reused
-        for store in reused:
-            if store is not None:
-                store.close()
-        scratch.remove_leftovers()
-        copies = 1 if metric.kind == "cholesky" else 2
-        check_space(scratch.folder, copies * FP64_BYTES * metric.naux * sum(
-            c_occ.shape[1] * c_vir.shape[1] for c_occ, c_vir in orbitals), "the fitted tensor B")
 
     opened = []
 
@@ -110,45 +149,21 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
                                  None if scratch is None else scratch.path(channel, raw)))
         return opened[-1]
 
-    clock = time.perf_counter
-    nao = mol.nao_nr()
     channels = [(torch.from_numpy(np.ascontiguousarray(c_occ)),
                  torch.from_numpy(np.ascontiguousarray(c_vir))) for c_occ, c_vir in orbitals]
     in_place = metric.kind == "cholesky"
     try:
         raws = [store(n, metric.naux, occ.shape[1] * vir.shape[1], raw=not in_place)
                 for n, (occ, vir) in enumerate(channels)]
-        per_function = max(build_bytes_per_aux_function(nao, occ.shape[1], vir.shape[1])
-                           for occ, vir in channels)
-        integrals = ThreeIndexBlocks(mol, auxmol, max(1, max_block_bytes // per_function))
-        log.info("three-index integrals in %d auxiliary blocks", len(integrals.blocks))
-        t_ints = t_transform = 0.0
-        for shell0, shell1, p0, p1 in integrals.blocks:
-            t0 = clock()
-            lpq = integrals.block(shell0, shell1, p1 - p0)
-            t1 = clock()
-            npart = p1 - p0
-            for (occ, vir), raw in zip(channels, raws):
-                nocc, nvir = occ.shape[1], vir.shape[1]
-                # (P|i nu) = C_occ^T (P|mu nu) for every P, then one GEMM over all (P, i) rows.
-                # transform_gemm: these sums cancel strongly on diffuse bases (kernels/interface.py)
-                half = kernel_set.transform_gemm(occ.T, lpq).reshape(npart * nocc, nao)
-                raw.write_rows(p0, p1, kernel_set.transform_gemm(half, vir).reshape(
-                    npart, nocc * nvir))
-            t_ints += t1 - t0
-            t_transform += clock() - t1
-        del integrals
-        timings["integrals"] = t_ints
-        timings["transform"] = t_transform
-
-        t0 = clock()
+        _transform(mol, auxmol, channels, raws, kernel_set, max_block_bytes, timings)
+        t0 = time.perf_counter()
         fitted = []
         for n, (raw, (_, vir)) in enumerate(zip(raws, channels)):
             target = raw if in_place else store(n, metric.naux_fit, raw.shape[1])
             fitted.append(target)
             fit(raw, target, metric, kernel_set, max_block_bytes, vir.shape[1])
             target.mark_complete(signatures[n])
-        timings["fit"] = clock() - t0
+        timings["fit"] = time.perf_counter() - t0
     except BaseException:
         for item in opened:
             item.close()

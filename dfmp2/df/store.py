@@ -17,6 +17,7 @@ import torch
 
 from dfmp2.errors import RunFailure
 from dfmp2.system.files import create_exclusive, disk_reason, refuse_unless_regular
+from dfmp2.system.memory import FP64_BYTES
 
 log = logging.getLogger(__name__)
 # Column chunks of the scratch file: one occupied block of a typical molecule, so that the
@@ -25,7 +26,6 @@ SCRATCH_CHUNK_BYTES = 4 * 2**20
 HEADER_BYTES = 4096
 FORMAT = "dfmp2.scratch-b/1"
 SIGNATURE = "orbital_signature"
-FP64_BYTES = 8
 REMEDY = "choose another -o or --scratch"
 
 

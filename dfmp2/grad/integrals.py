@@ -29,6 +29,7 @@ from pyscf.grad import rhf as rhf_grad
 
 from dfmp2.df.store import InMemoryB
 from dfmp2.df.fitted import ThreeIndexBlocks
+from dfmp2.system.memory import FP64_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ def one_electron_gradient(mol: gto.Mole, density: np.ndarray,
 
 def aux_block_functions(nao: int, budget_bytes: int) -> int:
     """Auxiliary functions per block of the derivative passes."""
-    return max(1, budget_bytes // (DERIVATIVE_BLOCK_ARRAYS * nao * nao * 8))
+    return max(1, budget_bytes // (DERIVATIVE_BLOCK_ARRAYS * nao * nao * FP64_BYTES))
 
 
 def symmetrise(gamma: torch.Tensor) -> torch.Tensor:
@@ -213,48 +214,78 @@ def jk_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[JkChannel], block_fu
     p_total = sum(ch.p_relaxed for ch in channels)
     c_occ = [torch.from_numpy(np.ascontiguousarray(ch.c_occ)) for ch in channels]
     integrals = ThreeIndexBlocks(mol, auxmol, block_functions)
-    rho = torch.zeros((2, naux), dtype=torch.float64)
     stores = []
     try:
         for n, c in enumerate(c_occ):
             stores.append(open_tensor(f"jk{n}", naux, c.shape[1] * nao))
-        both = torch.from_numpy(np.stack([density, p_total]).reshape(2, nao * nao))
-        for shell0, shell1, p0, p1 in integrals.blocks:
-            ints = integrals.block(shell0, shell1, p1 - p0)
-            rho[:, p0:p1] = both @ ints.reshape(p1 - p0, nao * nao).T
-            for c, store in zip(c_occ, stores):
-                store.write_rows(p0, p1, torch.matmul(ints, c).transpose(1, 2).reshape(
-                    p1 - p0, -1))
+        rho = _densities_and_half_integrals(integrals, np.stack([density, p_total]), c_occ,
+                                            stores)
         solve = metric_inverse_solver(auxmol, lindep)
         coef_d, coef_p = torch.from_numpy(solve(rho.numpy().T).T)
         v = 0.5 * torch.outer(coef_d, coef_d) + 0.5 * (torch.outer(coef_p, coef_d)
                                                        + torch.outer(coef_d, coef_p))
-        for ch, store in zip(channels, stores):
-            m = torch.from_numpy(0.5 * ch.c_occ @ ch.c_occ.T + ch.p_relaxed / ch.occupancy)
-            nocc = ch.c_occ.shape[1]
-            width = max(1, chunk_bytes // (3 * 8 * naux * nao))
-            for i0 in range(0, nocc, width):
-                i1 = min(nocc, i0 + width)
-                fitted = torch.from_numpy(solve(store.read_columns(i0 * nao, i1 * nao).numpy()))
-                # M is symmetric: (M d)[P, i, mu] = sum_nu d[P, i, nu] M[nu, mu].
-                exchange = torch.matmul(fitted.reshape(naux, i1 - i0, nao), m).reshape(naux, -1)
-                v -= ch.occupancy * fitted @ exchange.T
-                store.write_columns(i0 * nao, i1 * nao, exchange)
+        _fit_exchange(channels, stores, solve, nao, chunk_bytes, v)
         v = 0.5 * (v + v.T)
-
-        derivatives = ThreeIndexDerivatives(mol, auxmol)
         separable = torch.from_numpy(2.0 * np.stack([density + p_total, density]).reshape(2, -1))
-        coefs = torch.stack([coef_d, coef_p])
-        grad = np.zeros((mol.natm, 3))
-        for shell0, shell1, p0, p1 in integrals.blocks:
-            npart = p1 - p0
-            gamma_sym = (coefs[:, p0:p1].T @ separable).reshape(npart, nao, nao)
-            for ch, c, store in zip(channels, c_occ, stores):
-                exchange = store.read_rows(p0, p1).reshape(npart, c.shape[1], nao)
-                gamma_sym -= (2.0 * ch.occupancy) * symmetrise(
-                    torch.matmul(exchange.transpose(1, 2), c.T))
-            grad += derivatives.contract(shell0, shell1, p0, p1, gamma_sym)
+        grad = _jk_derivative_sweep(mol, auxmol, integrals, channels, c_occ, stores,
+                                    torch.stack([coef_d, coef_p]), separable)
     finally:
         for store in stores:
             store.close()
     return grad + two_index_gradient(auxmol, v.numpy(), mol.natm)
+
+
+def _densities_and_half_integrals(integrals: ThreeIndexBlocks, densities: np.ndarray,
+                                  c_occ: list[torch.Tensor], stores: list) -> torch.Tensor:
+    """One sweep over the JK-fit basis: rho[X]_P = sum (P|mu nu) X_mu nu for the two
+    ``densities`` (D and P, (2, nao, nao)), and each channel's half-transformed integrals
+    (P|mu i) into its store, rows (P), columns (i, mu)."""
+    nao = densities.shape[1]
+    rho = torch.zeros((2, integrals.auxmol.nao_nr()), dtype=torch.float64)
+    both = torch.from_numpy(densities.reshape(2, nao * nao))
+    for shell0, shell1, p0, p1 in integrals.blocks:
+        ints = integrals.block(shell0, shell1, p1 - p0)
+        rho[:, p0:p1] = both @ ints.reshape(p1 - p0, nao * nao).T
+        for c, store in zip(c_occ, stores):
+            store.write_rows(p0, p1, torch.matmul(ints, c).transpose(1, 2).reshape(
+                p1 - p0, -1))
+    return rho
+
+
+def _fit_exchange(channels: list[JkChannel], stores: list, solve, nao: int, chunk_bytes: int,
+                  v: torch.Tensor) -> None:
+    """Fit each channel's half-transformed integrals, d_s = J^-1 (P|mu i), and turn its store
+    into M_s d_s in place, by occupied column blocks of about ``chunk_bytes``; subtract the
+    exchange part sum_i,mu d_s (M_s d_s)^T of V from ``v``."""
+    for ch, store in zip(channels, stores):
+        naux = store.shape[0]
+        m = torch.from_numpy(0.5 * ch.c_occ @ ch.c_occ.T + ch.p_relaxed / ch.occupancy)
+        nocc = ch.c_occ.shape[1]
+        width = max(1, chunk_bytes // (3 * FP64_BYTES * naux * nao))
+        for i0 in range(0, nocc, width):
+            i1 = min(nocc, i0 + width)
+            fitted = torch.from_numpy(solve(store.read_columns(i0 * nao, i1 * nao).numpy()))
+            # M is symmetric: (M d)[P, i, mu] = sum_nu d[P, i, nu] M[nu, mu].
+            exchange = torch.matmul(fitted.reshape(naux, i1 - i0, nao), m).reshape(naux, -1)
+            v -= ch.occupancy * fitted @ exchange.T
+            store.write_columns(i0 * nao, i1 * nao, exchange)
+
+
+def _jk_derivative_sweep(mol: gto.Mole, auxmol: gto.Mole, integrals: ThreeIndexBlocks,
+                         channels: list[JkChannel], c_occ: list[torch.Tensor], stores: list,
+                         coefs: torch.Tensor, separable: torch.Tensor) -> np.ndarray:
+    """The three-index derivative terms: Gamma^P from the fitted coefficients ``coefs``
+    (c[D], c[P]) times the ``separable`` densities (2 (D + P), 2 D) less each channel's
+    exchange part read back from its store, contracted block by block."""
+    nao = mol.nao_nr()
+    derivatives = ThreeIndexDerivatives(mol, auxmol)
+    grad = np.zeros((mol.natm, 3))
+    for shell0, shell1, p0, p1 in integrals.blocks:
+        npart = p1 - p0
+        gamma_sym = (coefs[:, p0:p1].T @ separable).reshape(npart, nao, nao)
+        for ch, c, store in zip(channels, c_occ, stores):
+            exchange = store.read_rows(p0, p1).reshape(npart, c.shape[1], nao)
+            gamma_sym -= (2.0 * ch.occupancy) * symmetrise(
+                torch.matmul(exchange.transpose(1, 2), c.T))
+        grad += derivatives.contract(shell0, shell1, p0, p1, gamma_sym)
+    return grad

@@ -45,12 +45,13 @@ from dfmp2.grad.amplitudes import (MAX_SLAB_BYTES, AmplitudeIntermediates, Scale
 from dfmp2.grad.integrals import (DERIVATIVE_BLOCK_ARRAYS, JkChannel, RiChannel,
                                       aux_block_functions, jk_pass, one_electron_gradient,
                                       ri_pass, two_index_gradient)
-from dfmp2.grad.response import (Channel, ResponseSolve, ScfPotential, channels_of,
-                                     orbital_derivative, relax)
-from dfmp2.system.memory import format_size
+from dfmp2.grad.response import (RelaxedDensities, ResponseSolve, ScfPotential,
+                                 orbital_derivative, relax)
+from dfmp2.system.memory import (FP64_BYTES, GRADIENT_TENSORS_IN_MEMORY_SHARE, fits_in_memory,
+                                 format_size)
 from dfmp2.df.metric import JK_LINDEP_THRESHOLD, FitMetric
+from dfmp2.mp2.channels import Channel, split_channels
 from dfmp2.mp2.kernel import FitBasis, fit_basis
-from dfmp2.mp2.plan import FP64_BYTES, IN_CORE_MAX_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def plan_storage(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int,
     if budget is None:
         return GradientStorage()
     block_bytes = min(DEFAULT_BLOCK_BYTES, budget // 4)
-    if held <= IN_CORE_MAX_SHARE * budget:
+    if fits_in_memory(held, budget, GRADIENT_TENSORS_IN_MEMORY_SHARE):
         return GradientStorage(block_bytes=block_bytes)
     if scratch is None:
         raise InputError(f"the gradient's tensors ({format_size(held)}) do not fit in "
@@ -256,6 +257,59 @@ def _ri_stage(mol, ri: FitBasis, channels: list[Channel], kernel_set, scales: Sc
     return RiStage(amplitudes, gammas, 0.5 * (v_ri + v_ri.T))
 
 
+def _checked_channels(mf, nfrozen: int,
+                      jk_aux: AuxBasis | str | dict | None) -> tuple[AuxBasis, list[Channel]]:
+    """The JK-fit basis and the spin channels of ``mf``, once it is a reference whose
+    gradient means something."""
+    if mf.mol.natm < 2:
+        raise InputError("a gradient needs at least two atoms")
+    if not getattr(mf, "converged", False):
+        raise RunFailure("the SCF is not converged: its gradient would be meaningless")
+    jk = scf_jk_basis(mf)
+    if jk_aux is not None and _as_aux(jk_aux).spec != jk.spec:
+        raise InputError(f"the JK-fit basis {_as_aux(jk_aux).name} is not the one the SCF "
+                         f"was converged with ({jk.name})")
+    channels = split_channels(mf.mo_energy, mf.mo_coeff, mf.mo_occ, nfrozen)
+    for channel in channels:
+        if nfrozen < 0 or len(channel.active) == 0 or len(channel.virtual) == 0:
+            raise InputError(f"cannot freeze {nfrozen} orbitals: every spin channel needs "
+                             "active occupied and virtual orbitals")
+    return jk, channels
+
+
+def _ri_derivatives(mol, ri: FitBasis, channels: list[Channel], stage: RiStage,
+                    functions: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """The RI pass over G (whose stores it closes): the halves of X per channel and the RI
+    derivative-integral gradient, two-index terms included."""
+    ri_channels = [RiChannel(torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.active])),
+                             torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.virtual])),
+                             g, c.occupancy) for c, g in zip(channels, stage.gamma_fit)]
+    try:
+        halves, grad_ri = ri_pass(mol, ri.auxmol, ri_channels, functions)
+    finally:
+        for store in stage.gamma_fit:
+            store.close()
+    grad_ri += two_index_gradient(ri.auxmol, stage.v_ri, mol.natm)
+    return halves, grad_ri
+
+
+def _response(mf, channels: list[Channel], stage: RiStage,
+              halves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[RelaxedDensities, int]:
+    """The relaxed densities, and the J/K builds the orbital response took."""
+    potential = ScfPotential(mf, closed_shell=len(channels) == 1)
+    relaxed = relax(channels, potential,
+                    [orbital_derivative(c, xo, xv) for c, (xo, xv) in zip(channels, halves)],
+                    [p.cpu().numpy() for p in stage.amplitudes.p_occ],
+                    [p.cpu().numpy() for p in stage.amplitudes.p_vir])
+    return relaxed, potential.builds
+
+
+def _one_electron_terms(mol, channels: list[Channel], relaxed: RelaxedDensities) -> np.ndarray:
+    scf_density = sum(c.occupancy * c.mo_coeff[:, c.occupied] @ c.mo_coeff[:, c.occupied].T
+                      for c in channels)
+    return one_electron_gradient(mol, scf_density + sum(relaxed.p_relaxed), relaxed.w_total)
+
+
 @torch_owns_the_cores()
 def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
            jk_aux: AuxBasis | str | dict | None = None, kernel_set=None,
@@ -275,19 +329,7 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     clock = time.perf_counter
     timings: dict[str, float] = {}
     mol = mf.mol
-    if mol.natm < 2:
-        raise InputError("a gradient needs at least two atoms")
-    if not getattr(mf, "converged", False):
-        raise RunFailure("the SCF is not converged: its gradient would be meaningless")
-    jk = scf_jk_basis(mf)
-    if jk_aux is not None and _as_aux(jk_aux).spec != jk.spec:
-        raise InputError(f"the JK-fit basis {_as_aux(jk_aux).name} is not the one the SCF "
-                         f"was converged with ({jk.name})")
-    channels = channels_of(mf, nfrozen)
-    for channel in channels:
-        if nfrozen < 0 or len(channel.active) == 0 or len(channel.virtual) == 0:
-            raise InputError(f"cannot freeze {nfrozen} orbitals: every spin channel needs "
-                             "active occupied and virtual orbitals")
+    jk, channels = _checked_channels(mf, nfrozen, jk_aux)
     kernel_set = kernel_set if kernel_set is not None else kernels.load("torch", "fp64")
     scales = Scales(*scs)
     ri = fit_basis(mol, ri_basis(mol, None) if ri_aux is None else _as_aux(ri_aux))
@@ -301,23 +343,11 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     stage = _ri_stage(mol, ri, channels, kernel_set, scales, occ_block, storage, timings)
     t0 = clock()
     functions = aux_block_functions(mol.nao_nr(), storage.block_bytes)
-    ri_channels = [RiChannel(torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.active])),
-                             torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.virtual])),
-                             g, c.occupancy) for c, g in zip(channels, stage.gamma_fit)]
-    try:
-        halves, grad_ri = ri_pass(mol, ri.auxmol, ri_channels, functions)
-    finally:
-        for store in stage.gamma_fit:
-            store.close()
-    grad_ri += two_index_gradient(ri.auxmol, stage.v_ri, mol.natm)
+    halves, grad_ri = _ri_derivatives(mol, ri, channels, stage, functions)
     timings["ri_derivatives"] = clock() - t0
 
     t0 = clock()
-    potential = ScfPotential(mf, closed_shell=len(channels) == 1)
-    relaxed = relax(channels, potential,
-                    [orbital_derivative(c, xo, xv) for c, (xo, xv) in zip(channels, halves)],
-                    [p.cpu().numpy() for p in stage.amplitudes.p_occ],
-                    [p.cpu().numpy() for p in stage.amplitudes.p_vir])
+    relaxed, jk_builds = _response(mf, channels, stage, halves)
     timings["response"] = clock() - t0
 
     t0 = clock()
@@ -328,10 +358,7 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     timings["jk_derivatives"] = clock() - t0
 
     t0 = clock()
-    scf_density = sum(c.occupancy * c.mo_coeff[:, c.occupied] @ c.mo_coeff[:, c.occupied].T
-                      for c in channels)
-    grad_1e = one_electron_gradient(mol, scf_density + sum(relaxed.p_relaxed),
-                                    relaxed.w_total)
+    grad_1e = _one_electron_terms(mol, channels, relaxed)
     timings["one_electron"] = clock() - t0
 
     energies = stage.amplitudes
@@ -339,4 +366,4 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     e_scf = float(mf.e_tot)
     return GradientResult(e_scf + e_corr, e_scf, e_corr, energies.e_os, energies.e_ss,
                           (scales.os, scales.ss), grad_1e + grad_jk + grad_ri, timings,
-                          potential.builds, storage.out_of_core, relaxed.response)
+                          jk_builds, storage.out_of_core, relaxed.response)

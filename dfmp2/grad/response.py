@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse.linalg import LinearOperator, minres
 
-from dfmp2.errors import InputError, RunFailure
+from dfmp2.errors import RunFailure
+from dfmp2.mp2.channels import Channel
 
 # Largest norm ||A z - L|| accepted. The gradient's error is about the residual divided by the
 # smallest eigenvalue (in magnitude) of the response matrix A: 1e-9 keeps it near 1e-7 Eh/Bohr
@@ -48,55 +49,6 @@ ZVECTOR_MAX_ITER = 200
 # Unknowns up to which a system MINRES could not solve is solved densely: one J/K build per
 # column, a few seconds for a small molecule (NO2/cc-pVDZ UHF has 701).
 DENSE_MAX_SIZE = 2000
-
-
-@dataclass(frozen=True)
-class Channel:
-    """One spin channel of the reference: its orbitals, which are frozen, and its occupancy."""
-
-    mo_coeff: np.ndarray
-    mo_energy: np.ndarray
-    mo_occ: np.ndarray
-    nfrozen: int
-    occupancy: float
-
-    @property
-    def occupied(self) -> np.ndarray:
-        return np.flatnonzero(self.mo_occ > 0)
-
-    @property
-    def frozen(self) -> np.ndarray:
-        return self.occupied[:self.nfrozen]
-
-    @property
-    def active(self) -> np.ndarray:
-        return self.occupied[self.nfrozen:]
-
-    @property
-    def virtual(self) -> np.ndarray:
-        return np.flatnonzero(self.mo_occ == 0)
-
-    @property
-    def nmo(self) -> int:
-        return self.mo_coeff.shape[1]
-
-    def to_ao(self, mo_matrix: np.ndarray) -> np.ndarray:
-        return self.mo_coeff @ mo_matrix @ self.mo_coeff.T
-
-
-def channels_of(mf, nfrozen: int) -> list[Channel]:
-    """The closed-shell channel of an RHF object, or the alpha and beta channels of UHF.
-    Singly occupied orbitals of a restricted reference (ROHF) are refused: the closed-shell
-    formulas would count them twice."""
-    mo_coeff = np.asarray(mf.mo_coeff)
-    if mo_coeff.ndim == 2:
-        mo_occ = np.asarray(mf.mo_occ)
-        if not np.all((mo_occ == 0) | (mo_occ == 2)):
-            raise InputError("the restricted reference has singly occupied orbitals (ROHF); "
-                             "open shells need a UHF reference")
-        return [Channel(mo_coeff, np.asarray(mf.mo_energy), mo_occ, nfrozen, 2.0)]
-    return [Channel(c, e, o, nfrozen, 1.0)
-            for c, e, o in zip(mo_coeff, np.asarray(mf.mo_energy), np.asarray(mf.mo_occ))]
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.units import Bohr, Hartree
 
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import run as run_job
 from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError
 from dfmp2.records.sections import read_gradient
@@ -76,7 +76,7 @@ class DFMP2(Calculator):
             geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
                                            self.atoms.positions, "angstrom",
                                            f"ase:{self.atoms.get_chemical_formula()}")
-            outcome = pipeline.run(settings, geometry=geometry)
+            outcome = run_job.run(settings, geometry=geometry)
             energy = method_energy(outcome.record, self.parameters.method)
             gradient = read_gradient(outcome.record) if forces else None
         self.results["energy"] = self.results["free_energy"] = energy * Hartree

@@ -23,7 +23,7 @@ from qcelemental.models.v2 import (AtomicInput, AtomicProtocols, AtomicResult,
                                    AtomicSpecification, Model, Molecule, Provenance)
 
 import dfmp2
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import run as run_job
 from dfmp2.records import report
 from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError
@@ -145,7 +145,7 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
         output = Path(kept) if kept else Path(scratch) / "record.h5"
         settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)
         geometry, ghosts = molecule_geometry(atomic_input.molecule)
-        outcome = pipeline.run(settings, geometry=geometry, ghosts=ghosts)
+        outcome = run_job.run(settings, geometry=geometry, ghosts=ghosts)
         return atomic_result(atomic_input, outcome.record, outcome.path, kept=bool(kept))
 
 
@@ -198,7 +198,7 @@ def atomic_result(atomic_input: AtomicInput, record: Node, path: Path,
         return_result=return_result, stdout=report.summary(record),
         native_files=_native_files(atomic_input, path),
         provenance=Provenance(creator="dfmp2", version=dfmp2.__version__,
-                              routine="dfmp2.jobs.pipeline.run"),
+                              routine="dfmp2.jobs.run.run"),
         extras={"dfmp2": summary}, success=True)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import click
 
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import preamble, run as run_job
 from dfmp2.system.distributed import environment_integer
 from dfmp2.errors import Dfmp2Error, InputError, RunFailure
 from dfmp2.system.progress import Progress
@@ -194,7 +194,7 @@ def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
     """Say 'failed' in a new record where the run could not write one itself. An existing
     record is left alone: it may be complete, or belong to another run. So is a path whose
     lock another run holds: it may not have written its record yet, and will."""
-    root = new_record(SCHEMA, settings.command, pipeline.versions())
+    root = new_record(SCHEMA, settings.command, preamble.versions())
     set_status(root, FAILED, error)
     CalculationInputs(xyz="", source=str(settings.molecule), basis=settings.basis,
                       auxbasis=settings.auxbasis or "default").write(root)
@@ -223,7 +223,7 @@ def run_item(item: BatchItem, settings: RunSettings) -> dict:
         if item.interaction is not None:
             values = _run_dimer(item, settings)
         else:
-            outcome = pipeline.run(settings, reuse_complete=True)
+            outcome = run_job.run(settings, reuse_complete=True)
             state = ("complete (skipped)" if outcome.reused else
                      "complete" if outcome.exit_code == 0 else "complete (check failed)")
             values = {"status": state, **_energies(outcome.record, outcome.path)}

@@ -4,7 +4,7 @@ Each repeat runs both sides, each in a fresh process (so that each peak memory i
 
 - PySCF: its density-fitted RHF/UHF (PySCF's own J/K, the same JK-fit basis and thresholds as
   ours), then its DFMP2/DFUMP2 with the same RI basis and frozen core (``with_t2=False``);
-- dfmp2: exactly what ``dfmp2 run`` does (:func:`dfmp2.jobs.pipeline.run`): our J/K engine, our
+- dfmp2: exactly what ``dfmp2 run`` does (:func:`dfmp2.jobs.run.run`): our J/K engine, our
   MP2 stage, the record.
 
 The molecule is defined by the same options as ``dfmp2 run`` and through the same path
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dfmp2.jobs import pipeline
+from dfmp2.jobs import preamble, run as run_job
 from dfmp2.input.calculation import define_calculation
 from dfmp2.errors import Dfmp2Error, RunFailure
 from dfmp2.jobs.measure import energy_flops, gemm_rate
@@ -35,7 +35,7 @@ from dfmp2.records.tree import BENCH_SCHEMA, COMPLETE, new_record, set_status, w
 from dfmp2.records.sections import Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings
 from dfmp2.records.job_sections import write_bench
 from dfmp2.scf.reference import ScfOptions, run_scf
-from dfmp2.input.settings import RunSettings
+from dfmp2.input.settings import DEFAULT_OUTPUT_DIR, RunSettings
 from dfmp2.input.xyz import read_xyz
 
 KB = 1024
@@ -47,14 +47,14 @@ def _peak_rss() -> int:
 
 def _define(settings: RunSettings):
     geometry = read_xyz(settings.molecule)
-    return define_calculation(geometry, pipeline.request_of(settings, settings.charge,
+    return define_calculation(geometry, preamble.request_of(settings, settings.charge,
                                                              settings.spin))
 
 
 def pyscf_side(settings: RunSettings) -> dict:
     """PySCF's DF-SCF then DF-MP2, timed stage by stage."""
     calc = _define(settings)
-    pipeline.apply_threads(settings.threads)
+    preamble.apply_threads(settings.threads)
     start = time.perf_counter()
     reference = run_scf(calc, ScfOptions(engine="pyscf"))
     scf_done = time.perf_counter()
@@ -68,10 +68,10 @@ def pyscf_side(settings: RunSettings) -> dict:
 
 def dfmp2_side(settings: RunSettings) -> dict:
     """``dfmp2 run`` in this process, with this machine's dgemm rate measured first."""
-    pipeline.apply_threads(settings.threads)
+    preamble.apply_threads(settings.threads)
     rate = gemm_rate(torch.float64)
     start = time.perf_counter()
-    outcome = pipeline.run(settings)
+    outcome = run_job.run(settings)
     total = time.perf_counter() - start
     root = outcome.record
     timings = read_timings(root)
@@ -192,10 +192,10 @@ def as_arrays(runs: list[dict]) -> dict[str, np.ndarray]:
 
 
 def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dict, str]:
-    path = settings.output or pipeline.DEFAULT_OUTPUT_DIR / (
+    path = settings.output or DEFAULT_OUTPUT_DIR / (
         f"bench-{settings.molecule.stem}-{settings.basis.lower()}-"
         f"{settings.precision or 'fp64'}.h5")
-    pipeline.check_output_path(path)
+    preamble.check_output_path(path)
     calc = _define(settings)
     precision = settings.precision or "fp64"
     progress = Progress(repeat, "benchmark repeats")
@@ -208,7 +208,7 @@ def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dic
                     "reference": calc.reference, "precision": precision,
                     "scf_engine": settings.scf_engine, "nao": calc.mol.nao_nr(),
                     "record": str(path)})
-    root = new_record(BENCH_SCHEMA, settings.command, pipeline.versions())
+    root = new_record(BENCH_SCHEMA, settings.command, preamble.versions())
     set_status(root, COMPLETE)
     write_bench(root, summary, as_arrays(runs),
                 [{"k_build_gflops": r["dfmp2"]["k_build_gflops"]} for r in runs])

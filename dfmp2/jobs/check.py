@@ -6,13 +6,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pyscf import df
-from pyscf import scf
+import pyscf
+from pyscf import df, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 from pyscf.mp import dfump2 as pyscf_dfump2
 
-from dfmp2.input.calculation import Calculation
 from dfmp2.errors import RunFailure
+from dfmp2.input.calculation import Calculation
+from dfmp2.jobs.stages import CalculationOutcome
+from dfmp2.records.sections import CheckSection, write_timings
+from dfmp2.records.tree import Node
 from dfmp2.scf.reference import ScfOptions, run_scf
 
 # The agreement promised against PySCF: fp64 to 1e-8 Eh, fp32 contraction to 1e-6 Eh.
@@ -64,3 +67,37 @@ def pyscf_recipe(calc: Calculation, label: str) -> RecipeEnergies:
     e_tot = (functional.total(reference.e_tot, energies.e_os, energies.e_ss) if functional
              else reference.e_tot + energies.e_corr)
     return RecipeEnergies(reference.e_tot, energies, e_tot, time.perf_counter() - start)
+
+
+def run_check(calc: Calculation, outcome: CalculationOutcome, precision: str,
+              node: Node) -> bool:
+    """``--check``: PySCF's DF-MP2 on the same orbitals, auxiliary basis and frozen core; for
+    a double hybrid, PySCF's whole recipe (its own Kohn-Sham SCF with the same functional
+    and grid, its DF-MP2, scaled), compared on the total energy too."""
+    if calc.functional is not None:
+        return _check_recipe(calc, outcome, precision, node)
+    reference = pyscf_dfmp2_energy(outcome.scf.mf, calc.nfrozen, calc.auxbasis.spec)
+    tolerance = TOLERANCE[precision]
+    delta = outcome.mp2.energies.e_corr - reference.e_corr
+    passed = abs(delta) <= tolerance
+    CheckSection(f"pyscf {pyscf.__version__} DFMP2/DFUMP2 (with_t2=False)", reference.e_corr,
+                 reference.e_os, reference.e_ss, outcome.scf.e_tot + reference.e_corr, delta,
+                 tolerance, passed, reference.seconds).write(node)
+    write_timings(node, {"reference": reference.seconds})
+    return passed
+
+
+def _check_recipe(calc: Calculation, outcome: CalculationOutcome, precision: str,
+                  node: Node) -> bool:
+    recipe = pyscf_recipe(calc, "the check")
+    energies = outcome.mp2.energies
+    e_tot = calc.functional.total(outcome.scf.e_tot, energies.e_os, energies.e_ss)
+    tolerance = TOLERANCE[precision]
+    delta_corr, delta_tot = energies.e_corr - recipe.mp2.e_corr, e_tot - recipe.e_tot
+    passed = abs(delta_corr) <= tolerance and abs(delta_tot) <= tolerance
+    CheckSection(f"pyscf {pyscf.__version__} DF-{calc.reference_name.upper()} "
+                 f"({calc.functional.xc}) then DFMP2/DFUMP2, scaled", recipe.mp2.e_corr,
+                 recipe.mp2.e_os, recipe.mp2.e_ss, recipe.e_tot, delta_corr, tolerance, passed,
+                 recipe.seconds, recipe.e_scf, delta_tot).write(node)
+    write_timings(node, {"reference": recipe.seconds})
+    return passed

@@ -12,9 +12,12 @@ import json
 import re
 from pathlib import Path
 
-from dfmp2.jobs import pipeline
 from dfmp2.df.store import ScratchArea
-from dfmp2.input.calculation import define_calculation
+from dfmp2.input.calculation import Calculation
+from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
+from dfmp2.jobs.run import RunOutcome
+from dfmp2.jobs.session import RecordSession, guarded
+from dfmp2.jobs.stages import RunContext, calculate
 from dfmp2.records.checkpoint import set_aside
 from dfmp2.errors import InputError
 from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, Node, read_record, schema,
@@ -24,7 +27,7 @@ from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2S
 from dfmp2.records.job_sections import (InteractionInputs, calculation_node, interaction_value,
                                         read_interaction, write_interaction)
 from dfmp2.input.settings import RunSettings
-from dfmp2.input.xyz import Geometry, read_xyz
+from dfmp2.input.xyz import Geometry
 
 # Hartree to kcal/mol (CODATA 2018: 1 Eh = 4.3597447222071e-18 J; N_A; 4184 J/kcal).
 KCAL_PER_HARTREE = 627.5094740631
@@ -127,38 +130,21 @@ def keep_complete_record(path: Path) -> None:
 
 def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int],
                     spins: tuple[int, int], output: Path | None,
-                    reuse_complete: bool = False) -> pipeline.RunOutcome:
-    path = output or settings.output_path("-interaction")
-    pipeline.check_output_path(path)
-    geometry = read_xyz(settings.molecule)
+                    reuse_complete: bool = False) -> RunOutcome:
+    job = start_job(settings, output or settings.output_path("-interaction"))
+    path, env, geometry = job.path, job.env, job.geometry
     split = resolve_split(geometry, split)
-    atoms_a, atoms_b = range(split), range(split, geometry.natoms)
-    env = pipeline.resolve_environment(settings, path)
     per_molecule = dataclasses.replace(settings, resume=False)
-    plans = {
-        "dimer": (geometry, sum(charges), sum(spins), frozenset()),
-        "monomer_a_cp": (geometry, charges[0], spins[0], frozenset(atoms_b)),
-        "monomer_b_cp": (geometry, charges[1], spins[1], frozenset(atoms_a)),
-        "monomer_a": (geometry.subset(atoms_a), charges[0], spins[0], frozenset()),
-        "monomer_b": (geometry.subset(atoms_b), charges[1], spins[1], frozenset()),
-    }
-    calcs = {}
-    for name, (geom, charge, spin, ghosts) in plans.items():
-        try:
-            calcs[name] = define_calculation(
-                geom, pipeline.request_of(per_molecule, charge, spin, ghosts))
-        except InputError as exc:
-            hint = str(exc).replace("need --spin (2S", "need --spins a,b (2S per monomer")
-            raise InputError(f"{name.replace('_', ' ')}: {hint}") from None
-    pipeline.check_feasible(calcs["dimer"], per_molecule, env)
-    inputs = {name: pipeline.run_inputs(calc, per_molecule, env) for name, calc in calcs.items()}
+    calcs = _calculations(job, per_molecule, split, charges, spins)
+    plans = {name: make_plan(calc, per_molecule, env) for name, calc in calcs.items()}
+    inputs = {name: run_inputs(calc, per_molecule, env) for name, calc in calcs.items()}
 
-    with pipeline.RecordSession(path, env) as session:
+    with RecordSession(path, env) as session:
         previous = _reusable(path, inputs) if reuse_complete else None
         if previous is not None:
-            return pipeline.RunOutcome(previous, path, 0, reused=True)
+            return RunOutcome(previous, path, 0, reused=True)
         keep_complete_record(path)
-        root = pipeline.new_run_record(settings, env, INTERACTION_SCHEMA)
+        root = job.new_record(INTERACTION_SCHEMA)
         InteractionInputs(geometry.text, str(settings.molecule), split, json.dumps(charges),
                           json.dumps(spins), settings.basis, settings.frozen_core).write(root)
 
@@ -168,15 +154,39 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
                 inputs[name].write(node)
                 scratch = ScratchArea(env.scratch_dir, f"{path.name}.{name}")
                 try:
-                    pipeline.calculate(calcs[name], per_molecule, env, node, None, scratch)
+                    calculate(RunContext(calcs[name], per_molecule, env, node, scratch,
+                                         plans[name]))
                 except InputError as exc:
                     raise InputError(f"{name.replace('_', ' ')}: {exc}") from None
             write_interaction(root, interaction_energies(root), KCAL_PER_HARTREE)
             session.finish(root, COMPLETE)
             return 0
 
-        pipeline.guarded(session, root, work)
-    return pipeline.RunOutcome(root, path, 0)
+        guarded(session, root, work)
+    return RunOutcome(root, path, 0)
+
+
+def _calculations(job: Job, settings: RunSettings, split: int, charges: tuple[int, int],
+                  spins: tuple[int, int]) -> dict[str, Calculation]:
+    """The dimer, each monomer in the dimer's basis (the partner's atoms as ghosts) and each
+    monomer in its own basis."""
+    geometry = job.geometry
+    atoms_a, atoms_b = range(split), range(split, geometry.natoms)
+    molecules = {
+        "dimer": (geometry, sum(charges), sum(spins), frozenset()),
+        "monomer_a_cp": (geometry, charges[0], spins[0], frozenset(atoms_b)),
+        "monomer_b_cp": (geometry, charges[1], spins[1], frozenset(atoms_a)),
+        "monomer_a": (geometry.subset(atoms_a), charges[0], spins[0], frozenset()),
+        "monomer_b": (geometry.subset(atoms_b), charges[1], spins[1], frozenset()),
+    }
+    calcs = {}
+    for name, (geom, charge, spin, ghosts) in molecules.items():
+        try:
+            calcs[name] = job.calculation(charge, spin, ghosts, geom, settings)
+        except InputError as exc:
+            hint = str(exc).replace("need --spin (2S", "need --spins a,b (2S per monomer")
+            raise InputError(f"{name.replace('_', ' ')}: {hint}") from None
+    return calcs
 
 
 def batch_values(root: Node) -> dict:

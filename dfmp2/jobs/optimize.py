@@ -20,9 +20,10 @@ from typing import Callable
 import numpy as np
 from pyscf.lib import param
 
-from dfmp2.jobs import pipeline
+from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
+from dfmp2.jobs.session import RecordSession, guarded
+from dfmp2.jobs.stages import differentiate
 from dfmp2.df.store import ScratchArea
-from dfmp2.input.calculation import define_calculation
 from dfmp2.records.checkpoint import RESUME, examine_previous
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import COMPLETE, OPTIMIZE_SCHEMA, Node, write_record
@@ -31,7 +32,7 @@ from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, 
 from dfmp2.records.sections import write_timings
 from dfmp2.scf.reference import ScfOptions, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
-from dfmp2.input.xyz import Geometry, read_xyz
+from dfmp2.input.xyz import Geometry
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +61,13 @@ class AnalyticEvaluator:
     """Energy and analytic gradient of the settings' method at a geometry: our SCF (from the
     previous step's density) and the relaxed DF-MP2 gradient."""
 
-    def __init__(self, settings: RunSettings, env: pipeline.Environment,
-                 scratch: ScratchArea) -> None:
-        self.settings, self.env, self.scratch = settings, env, scratch
+    def __init__(self, job: Job, scratch: ScratchArea) -> None:
+        self.job, self.scratch = job, scratch
         self.density: np.ndarray | None = None
 
     def __call__(self, geometry: Geometry) -> Evaluation:
-        settings, env = self.settings, self.env
-        calc = define_calculation(geometry, pipeline.request_of(settings, settings.charge,
-                                                                 settings.spin))
+        settings, env = self.job.settings, self.job.env
+        calc = self.job.calculation(settings.charge, settings.spin, geometry=geometry)
         options = ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, self.scratch,
                              keep_integrals=True, initial_density=self.density,
                              stability=settings.stability)
@@ -77,7 +76,7 @@ class AnalyticEvaluator:
             if not reference.converged:
                 raise RunFailure("the SCF did not converge at an optimisation step")
             self.density = reference.mf.make_rdm1()
-            result = pipeline.differentiate(calc, settings, env, reference.mf, self.scratch)
+            result = differentiate(calc, settings, env, reference.mf, self.scratch)
         finally:
             release_integrals(reference.mf)
         return result.e_tot, result.gradient
@@ -196,21 +195,18 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
         raise InputError(f"unknown convergence set {convergence!r}; choose one of "
                          f"{', '.join(CONVERGENCE_SETS)}")
     convergence = convergence.upper()
-    path = settings.output_path("-opt")
-    pipeline.check_output_path(path, settings.resume)
-    start = read_xyz(settings.molecule)
+    settings = replace(settings, task="optimize", show_progress=False)
+    job = start_job(settings, settings.output_path("-opt"))
+    path, env, start = job.path, job.env, job.geometry
     if start.natoms < 2:
         raise InputError("an optimisation needs at least two atoms")
-    env = pipeline.resolve_environment(settings, path)
-    settings = replace(settings, task="optimize", show_progress=False)
-    calc = define_calculation(start, pipeline.request_of(settings, settings.charge,
-                                                         settings.spin))
-    pipeline.check_feasible(calc, settings, env)
-    inputs = pipeline.run_inputs(calc, settings, env)
-    with pipeline.RecordSession(path, env) as session:
+    calc = job.calculation(settings.charge, settings.spin)
+    make_plan(calc, settings, env)
+    inputs = run_inputs(calc, settings, env)
+    with RecordSession(path, env) as session:
         previous = examine_previous(path, OPTIMIZE_SCHEMA, inputs, settings.resume, False)
         recorded = read_steps(previous.record) if previous.action == RESUME else None
-        root = pipeline.new_run_record(settings, env, OPTIMIZE_SCHEMA)
+        root = job.new_record(OPTIMIZE_SCHEMA)
         inputs.write(root)
 
         def save(steps: Steps) -> None:
@@ -219,7 +215,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
 
         log_steps = StepLog(recorded or Steps.empty(start.natoms), save)
         evaluate = evaluator or AnalyticEvaluator(
-            settings, env, ScratchArea(env.scratch_dir, f"{path.name}.opt"))
+            job, ScratchArea(env.scratch_dir, f"{path.name}.opt"))
         xyz_path = path.with_suffix(".xyz")
 
         def work() -> OptimizeOutcome:
@@ -237,7 +233,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             return OptimizeOutcome(root, path, final, xyz_path, energy,
                                    len(log_steps.steps.energies), criteria(convergence))
 
-        return pipeline.guarded(session, root, work)
+        return guarded(session, root, work)
 
 
 def json_summary(outcome: OptimizeOutcome) -> dict:

@@ -21,8 +21,9 @@ from dfmp2.df.store import ScratchArea, ScratchB
 from dfmp2.system.blas_threads import torch_owns_the_cores
 from dfmp2.df.fitted import build_fitted_tensors
 from dfmp2.system.distributed import World
+from dfmp2.mp2.channels import SpinChannel, split_channels
 from dfmp2.mp2.pairs import BlockReader, Mp2Energies, PairLedger, energy_sums
-from dfmp2.errors import InputError, RunFailure
+from dfmp2.errors import InputError
 from dfmp2.system.memory import memory_budget
 from dfmp2.df.metric import FitMetric, build_metric
 from dfmp2.mp2.plan import BlockPlan, plan_blocks
@@ -30,25 +31,6 @@ from dfmp2.mp2.plan import BlockPlan, plan_blocks
 log = logging.getLogger(__name__)
 # A distributed energy step wants several block pairs per rank to balance the load.
 PAIRS_PER_RANK = 4
-DOUBLY_OCCUPIED = 2.0
-
-
-@dataclass(frozen=True)
-class SpinChannel:
-    """Active occupied and virtual orbitals of one spin (or of the closed shell)."""
-
-    c_occ: np.ndarray
-    c_vir: np.ndarray
-    e_occ: np.ndarray
-    e_vir: np.ndarray
-
-    @property
-    def nocc(self) -> int:
-        return len(self.e_occ)
-
-    @property
-    def nvir(self) -> int:
-        return len(self.e_vir)
 
 
 @dataclass(frozen=True)
@@ -62,30 +44,18 @@ class Orbitals:
     nfrozen: int = 0
 
     def channels(self) -> list[SpinChannel]:
-        """One channel for RHF, two (alpha, beta) for UHF. A restricted reference must have
-        every orbital empty or doubly occupied: singly occupied orbitals (ROHF) would be
-        counted as closed-shell pairs and give a wrong energy."""
-        if np.ndim(self.mo_coeff) == 2:
-            occupations = np.asarray(self.mo_occ)
-            if not np.all((occupations == 0) | (occupations == DOUBLY_OCCUPIED)):
-                raise RunFailure("the restricted reference has singly occupied orbitals "
-                                 "(ROHF); open shells need a UHF reference")
-            spins = [(self.mo_energy, self.mo_coeff, self.mo_occ)]
-        else:
-            spins = list(zip(self.mo_energy, self.mo_coeff, self.mo_occ))
+        """One channel for RHF, two (alpha, beta) for UHF (ROHF is refused by
+        :func:`split_channels`), each with at least one virtual orbital and the frozen ones
+        taken from its occupied orbitals."""
         channels = []
-        for energy, coeff, occ in spins:
-            occupied = np.flatnonzero(np.asarray(occ) > 0)
-            virtual = np.flatnonzero(np.asarray(occ) == 0)
-            if not 0 <= self.nfrozen <= len(occupied):
-                raise InputError(f"cannot freeze {self.nfrozen} of {len(occupied)} occupied "
-                                 "orbitals")
-            if len(virtual) == 0:
+        for channel in split_channels(self.mo_energy, self.mo_coeff, self.mo_occ,
+                                      self.nfrozen):
+            if not 0 <= self.nfrozen <= len(channel.occupied):
+                raise InputError(f"cannot freeze {self.nfrozen} of {len(channel.occupied)} "
+                                 "occupied orbitals")
+            if len(channel.virtual) == 0:
                 raise InputError("the basis has no virtual orbitals: MP2 needs a larger basis")
-            active = occupied[self.nfrozen:]
-            channels.append(SpinChannel(np.asarray(coeff)[:, active],
-                                        np.asarray(coeff)[:, virtual],
-                                        np.asarray(energy)[active], np.asarray(energy)[virtual]))
+            channels.append(SpinChannel.of(channel))
         if all(c.nocc == 0 for c in channels):
             raise InputError(f"cannot freeze {self.nfrozen} of {self.nfrozen} occupied "
                              "orbitals: none would be left")
@@ -149,13 +119,15 @@ class Mp2Result:
         return len(self.nocc) == 2
 
 
-def plan_for(orbitals: Orbitals, fit: FitBasis, nao: int, kernel_set, budget: int,
+def plan_for(sizes: list[tuple[int, int]], naux: int, nao: int, kernel_set, budget: int,
              fused: bool, occ_block: int | None, world_size: int = 1,
              force_out_of_core: bool = False) -> BlockPlan:
-    """The block plan of this MP2: distributed runs keep B out of core (the ranks share the
-    scratch file) and want enough block pairs for every rank."""
+    """The block plan of an MP2 with ``sizes`` = [(active occupied, virtual), ...] per channel
+    and ``naux`` fitted auxiliary functions: it needs only the sizes, so it can be made before
+    the SCF. Distributed runs keep B out of core (the ranks share the scratch file) and want
+    enough block pairs for every rank."""
     itemsize = torch.tensor([], dtype=kernel_set.dtype).element_size()
-    return plan_blocks(orbitals.sizes(), fit.naux_fit, nao, itemsize, budget, fused, occ_block,
+    return plan_blocks(sizes, naux, nao, itemsize, budget, fused, occ_block,
                        force_out_of_core=force_out_of_core or world_size > 1,
                        min_pairs=PAIRS_PER_RANK * world_size if world_size > 1 else 1)
 
@@ -240,8 +212,9 @@ class DFMP2:
         orbitals = Orbitals(np.asarray(self.mf.mo_energy), np.asarray(self.mf.mo_coeff),
                             np.asarray(self.mf.mo_occ), self.frozen)
         fit = fit_basis(self.mol, self.auxbasis)
-        plan = plan_for(orbitals, fit, self.mol.nao_nr(), self.kernel_set, self.memory,
-                        self.fused_energy, self.occ_block, force_out_of_core=force_out_of_core)
+        plan = plan_for(orbitals.sizes(), fit.naux_fit, self.mol.nao_nr(), self.kernel_set,
+                        self.memory, self.fused_energy, self.occ_block,
+                        force_out_of_core=force_out_of_core)
         scratch = ScratchArea(self.scratch_dir or Path("."), f"dfmp2-{id(self):x}")
         self.result = kernel(self.mol, orbitals, fit, self.kernel_set, plan,
                              Execution(scratch=scratch, show_progress=False))

@@ -4,9 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dfmp2.errors import InputError
-from dfmp2.system.memory import format_size
+from dfmp2.system.memory import B_IN_MEMORY_SHARE, FP64_BYTES, fits_in_memory, format_size
 
-FP64_BYTES = 8
 # Temporaries of the energy reduction, in units of one orbital row (nvir x nj x nvir numbers).
 REDUCTION_TEMPORARIES = 4
 # A larger (ia|jb) block no longer speeds up the GEMM; it only costs memory.
@@ -15,8 +14,6 @@ MAX_PAIR_BLOCK_BYTES = 256 * 2**20
 OUT_OF_CORE_BLOCKS = 3
 # Integral blocks beyond this size make no build step faster, only the peak memory higher.
 MAX_BUILD_BLOCK_BYTES = 512 * 2**20
-# B stays in memory only if it leaves at least this share of the budget to everything else.
-IN_CORE_MAX_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,7 @@ def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int
     nvir = max(v for _, v in sizes)
     b_bytes = naux * sum(o * v for o, v in sizes) * (
         FP64_BYTES + (itemsize if itemsize != FP64_BYTES else 0))
-    out_of_core = force_out_of_core or b_bytes > IN_CORE_MAX_SHARE * budget
+    out_of_core = force_out_of_core or not fits_in_memory(b_bytes, budget, B_IN_MEMORY_SHARE)
     resident = 0 if out_of_core else b_bytes
     build_minimum = FP64_BYTES * (nao * (nao + 1) // 2 + nao * nao + nao * nocc + nocc * nvir
                                   + 2 * naux)

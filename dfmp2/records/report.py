@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dfmp2.input.xyz import KNOWN_SYMBOLS
+from dfmp2.input.xyz import parse_xyz
 from dfmp2.records.sections import (
     CheckSection,
     DoubleHybridSection,
@@ -109,7 +109,8 @@ def _check_line(check: CheckSection) -> str:
 
 def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
     inputs = read_inputs(root)
-    symbols = _symbols(inputs.xyz) if inputs is not None else [""] * len(gradient)
+    symbols = (parse_xyz(inputs.xyz, inputs.source).symbols if inputs is not None
+               else [""] * len(gradient))
     lines = [f"  {section.method.upper()} energy {section.e_tot:.10f} Eh; gradient dE/dR in "
              f"{section.units}:",
              f"  {'atom':>6} {'x':>16} {'y':>16} {'z':>16}"]
@@ -117,12 +118,6 @@ def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
         lines.append(f"  {number:>3} {symbol:<2} {row[0]:16.10f} {row[1]:16.10f} "
                      f"{row[2]:16.10f}")
     return lines
-
-
-def _symbols(xyz: str) -> list[str]:
-    lines = xyz.splitlines()
-    return [line.split()[0] for line in lines[2:2 + int(lines[0])]
-            if line.split() and line.split()[0].upper() in KNOWN_SYMBOLS]
 
 
 def json_summary(root: Node, path: str) -> dict:

@@ -27,8 +27,9 @@ from dfmp2.df.auxbasis import AuxBasis, make_auxmol
 from dfmp2.df.store import ScratchArea
 from dfmp2.errors import InputError
 from dfmp2.scf.jk import JkEngine, factorize
-from dfmp2.scf.jk_tensor import FP64_BYTES, build_jk_tensor, jk_tensor_bytes
+from dfmp2.scf.jk_tensor import build_jk_tensor, jk_tensor_bytes
 from dfmp2.records.sections import ScfEngineSection
+from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_memory
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,6 @@ FP32_PHASE_ENERGY = 1e-6
 FP32_PHASE_GRADIENT = 1e-4
 # Exact (fp64) builds that must agree before convergence can be declared.
 EXACT_BUILDS_TO_CONVERGE = 2
-# The JK tensor stays in memory when it leaves this share of the budget to everything else.
-IN_MEMORY_SHARE = 0.7
 
 
 @dataclass
@@ -125,8 +124,9 @@ class KernelDF(df.DF):
             return self
         self.auxmol = make_auxmol(self.mol, self.aux)
         nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
-        out_of_core = jk_tensor_bytes(nao, naux) > IN_MEMORY_SHARE * self.budget
-        work = max(FP64_BYTES * nao * nao * 8, (1 - IN_MEMORY_SHARE) * self.budget / 2)
+        out_of_core = not fits_in_memory(jk_tensor_bytes(nao, naux), self.budget,
+                                         JK_TENSOR_IN_MEMORY_SHARE)
+        work = max(FP64_BYTES * nao * nao * 8, (1 - JK_TENSOR_IN_MEMORY_SHARE) * self.budget / 2)
         tensor = build_jk_tensor(self.mol, self.auxmol, self.kernels.exact, int(work),
                                  self.scratch if out_of_core else None, self.timings)
         self.engine = JkEngine(tensor, self.kernels.fast, self.kernels.exact, int(work))

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from dfmp2.scf.jk_tensor import FP64_BYTES, JkTensor
-from kernels.torch_backend import single_threaded_ops
+from kernels import single_threaded_ops
+from kernels.interface import JkKernelSet, KernelSet
 
 # Eigenvalues of an untagged density below this (relative to the largest) carry no exchange
 # worth a column of F: 1e-14 of it is far below the SCF's 1e-12 Eh energy threshold.
@@ -84,8 +85,8 @@ class JkEngine:
     be the largest error of an fp32 Fock matrix: J always runs in fp64. The tensor stays in
     fp64; K is contracted in the kernel set's precision, and both are summed in fp64."""
 
-    def __init__(self, tensor: JkTensor, kernel_set, coulomb_set=None,
-                 work_bytes: int = DEFAULT_WORK_BYTES):
+    def __init__(self, tensor: JkTensor, kernel_set: JkKernelSet,
+                 coulomb_set: KernelSet | None = None, work_bytes: int = DEFAULT_WORK_BYTES):
         self.tensor = tensor
         self.kernel_set = kernel_set
         self.coulomb_set = coulomb_set if coulomb_set is not None else kernel_set

@@ -30,10 +30,10 @@ from dfmp2.df.fitted import aux_shell_blocks
 from dfmp2.system.disk import check_space
 from dfmp2.errors import RunFailure
 from dfmp2.df.metric import JK_LINDEP_THRESHOLD, FitMetric, build_metric
+from dfmp2.system.memory import FP64_BYTES
 
 log = logging.getLogger(__name__)
 ROW_BLOCK = 64
-FP64_BYTES = 8
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dfmp2.system.blas_threads import torch_owns_the_cores
 from dfmp2.input.calculation import Calculation
 from dfmp2.system.disk import check_space
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.system.memory import format_size
+from dfmp2.system.memory import FP64_BYTES, PYSCF_JK_IN_MEMORY_SHARE, format_size
 from dfmp2.records.sections import ScfEngineSection, ScfSection, StoredOrbitals
 from dfmp2.scf.engine import KernelDF, ScfKernels, scf_engine_section, use_kernel_engine
 
@@ -38,14 +38,11 @@ CONV_TOL_GRAD = 1e-7
 # solver makes no further step (measured with PySCF 2.14). 1e-6 is above those floors.
 KS_CONV_TOL_GRAD = 1e-6
 MAX_CYCLE = 100
-FP64_BYTES = 8
 # Square matrices (nao x nao) an SCF holds at once, per spin: overlap, core Hamiltonian, Fock,
 # density, orbitals, the eigensolver's work space and the J/K buffers; DIIS keeps its vectors
 # in a file once they are large. A lower bound, used to refuse hopeless budgets early.
 SCF_SQUARE_MATRICES = {"rhf": 10, "uhf": 16}
 BYTES_PER_MB = 10**6
-# PySCF keeps its JK-fit tensor in memory when it takes less than this share of max_memory.
-JK_IN_MEMORY_SHARE = 0.9
 # PySCF's own line between stable and unstable (pyscf.scf.stability): an orbital-Hessian
 # eigenvalue below it means a lower SCF solution exists.
 UNSTABLE_BELOW = -1e-5
@@ -142,7 +139,7 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
     mf.with_df.max_memory = mf.max_memory
     nbytes = jk_tensor_bytes(calc.mol, calc.jk_spec())
     if (options.budget is not None and options.scratch is not None
-            and nbytes >= JK_IN_MEMORY_SHARE * options.budget):
+            and nbytes >= PYSCF_JK_IN_MEMORY_SHARE * options.budget):
         jk_file = options.scratch.jk_path()
         check_space(jk_file.parent, nbytes, "the SCF's JK-fit tensor")
         options.scratch.reserve(jk_file)

@@ -1,4 +1,5 @@
-"""Memory sizes: parsing ``--memory`` and choosing a safe default."""
+"""Memory sizes: parsing ``--memory``, choosing a safe default, and the one place that says
+which share of the budget each large tensor may take and still stay in memory."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,31 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 DEFAULT_FRACTION_OF_AVAILABLE = 0.6
 # Sizes are stored as signed 64-bit integers (HDF5 attributes, PySCF's max_memory arithmetic).
 MAX_BYTES = 2**63 - 1
+# Every size estimate counts fp64 numbers: the tensors are stored in fp64 whatever the kernels'
+# precision.
+FP64_BYTES = 8
+
+# In-memory shares: a tensor stays in memory while it takes at most this share of the budget;
+# beyond it, it goes to a scratch file. Each share leaves the rest of the budget to the work
+# blocks of the step that uses the tensor.
+# MP2's fitted tensor B: the other half is for the integral blocks of its build and the
+# (ia|jb) blocks of the energy step, which grow with the occupied block.
+B_IN_MEMORY_SHARE = 0.5
+# Our JK-fit tensor: the remaining 30% is split between the J/K build's work buffers
+# (KernelDF.build) and the SCF's own matrices, which are small next to the tensor.
+JK_TENSOR_IN_MEMORY_SHARE = 0.7
+# PySCF's JK-fit tensor: PySCF's own rule (pyscf.df.DF.build keeps it in memory only while it
+# takes less than 90% of max_memory, a strict test); at and above it we name its file, so that
+# it lands in our scratch folder rather than PySCF's TMPDIR.
+PYSCF_JK_IN_MEMORY_SHARE = 0.9
+# The gradient's B, Gamma and the JK pass's half-transformed integrals: the other half is for
+# the amplitude sweep's slabs and the auxiliary blocks of the derivative-integral sweeps.
+GRADIENT_TENSORS_IN_MEMORY_SHARE = 0.5
+
+
+def fits_in_memory(nbytes: float, budget: float, share: float) -> bool:
+    """Whether a tensor of ``nbytes`` stays in memory under ``budget``, given its share."""
+    return nbytes <= share * budget
 
 
 def parse_size(text: str) -> int:

@@ -18,7 +18,7 @@ subtractions are exact, so a = a1 + a2 and b = b1 + b2 exactly. Then
 and a_t.T @ b = head + tail, which the host adds in fp64. Heads of at most 8 bits are exact
 bf16 values, so the head products stay exact however the Tensor Engine forms fp32 products.
 The host chooses beta (through the sigmas) for the launch's K; see
-``kernels/nki_host/split_gemm.py`` and the accuracy section of docs/kernels.md.
+``kernels/nki_host/gemm_split.py`` and the accuracy section of docs/kernels.md.
 
 Operands (all fp32, HBM):
 - ``a_t`` (K, M): the left factor transposed (stationary layout), as in ``gemm_kernel``.

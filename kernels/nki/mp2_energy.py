@@ -17,7 +17,7 @@ Operands (all fp32, HBM):
   per-partition direct sum of tile (at, bt) of pair (i, j), the next column its exchange sum;
   unused rows and skipped pairs hold 0. The host sums in fp64 and applies the pair weights.
 
-Shape limits, asserted at trace time (the host is ``kernels/nki_host/same_spin.py``): any
+Shape limits, asserted at trace time (the host is ``kernels/nki_host/mp2_energy.py``): any
 nvir (a-tiles of TILE = 128 rows and b-tiles of TILE_N = 512 columns, both with a ragged last
 tile; never divisors of nvir); t (gr*nvir, gc*nvir) for gc = denom_col.shape[0] and gr =
 gc when ``diagonal_block``; padded orbitals need zero T rows / columns and finite denominators

@@ -25,7 +25,7 @@ Operands (all fp32, HBM):
   and applies the pair weights (2 for i > j in a diagonal block, 1 on the diagonal): the
   kernel only skips the pairs it must not compute.
 
-Shape limits, asserted at trace time (the host is ``kernels/nki_host/same_spin.py``): naux a
+Shape limits, asserted at trace time (the host is ``kernels/nki_host/mp2_energy.py``): naux a
 multiple of TILE = 128 (zero rows contribute 0); any nvir (a-tiles of 128 rows with a ragged
 last tile, b-tiles of TILE_N = 512 columns with a ragged last tile; tile sizes never come from
 divisors of nvir); padded orbitals need zero B columns and finite denominators whose sums are

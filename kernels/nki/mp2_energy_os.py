@@ -16,7 +16,7 @@ Operands (all fp32, HBM):
   ``mp2_energy_os_fused``: column ``rt*c_tiles + ct`` holds the per-partition direct sum of
   tile (rt, ct) (128 rows x 512 columns, ragged last tiles); unused rows hold 0.
 
-Shape limits, asserted at trace time (the host is ``kernels/nki_host/opposite_spin.py``): any
+Shape limits, asserted at trace time (the host is ``kernels/nki_host/mp2_energy_os.py``): any
 n_rows; n_cols <= OS_MAX_COLS (2048) (ragged last tiles); padded rows / columns need zero T and
 finite denominators with nonzero sums. SBUF: one (128, n_cols) strip of T per row tile
 (n_cols*4 bytes per partition), the broadcast column denominators (n_cols*4 B) and the

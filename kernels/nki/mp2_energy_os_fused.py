@@ -25,7 +25,7 @@ Operands (all fp32, HBM):
   holds the per-partition direct sum of tile (rt, ct) (128 rows x 512 columns, ragged last
   tiles); unused rows hold 0. The host reduces them in fp64.
 
-Shape limits, asserted at trace time (the host is ``kernels/nki_host/opposite_spin.py``): naux
+Shape limits, asserted at trace time (the host is ``kernels/nki_host/mp2_energy_os.py``): naux
 a multiple of TILE = 128 (zero rows contribute 0); any n_rows; n_cols <= OS_MAX_COLS (2048)
 keeps the per-partition SBUF small (the host launches column chunks); ragged last tiles (tile
 sizes never come from divisors of the virtual counts). Padded rows / columns need zero B

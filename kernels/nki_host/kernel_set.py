@@ -4,8 +4,8 @@ It satisfies :class:`kernels.interface.KernelSet`: torch tensors in and out, ene
 Python floats summed in fp64. Each method converts its operands to the kernels' fp32 numpy
 layout, hands them to the host module of its kernel family (gemm and syrk:
 ``kernels/nki_host/gemm.py``, also for the SCF's exchange half transform; transform gemm:
-``split_gemm.py``; trsm: ``trsm.py``; energies:
-``same_spin.py``, ``opposite_spin.py``) and runs that under the fallback policy
+``gemm_split.py``; trsm: ``trsm.py``; energies:
+``mp2_energy.py``, ``mp2_energy_os.py``) and runs that under the fallback policy
 (``fallback.py``): a failing kernel falls back to the torch fp32 kernel with a warning and a
 count, or raises ``NkiRequired`` when NKI is required.
 """
@@ -17,7 +17,9 @@ import torch
 from kernels.accounting import KernelAccounting
 from kernels.nki.launcher import Launcher
 from kernels.nki_host import gemm as gemm_host
-from kernels.nki_host import opposite_spin, same_spin, split_gemm
+from kernels.nki_host import gemm_split as gemm_split_host
+from kernels.nki_host import mp2_energy as mp2_energy_host
+from kernels.nki_host import mp2_energy_os as mp2_energy_os_host
 from kernels.nki_host import trsm as trsm_host
 from kernels.nki_host.arrays import np32, np64
 from kernels.nki_host.fallback import FallbackPolicy
@@ -66,7 +68,7 @@ class NkiKernels:
     def transform_gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.policy.run(
             "transform_gemm",
-            lambda: self._tensor(split_gemm.transform_gemm(self.launcher, np32(a), np32(b))),
+            lambda: self._tensor(gemm_split_host.transform_gemm(self.launcher, np32(a), np32(b))),
             lambda: self._torch.transform_gemm(a.to(torch.float32), b.to(torch.float32)))
 
     def half_transform(self, rows: torch.Tensor, factor: torch.Tensor, first_row: int,
@@ -119,8 +121,9 @@ class NkiKernels:
                    diagonal_block: bool) -> tuple[float, float]:
         return self.policy.run(
             "mp2_energy",
-            lambda: same_spin.plain_sums(self.launcher, np32(pair_block), np64(denom_row),
-                                         np64(denom_col), int(nvir), bool(diagonal_block)),
+            lambda: mp2_energy_host.plain_sums(self.launcher, np32(pair_block),
+                                               np64(denom_row), np64(denom_col), int(nvir),
+                                               bool(diagonal_block)),
             lambda: self._torch.mp2_energy(pair_block.to(torch.float32), denom_row, denom_col,
                                            nvir, diagonal_block))
 
@@ -130,8 +133,8 @@ class NkiKernels:
         def nki_call() -> tuple[float, float]:
             rows = np32(b_row)
             cols = rows if b_col is b_row else np32(b_col)
-            return same_spin.fused_sums(self.launcher, rows, cols, np64(denom_row),
-                                        np64(denom_col), int(nvir), bool(diagonal_block))
+            return mp2_energy_host.fused_sums(self.launcher, rows, cols, np64(denom_row),
+                                              np64(denom_col), int(nvir), bool(diagonal_block))
 
         return self.policy.run(
             "mp2_energy", nki_call,
@@ -143,8 +146,9 @@ class NkiKernels:
                       denom_col: torch.Tensor, nvir_row: int, nvir_col: int) -> float:
         return self.policy.run(
             "mp2_energy",
-            lambda: opposite_spin.plain_sum(self.launcher, np32(pair_block), np64(denom_row),
-                                            np64(denom_col), int(nvir_row), int(nvir_col)),
+            lambda: mp2_energy_os_host.plain_sum(self.launcher, np32(pair_block),
+                                                 np64(denom_row), np64(denom_col), int(nvir_row),
+                                                 int(nvir_col)),
             lambda: self._torch.mp2_energy_os(pair_block.to(torch.float32), denom_row,
                                               denom_col, nvir_row, nvir_col))
 
@@ -153,9 +157,9 @@ class NkiKernels:
                             nvir_col: int) -> float:
         return self.policy.run(
             "mp2_energy",
-            lambda: opposite_spin.fused_sum(self.launcher, np32(b_row), np32(b_col),
-                                            np64(denom_row), np64(denom_col), int(nvir_row),
-                                            int(nvir_col)),
+            lambda: mp2_energy_os_host.fused_sum(self.launcher, np32(b_row), np32(b_col),
+                                                 np64(denom_row), np64(denom_col), int(nvir_row),
+                                                 int(nvir_col)),
             lambda: self._torch.mp2_energy_os_fused(b_row.to(torch.float32),
                                                     b_col.to(torch.float32), denom_row,
                                                     denom_col, nvir_row, nvir_col))

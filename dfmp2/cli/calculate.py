@@ -1,0 +1,142 @@
+"""The commands that compute one molecule or dimer: run, gradient, optimize and interaction."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import click
+
+from dfmp2.cli import views
+from dfmp2.cli.group import cli
+from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
+                               XYZ_FILE, environment_settings, with_options)
+from dfmp2.input.settings import RunSettings
+from dfmp2.jobs import interaction, optimize, run
+from dfmp2.system import distributed
+
+
+@cli.command("run")
+@click.argument("molecule", type=XYZ_FILE)
+@with_options(*CALCULATION_OPTIONS, *XC_OPTIONS, *MOLECULE_OPTIONS)
+@click.option("--allow-unconverged", is_flag=True, help="Accept an unconverged SCF.")
+@click.option("--check", is_flag=True,
+              help="Also run PySCF's DFMP2 on the same orbitals; exit 1 if they disagree.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Run record path (default: runs/<molecule>-<basis>.h5).")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in -o (also done whenever -o holds one).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--qcschema", "as_qcschema", is_flag=True,
+              help="Print the QCSchema AtomicResult as JSON (needs dfmp2[qcschema]).")
+@click.option("--qcschema-version", type=click.Choice(["1", "2"]), default=None,
+              help="QCSchema version printed by --qcschema (default 1: what "
+                   "qcelemental.models.AtomicResult reads and QCEngine returns for a dict "
+                   "input).")
+@click.pass_obj
+def run_command(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool,
+                qcschema_version: str | None, **options) -> int:
+    """Compute the DF-MP2 (or double-hybrid) energy of MOLECULE (an XYZ file) and write a run
+    record."""
+    settings = RunSettings(molecule=molecule, command=obj["command"], **options,
+                           **environment_settings())
+    if as_json and as_qcschema:
+        raise click.UsageError("give --json or --qcschema, not both")
+    if qcschema_version is not None and not as_qcschema:
+        raise click.UsageError("--qcschema-version goes with --qcschema")
+    qcschema = views.qcschema_module() if as_qcschema else None
+    world = distributed.init_world(distributed.launch_from(os.environ))
+    try:
+        if not world.is_root:
+            logging.getLogger().setLevel(logging.ERROR)
+            settings = replace(settings, show_progress=False)
+        outcome = run.run(settings, world)
+    finally:
+        world.close()
+    if not world.is_root:
+        return 0
+    if qcschema is not None:
+        views.print_qcschema(qcschema, settings, outcome, qcschema_version)
+    else:
+        views.print_outcome(outcome, as_json)
+    return outcome.exit_code
+
+
+@cli.command("gradient")
+@click.argument("molecule", type=XYZ_FILE)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@METHOD
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Record path (default: runs/<molecule>-<basis>-gradient.h5).")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted run in -o (also done whenever -o holds one).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: e_tot (the method's energy) and gradient.")
+@click.pass_obj
+def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int:
+    """The relaxed analytic DF-MP2 (SCS, SOS) gradient of MOLECULE, in Eh/Bohr."""
+    settings = RunSettings(molecule=molecule, command=obj["command"], task="gradient",
+                           **options, **environment_settings())
+    if settings.output is None:
+        settings = replace(settings, output=settings.output_path("-gradient"))
+    outcome = run.run(settings)
+    views.print_outcome(outcome, as_json)
+    return outcome.exit_code
+
+
+@cli.command("optimize")
+@click.argument("molecule", type=XYZ_FILE)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@METHOD
+@click.option("--convergence", default="GAU", show_default=True,
+              type=click.Choice(["GAU", "GAU_TIGHT", "GAU_VERYTIGHT", "GAU_LOOSE",
+                                 "NWCHEM_LOOSE", "TURBOMOLE", "INTERFRAG_TIGHT"],
+                                case_sensitive=False),
+              help="geomeTRIC's convergence criteria.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Record (default: runs/<molecule>-<basis>-opt.h5); the final geometry goes "
+                   "beside it as .xyz.")
+@click.option("--resume", is_flag=True,
+              help="Continue the interrupted optimisation in -o (also done whenever -o holds "
+                   "one).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: the final energy and geometry.")
+@click.pass_obj
+def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int,
+                     as_json: bool, **options) -> int:
+    """Optimise the geometry of MOLECULE with geomeTRIC on the DF-MP2 (SCS, SOS) gradient."""
+    settings = RunSettings(molecule=molecule, command=obj["command"], **options,
+                           **environment_settings())
+    outcome = optimize.run(settings, convergence, max_steps)
+    click.echo(json.dumps(optimize.json_summary(outcome)) if as_json
+               else optimize.format_summary(outcome))
+    return 0
+
+
+@cli.command("interaction")
+@click.argument("dimer", type=XYZ_FILE)
+@with_options(*CALCULATION_OPTIONS, *XC_OPTIONS)
+@click.option("--split", type=click.IntRange(min=1), default=None,
+              help="Monomer A is the first N atoms (default: 'monomer A = first N atoms' in the "
+                   "comment line).")
+@click.option("--charges", default=None, help="Monomer charges a,b (default 0,0).")
+@click.option("--spins", default=None, help="Monomer spins (2S) a,b (default 0,0).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Record (default: runs/<dimer>-<basis>-interaction.h5).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def interaction_command(obj: dict, dimer: Path, split: int | None, charges: str | None,
+                        spins: str | None, output: Path | None, as_json: bool,
+                        **options) -> int:
+    """Counterpoise-corrected (and uncorrected) SCF, MP2 and SCS-MP2 interaction energies."""
+    settings = RunSettings(molecule=dimer, command=obj["command"], **options,
+                           **environment_settings())
+    outcome = interaction.run_interaction(settings, split,
+                                          interaction.parse_pair(charges, "--charges"),
+                                          interaction.parse_pair(spins, "--spins"), output)
+    click.echo(json.dumps(interaction.json_summary(outcome.record, outcome.path)) if as_json
+               else interaction.format_table(outcome.record, outcome.path))
+    return 0

@@ -1,0 +1,104 @@
+"""The commands over many molecules or finished records: batch, bench, compare and show."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from dfmp2.cli import views
+from dfmp2.cli.calculate import interaction_command, run_command
+from dfmp2.cli.group import cli
+from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, VERBOSE, XC_OPTIONS,
+                               XYZ_FILE, environment_settings, with_options)
+from dfmp2.errors import RunFailure
+from dfmp2.input.settings import RunSettings
+from dfmp2.jobs import batch, bench, compare
+from dfmp2.records.tree import read_record
+from dfmp2.system import distributed
+
+
+@cli.command("batch")
+@click.argument("inputs", nargs=-1, required=True)
+@with_options(*CALCULATION_OPTIONS, *XC_OPTIONS)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("runs/batch"), show_default=True, help="Folder for the records.")
+@click.option("--shard", default=None,
+              help="Run every N-th molecule from K (K/N); default: this task's position in a "
+                   "Slurm array (SLURM_ARRAY_TASK_ID, _MIN, _STEP, _COUNT).")
+@click.option("--check", is_flag=True, help="Compare each molecule with PySCF's DFMP2.")
+@click.option("--interaction", "dimers", is_flag=True,
+              help="Treat every XYZ input as a dimer (split from its comment line).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary rows as JSON.")
+@click.pass_obj
+def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str | None,
+                  dimers: bool, as_json: bool, **options) -> int:
+    """Run many molecules (XYZ files, globs or manifests), one record each in --out.
+
+    A manifest has one molecule per line, `path.xyz [dfmp2 run options]`; '#' starts a comment.
+    A line with `--split N` (and `--charges a,b`, `--spins a,b`) is a dimer for a counterpoise
+    interaction-energy job. A line that cannot run is recorded as failed and the rest run.
+    Complete records of the same inputs are skipped, so a rerun finishes an interrupted batch.
+    A molecule whose record another dfmp2 run is writing is left to that run, not failed.
+    """
+    # Manifest lines are parsed with the options of the commands they stand for.
+    commands = {"run": run_command, "interaction": interaction_command}
+    items = batch.collect_items(list(inputs), commands, dimers)
+    launch = distributed.launch_from(os.environ)
+    shard_k_n = batch.parse_shard(shard, os.environ, launch.rank, launch.size)
+    base = RunSettings(molecule=Path(), command=obj["command"], **options,
+                       **environment_settings())
+    rows = batch.run_batch(items, base, out_dir, shard_k_n)
+    rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
+    views.print_batch(rows, csv_path, json_path, as_json)
+    failed = [row for row in rows if row["status"] == "failed"]
+    if failed:
+        names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)
+        raise RunFailure(f"{len(failed)} of {len(rows)} molecules failed: {names}")
+    return 0
+
+
+@cli.command("bench")
+@click.argument("molecule", type=XYZ_FILE)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Timed repeats; medians are reported (the machine may be shared).")
+@click.option("--skip-pyscf", is_flag=True, help="Time dfmp2 only.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+              help="Benchmark record (default: runs/bench-<molecule>-<basis>-<precision>.h5).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def bench_command(obj: dict, molecule: Path, repeat: int, skip_pyscf: bool, as_json: bool,
+                  **options) -> int:
+    """Time PySCF's DFMP2 and dfmp2's MP2 stage on the same SCF orbitals."""
+    settings = RunSettings(molecule=molecule, command=obj["command"], **options,
+                           **environment_settings())
+    summary, text = bench.run_bench(settings, repeat, skip_pyscf)
+    click.echo(json.dumps(summary) if as_json else text)
+    return 0
+
+
+@cli.command("compare")
+@click.argument("records", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--reference", type=click.Choice(["first", "pyscf"]), default="first",
+              show_default=True,
+              help="Compare with the first record, or with PySCF recomputed from each record's "
+                   "settings.")
+@click.option("--json", "as_json", is_flag=True)
+@VERBOSE
+def compare_command(records: tuple[Path, ...], reference: str, as_json: bool) -> int:
+    """Energies of run records side by side, with differences."""
+    views.print_comparison(compare.compare(list(records), reference), as_json)
+    return 0
+
+
+@cli.command("show")
+@click.argument("record", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--all", "show_all", is_flag=True, help="Every attribute and dataset.")
+@VERBOSE
+def show_command(record: Path, show_all: bool) -> int:
+    """Print a run record readably."""
+    views.print_record(read_record(record), show_all)
+    return 0

@@ -1,0 +1,155 @@
+"""The option sets the commands share, their parameter types, and the RunSettings fields read
+from environment variables."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+import kernels
+from dfmp2.errors import Dfmp2Error
+from dfmp2.input.calculation import REFERENCES
+from dfmp2.input.functionals import GRID_LEVELS, known_names
+from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.scf.engine import ENGINES
+from dfmp2.scf.reference import SCF_METHODS
+from dfmp2.system.memory import parse_size
+
+XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+REQUIRE_NKI_ENV = "DFMP2_REQUIRE_NKI"
+NKI_MODE_ENV = "DFMP2_NKI_MODE"
+# The real NKI simulator targets trn3 unless told otherwise; our kernels are written for trn1.
+NKI_PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+# Published SCS and double-hybrid scales lie between 0 and 2; this bound only stops factors
+# whose products with an energy would be meaningless or overflow.
+MAX_SCALE_FACTOR = 100.0
+
+
+class MemorySize(click.ParamType):
+    name = "size"
+
+    def convert(self, value: str | int, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except Dfmp2Error as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class ScaleFactor(click.ParamType):
+    """An energy scale factor: a finite number of ordinary size. NaN, infinities and huge
+    factors would end up as non-finite or absurd energies, which ``--json`` cannot hold."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if abs(number) > MAX_SCALE_FACTOR:
+            self.fail(f"{value!r} is not a scale factor: give a number between "
+                      f"-{MAX_SCALE_FACTOR:g} and {MAX_SCALE_FACTOR:g}", param, ctx)
+        return number
+
+
+def set_verbosity(ctx: click.Context, param: click.Parameter, count: int) -> None:
+    if count:
+        level = logging.INFO if count == 1 else logging.DEBUG
+        logging.getLogger().setLevel(min(logging.getLogger().level, level))
+
+
+VERBOSE = click.option("-v", "--verbose", count=True, expose_value=False, callback=set_verbosity,
+                       help="More log output on stderr (-vv for debug).")
+
+CALCULATION_OPTIONS = (
+    click.option("--basis", default="cc-pvdz", show_default=True,
+                 help="Orbital basis (PySCF name)."),
+    click.option("--auxbasis", default=None,
+                 help="Auxiliary (RI) basis for MP2; default: the MP2-fit partner of --basis."),
+    click.option("--ecp", default=None,
+                 help="Effective core potentials: a PySCF name, or 'none' for all-electron "
+                      "(default: those of --basis, e.g. def2-* from Rb on)."),
+    click.option("--frozen-core", is_flag=True, help="Freeze PySCF's standard core orbitals."),
+    click.option("--backend", type=click.Choice(kernels.BACKENDS), default="auto",
+                 show_default=True, help="Kernel backend: nki on Trainium, torch elsewhere."),
+    click.option("--precision", type=click.Choice(kernels.PRECISIONS), default=None,
+                 help="Contraction precision (default fp64 on torch; NKI is fp32)."),
+    click.option("--fused-energy", is_flag=True,
+                 help="Form (ia|jb) tiles and reduce them in one kernel, never storing the "
+                      "block."),
+    click.option("--memory", type=MemorySize(), default=None,
+                 help="Memory budget, e.g. 4GB (default: 60% of available RAM)."),
+    click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
+                 show_default=True, help="Density-fitted (JK-fit) or conventional SCF."),
+    click.option("--scf-engine", type=click.Choice(ENGINES), default="kernels",
+                 show_default=True,
+                 help="Who builds the density-fitted SCF's J and K: our kernels or PySCF."),
+    click.option("--threads", type=click.IntRange(min=1), default=None,
+                 help="Threads for torch and PySCF (default: all available cores)."),
+    click.option("--scs-os", type=ScaleFactor(), default=SCS_OS_DEFAULT, show_default=True,
+                 help="SCS-MP2 opposite-spin scale."),
+    click.option("--scs-ss", type=ScaleFactor(), default=SCS_SS_DEFAULT, show_default=True,
+                 help="SCS-MP2 same-spin scale."),
+    click.option("--stability", is_flag=True,
+                 help="Check a closed-shell SCF's internal stability too (open shells always "
+                      "are); an unstable reference is reported with a warning."),
+    VERBOSE,
+)
+
+XC_OPTIONS = (
+    click.option("--xc", default=None,
+                 help=f"Double hybrid on a Kohn-Sham reference: {known_names()}, or a PySCF "
+                      "exchange-correlation string with --mp2-os and --mp2-ss."),
+    click.option("--mp2-os", type=ScaleFactor(), default=None,
+                 help="Opposite-spin MP2 scale of a custom --xc."),
+    click.option("--mp2-ss", type=ScaleFactor(), default=None,
+                 help="Same-spin MP2 scale of a custom --xc."),
+    click.option("--grid", type=click.IntRange(GRID_LEVELS.start, GRID_LEVELS.stop - 1),
+                 default=None, help="PySCF integration grid level for --xc (default: PySCF's, 3)."),
+)
+
+MOLECULE_OPTIONS = (
+    click.option("--charge", type=int, default=None,
+                 help="Total charge (default: 'charge=N' in the XYZ comment, else 0)."),
+    click.option("--spin", type=int, default=None,
+                 help="2S = N_alpha - N_beta (default: from 'multiplicity=M' in the comment, "
+                      "else 0)."),
+    click.option("--frozen", type=click.IntRange(min=0), default=None,
+                 help="Freeze this many lowest occupied orbitals."),
+    click.option("--reference", type=click.Choice(REFERENCES), default="auto",
+                 show_default=True,
+                 help="SCF reference: RHF for closed shells and UHF for spin > 0 unless given."),
+    click.option("--occ-block", type=click.IntRange(min=1), default=None,
+                 help="Occupied orbitals per energy block (default: from --memory)."),
+    click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
+                 help="Folder for the out-of-core B file (default: beside the record)."),
+)
+
+METHOD = click.option("--method", type=click.Choice(METHODS), default="mp2", show_default=True,
+                      help="Whose gradient: MP2, SCS-MP2 (with --scs-os/--scs-ss) or SOS-MP2.")
+
+
+def with_options(*options: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Apply click option decorators in the order listed (so --help lists them that way)."""
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+def environment_settings() -> dict:
+    """The RunSettings fields that come from environment variables."""
+    mode = os.environ.get(NKI_MODE_ENV, "").strip().lower() or None
+    return {"nki_mode": mode, "require_nki": os.environ.get(REQUIRE_NKI_ENV, "") == "1"}

@@ -1,0 +1,69 @@
+"""What the commands print on stdout: text reports and ``--json`` / ``--qcschema`` objects."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import click
+
+from dfmp2.input.settings import RunSettings
+from dfmp2.jobs import batch, compare
+from dfmp2.jobs.run import RunOutcome
+from dfmp2.records import report
+from dfmp2.records.tree import SCHEMA, Node, schema
+from dfmp2.system.files import printable
+
+
+def print_outcome(outcome: RunOutcome, as_json: bool) -> None:
+    """A finished run's summary on stdout: one JSON object, or the text report."""
+    if as_json:
+        click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
+    else:
+        click.echo(report.summary(outcome.record))
+        click.echo(f"\nrecord written to {outcome.path}")
+
+
+def qcschema_module() -> ModuleType:
+    """:mod:`dfmp2.interfaces.qcschema`, or a usage error saying how to install what it needs."""
+    try:
+        from dfmp2.interfaces import qcschema
+    except ImportError as exc:
+        raise click.UsageError(f"--qcschema needs qcelemental ({exc.msg}); install it with "
+                               "pip install 'dfmp2[qcschema]'") from None
+    return qcschema
+
+
+def print_qcschema(qcschema: ModuleType, settings: RunSettings, outcome: RunOutcome,
+                   version: str | None) -> None:
+    """A finished run as a QCSchema AtomicResult of ``version`` (default: the module's)."""
+    result = qcschema.atomic_result(qcschema.run_input(settings, outcome.record),
+                                    outcome.record, outcome.path)
+    click.echo(qcschema.serialized(result, int(version or qcschema.DEFAULT_PRINTED_VERSION)))
+
+
+def print_record(root: Node, show_all: bool) -> None:
+    """A record's summary, or every attribute and dataset when asked or when the summary cannot
+    read it (another schema)."""
+    detailed = show_all or schema(root) != SCHEMA
+    click.echo(printable(report.dump(root) if detailed else report.summary(root)))
+
+
+def print_batch(rows: list[dict], csv_path: Path, json_path: Path, as_json: bool) -> None:
+    """A batch's summary rows, and where their CSV and JSON copies were written."""
+    click.echo(json.dumps(rows, default=str) if as_json else
+               f"{batch.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
+
+
+def print_comparison(pairs: list[tuple[compare.Row, compare.Row | None]], as_json: bool) -> None:
+    """Records' energies side by side, each with its difference from the record it is compared
+    against (none for the reference itself)."""
+    if as_json:
+        click.echo(json.dumps([{"record": row.label, "e_scf": row.e_scf, "e_corr": row.e_corr,
+                                "e_tot": row.e_tot,
+                                "against": against.label if against else None,
+                                "delta_e_corr": row.e_corr - against.e_corr if against else None,
+                                "delta_e_tot": row.e_tot - against.e_tot if against else None}
+                               for row, against in pairs]))
+    else:
+        click.echo(printable(compare.format_table(pairs)))

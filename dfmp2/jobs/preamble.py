@@ -1,0 +1,199 @@
+"""What every job does before its first calculation, written once: the output checked, the
+molecule read, the environment resolved (kernel sets, budget, threads, scratch), each
+calculation defined, its block plan made (which refuses a hopeless budget before the SCF), and
+its inputs as the record will hold them.
+
+``dfmp2 run`` (:mod:`dfmp2.jobs.run`), ``interaction`` and ``optimize`` start with
+:func:`start_job` and take what they need from the :class:`Job`.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyscf
+import torch
+
+import dfmp2
+import kernels
+from dfmp2.errors import InputError
+from dfmp2.grad import kernel as gradient
+from dfmp2.input.calculation import Calculation, CalculationRequest, define_calculation
+from dfmp2.input.functionals import resolve_functional
+from dfmp2.input.settings import DEFAULT_OUTPUT_DIR, RunSettings
+from dfmp2.input.xyz import Geometry, read_xyz
+from dfmp2.mp2.kernel import plan_for
+from dfmp2.mp2.plan import BlockPlan
+from dfmp2.records.sections import BackendFacts, CalculationInputs
+from dfmp2.records.tree import SCHEMA, Node, is_record_file, new_record
+from dfmp2.scf.engine import ScfKernels, scf_kernels
+from dfmp2.scf.reference import check_scf_memory
+from dfmp2.system.distributed import World
+from dfmp2.system.files import FILE, check_name_length, existing_kind, link_refusal
+from dfmp2.system.memory import memory_budget
+
+
+def check_output_path(path: Path, resume: bool = False) -> None:
+    """Refuse, before any work, an output we could not write or would clobber: also a link
+    or anything but a regular file at ``path`` (reading a FIFO would wait forever), and a name
+    too long for the names dfmp2 derives from it."""
+    parent = path.parent if str(path.parent) else Path(".")
+    check_name_length(path, parent)
+    kind = existing_kind(path)
+    if kind == "a directory":
+        raise InputError(f"output {path} is a directory; give a file name such as {path}/run.h5")
+    if kind == "a symbolic link":
+        raise link_refusal(path)
+    if kind not in (None, FILE):
+        raise InputError(f"output {path} is {kind}, not a regular file; choose another -o")
+    if kind == FILE and not is_record_file(path):
+        if resume:
+            raise InputError(f"cannot resume from {path}: it is not a readable dfmp2 run record")
+        raise InputError(f"output {path} exists and is not a dfmp2 run record; "
+                         "choose another -o path")
+    if parent == DEFAULT_OUTPUT_DIR and not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+    if not parent.is_dir():
+        raise InputError(f"output folder {parent} does not exist; create it or choose another -o")
+    try:
+        probe_fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError:
+        raise InputError(f"output folder {parent} is not writable; choose another -o") from None
+    os.close(probe_fd)
+    os.unlink(probe)
+
+
+def apply_threads(threads: int | None) -> int:
+    """Use ``threads`` (default: every core available to us) in torch and PySCF alike."""
+    count = threads if threads else len(os.sched_getaffinity(0))
+    if count < 1:
+        raise InputError("--threads must be at least 1")
+    torch.set_num_threads(count)
+    pyscf.lib.num_threads(count)
+    return count
+
+
+def versions() -> dict[str, str]:
+    return {"dfmp2": dfmp2.__version__, "pyscf": pyscf.__version__, "torch": str(torch.__version__),
+            "numpy": np.__version__, "h5py": h5py.__version__,
+            "python": platform.python_version()}
+
+
+@dataclass
+class Environment:
+    """What a job resolves once: the kernel sets (MP2's and the SCF's), memory budget,
+    threads and scratch folder."""
+
+    kernel_set: object
+    scf_kernels: ScfKernels
+    budget: int
+    threads: int
+    scratch_dir: Path
+    world: World = field(default_factory=World)
+
+
+def resolve_environment(settings: RunSettings, record_path: Path,
+                        world: World | None = None) -> Environment:
+    try:
+        kernel_set = kernels.load(settings.backend, settings.precision,
+                                  nki_mode=settings.nki_mode, require_nki=settings.require_nki)
+        scf_kernel_sets = scf_kernels(settings.backend, settings.precision, settings.nki_mode,
+                                      settings.require_nki)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    scratch_dir = Path(settings.scratch) if settings.scratch else record_path.parent
+    if not scratch_dir.is_dir() or not os.access(scratch_dir, os.W_OK | os.X_OK):
+        raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
+                         "choose another with --scratch")
+    threads = apply_threads(settings.threads)
+    return Environment(kernel_set, scf_kernel_sets, memory_budget(settings.memory), threads,
+                       scratch_dir, world or World())
+
+
+def request_of(settings: RunSettings, charge: int | None, spin: int | None,
+               ghosts: frozenset[int] = frozenset()) -> CalculationRequest:
+    if settings.xc is not None and settings.task == "gradient":
+        raise InputError("analytic gradients of double hybrids are not implemented; drop --xc "
+                         "for an MP2 (SCS, SOS) gradient")
+    return CalculationRequest(basis=settings.basis, auxbasis=settings.auxbasis, ecp=settings.ecp,
+                              charge=charge, spin=spin, reference=settings.reference,
+                              frozen_core=settings.frozen_core, frozen=settings.frozen,
+                              scf_method=settings.scf_method, ghosts=ghosts,
+                              functional=resolve_functional(settings.xc, settings.mp2_os,
+                                                            settings.mp2_ss),
+                              grid=settings.grid)
+
+
+def active_sizes(calc: Calculation) -> list[tuple[int, int]]:
+    """(active occupied, virtual) per spin channel, from the electron count: the SCF does not
+    change them."""
+    nao = calc.mol.nao_nr()
+    counts = [calc.nocc[0]] if calc.reference == "rhf" else list(calc.nocc)
+    return [(n - calc.nfrozen, nao - n) for n in counts]
+
+
+def make_plan(calc: Calculation, settings: RunSettings, env: Environment,
+              occ_block: int | None = None) -> BlockPlan:
+    """The MP2 block plan of ``calc`` (``occ_block`` or ``--occ-block`` when given), made before
+    the SCF so that a budget too small for the SCF, for one MP2 block or for the gradient's
+    work blocks is refused before any work."""
+    nao, naux = calc.mol.nao_nr(), calc.auxbasis_functions()
+    sizes = active_sizes(calc)
+    check_scf_memory(nao, calc.reference, env.budget)
+    plan = plan_for(sizes, naux, nao, env.kernel_set, env.budget, settings.fused_energy,
+                    occ_block or settings.occ_block, env.world.size)
+    if settings.task in ("gradient", "optimize"):
+        gradient.check_budget(max(n for n, _ in sizes), max(v for _, v in sizes), naux, nao,
+                              env.budget)
+    return plan
+
+
+def run_inputs(calc: Calculation, settings: RunSettings, env: Environment) -> CalculationInputs:
+    return replace(calc.inputs(str(settings.molecule)), backend=env.kernel_set.backend,
+                   precision=env.kernel_set.precision, fused_energy=settings.fused_energy,
+                   scf_engine=settings.scf_engine if calc.scf_method == "df" else "pyscf",
+                   task=settings.task, method=settings.method,
+                   scs_os=settings.scs_os, scs_ss=settings.scs_ss,
+                   allow_unconverged=settings.allow_unconverged, check=settings.check,
+                   memory_bytes=env.budget, threads=env.threads, scratch=str(env.scratch_dir))
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job after its preamble: the settings, the record's path, the molecule and the
+    environment."""
+
+    settings: RunSettings
+    path: Path
+    geometry: Geometry
+    env: Environment
+
+    def calculation(self, charge: int | None, spin: int | None,
+                    ghosts: frozenset[int] = frozenset(), geometry: Geometry | None = None,
+                    settings: RunSettings | None = None) -> Calculation:
+        """One calculation of this job: the job's molecule (or ``geometry``), defined and
+        checked."""
+        settings = settings or self.settings
+        return define_calculation(geometry if geometry is not None else self.geometry,
+                                  request_of(settings, charge, spin, ghosts))
+
+    def new_record(self, schema: str = SCHEMA) -> Node:
+        root = new_record(schema, self.settings.command, versions())
+        kernel_set = self.env.kernel_set
+        BackendFacts(kernel_set.backend, kernel_set.precision, str(kernel_set.device),
+                     self.settings.fused_energy).write(root)
+        return root
+
+
+def start_job(settings: RunSettings, path: Path, world: World | None = None,
+              geometry: Geometry | None = None) -> Job:
+    """The preamble of a job writing the record at ``path``: the output checked, the molecule
+    (``geometry``, else the XYZ file of ``settings``) read, the environment resolved."""
+    check_output_path(path, settings.resume)
+    geometry = geometry if geometry is not None else read_xyz(settings.molecule)
+    return Job(settings, path, geometry, resolve_environment(settings, path, world))

@@ -1,0 +1,74 @@
+"""``dfmp2 run`` and ``dfmp2 gradient`` (and each molecule of ``dfmp2 batch``): one
+calculation from options to record, input -> reference -> plan -> MP2 (or gradient) ->
+record.
+
+The record is checkpointed after the SCF and after every block pair, and a run restarted on
+the same record skips both. With a world of several ranks, rank 0 alone writes the record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dfmp2.df.store import ScratchArea
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import Geometry
+from dfmp2.jobs.check import run_check
+from dfmp2.jobs.preamble import make_plan, run_inputs, start_job
+from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded
+from dfmp2.jobs.stages import RunContext, calculate, gradient_stage, reference_stage
+from dfmp2.records.checkpoint import RESUME, REUSE, PreviousRun, RecordSaver, examine_previous
+from dfmp2.records.tree import COMPLETE, SCHEMA, Node
+from dfmp2.system.distributed import World
+
+
+@dataclass
+class RunOutcome:
+    record: Node
+    path: Path
+    exit_code: int
+    reused: bool = False
+
+
+def run(settings: RunSettings, world: World | None = None, reuse_complete: bool = False,
+        geometry: Geometry | None = None, ghosts: frozenset[int] = frozenset()) -> RunOutcome:
+    """The whole job. With ``reuse_complete`` a complete record of the same inputs is returned
+    as it is (``batch`` reruns). The molecule is ``geometry`` when given (QCSchema, ASE), with
+    ``ghosts`` as ghost atoms, else the XYZ file ``settings.molecule``."""
+    world = world or World()
+    job = start_job(settings, settings.output_path(), world, geometry)
+    path, env = job.path, job.env
+    calc = job.calculation(settings.charge, settings.spin, ghosts)
+    plan = make_plan(calc, settings, env)
+    inputs = run_inputs(calc, settings, env)
+    with RecordSession(path, env) as session:
+        previous = PreviousRun("fresh")
+        if world.is_root:
+            previous = examine_previous(path, SCHEMA, inputs, settings.resume, reuse_complete)
+        action = world.broadcast(previous.action, "sharing the resume decision")
+        if action == REUSE:
+            return RunOutcome(previous.record, path, 0, reused=True)
+        root = job.new_record()
+        inputs.write(root)
+        scratch = ScratchArea(env.scratch_dir, f"{path.name}.run")
+        ctx = RunContext(calc, settings, env, root, scratch, plan,
+                         RecordSaver(path, root) if world.is_root else None,
+                         previous.record if action == RESUME else None)
+
+        def work() -> int:
+            if ctx.saver is not None:
+                ctx.saver.save()
+            passed = True
+            if settings.task == "gradient":
+                gradient_stage(ctx, reference_stage(ctx, keep_integrals=True))
+            else:
+                outcome = calculate(ctx)
+                if settings.check and world.is_root:
+                    passed = run_check(calc, outcome, env.kernel_set.precision, root)
+            session.finish(root, COMPLETE)
+            return 0 if passed else 1
+
+        exit_code = guarded(session, root, work)
+        if previous.superseded is not None and world.is_root:
+            drop_identical_copy(previous.superseded, inputs)
+    return RunOutcome(root, path, exit_code)

@@ -1,0 +1,123 @@
+"""The record a job writes, from its lock to its last status: locked for the whole job, saved
+as it goes, and ended ``complete``, ``failed`` or ``interrupted`` whatever happens (a full
+disk and a signal during the last write included), with no temporary file left.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
+from dfmp2.jobs.preamble import Environment
+from dfmp2.records.lock import RecordLock
+from dfmp2.records.sections import (CalculationInputs, read_inputs, write_kernel_ledger,
+                                    write_timings)
+from dfmp2.records.tree import (FAILED, INTERRUPTED, Node, RecordWriteError, read_record,
+                                set_status, write_record)
+from dfmp2.system.files import refuse_links_named_after
+
+log = logging.getLogger(__name__)
+# Tries at the final record write of a failed run before a signal is allowed to stop it.
+FINAL_WRITE_ATTEMPTS = 3
+
+class RecordSession:
+    """A record this process writes: locked for the whole run, saved as it goes, and ended
+    ``complete``, ``failed`` or ``interrupted`` whatever happens, with no temporary file left.
+    On ranks other than 0 it only runs the body."""
+
+    def __init__(self, path: Path, env: Environment) -> None:
+        self.path, self.env = path, env
+        self.lock = RecordLock(path) if env.world.is_root else None
+        self.t_start = time.perf_counter()
+
+    def __enter__(self) -> "RecordSession":
+        if self.lock is not None:
+            self.lock.acquire()
+            try:
+                refuse_links_named_after(self.path, [self.path.parent, self.env.scratch_dir],
+                                         "choose another -o or --scratch")
+            except BaseException:
+                self.lock.release()
+                raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def finish(self, root: Node, state: str, error: str | None = None) -> None:
+        set_status(root, state, error)
+        accounting = self.env.kernel_set.accounting
+        write_kernel_ledger(root, dict(accounting.calls), accounting.fallbacks,
+                            list(accounting.fallback_reasons), self.env.kernel_set.report())
+        write_timings(root, {"total": time.perf_counter() - self.t_start})
+        if self.env.world.is_root:
+            write_record(self.path, root)
+
+    def fail(self, root: Node, exc: BaseException) -> str | None:
+        """End the record after ``exc``. When the full record cannot be written (a full disk),
+        a small one that still says what happened is tried; returns why neither could be."""
+        state = INTERRUPTED if isinstance(exc, Interrupted) else FAILED
+        text = str(exc) if isinstance(exc, Dfmp2Error) else f"internal error: {exc!r}"
+        try:
+            self._finish_despite_signals(root, state, text)
+        except RecordWriteError:
+            try:
+                self.finish(without_datasets(root), state, text)
+            except Dfmp2Error as write_error:
+                return str(write_error)
+        except Dfmp2Error as write_error:
+            return str(write_error)
+        return None
+
+    def _finish_despite_signals(self, root: Node, state: str, error: str) -> None:
+        """End the record with everything it holds, even when a signal interrupts the write
+        (torchrun's SIGTERM to the ranks left after one died, a second Ctrl-C): the run is
+        stopping anyway, and a smaller record would lose finished work."""
+        for _ in range(FINAL_WRITE_ATTEMPTS - 1):
+            try:
+                self.finish(root, state, error)
+                return
+            except Interrupted:
+                log.info("a signal interrupted the final record write; writing it again")
+        self.finish(root, state, error)
+
+def without_datasets(node: Node) -> Node:
+    """The record's attributes alone: what was run and how it ended, without the orbitals."""
+    return Node(attrs=dict(node.attrs),
+                groups={name: without_datasets(child) for name, child in node.groups.items()})
+
+def guarded(session: RecordSession, root: Node, work):
+    """Run ``work()``; any failure ends the record as failed (or interrupted) before it is
+    raised again, with the record's path in the message of user-facing errors."""
+    try:
+        return work()
+    except MemoryError:
+        error = RunFailure("out of memory; lower --memory so that dfmp2 plans for less, or "
+                           "use a machine with more")
+        raise RunFailure(f"{error}{_record_note(session, root, error)}") from None
+    except Dfmp2Error as exc:
+        exc.args = (f"{exc}{_record_note(session, root, exc)}",)
+        raise
+    except BaseException as exc:
+        session.fail(root, exc)
+        raise
+
+def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
+    """`` (record PATH)``, or why the record could not say what happened."""
+    unwritten = session.fail(root, exc)
+    if unwritten is None:
+        return f" (record {session.path})"
+    if isinstance(exc, RecordWriteError):
+        return ""
+    return f" (record {session.path} not updated: {unwritten})"
+
+def drop_identical_copy(superseded: Path, inputs: CalculationInputs) -> None:
+    """The set-aside complete record is redundant once a run of the same inputs completed."""
+    with contextlib.suppress(Dfmp2Error, OSError):
+        stored = read_inputs(read_record(superseded))
+        if stored is not None and not stored.differing(inputs, CalculationInputs.REUSE_FIELDS):
+            superseded.unlink()
+            log.info("removed %s: the new record holds the same calculation", superseded)

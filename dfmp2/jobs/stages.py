@@ -1,0 +1,228 @@
+"""The stages of one calculation, each handed one :class:`RunContext` and returning what it
+made: the reference (SCF), the MP2 energy, the gradient. Each writes its sections into the
+context's record node; with a saver the record is saved after the SCF and after every block
+pair, and the work of an interrupted run (``previous``) is reused instead of recomputed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dfmp2.df.store import ScratchArea
+from dfmp2.errors import RunFailure
+from dfmp2.grad import kernel as gradient
+from dfmp2.grad.kernel import GradientResult
+from dfmp2.input.calculation import Calculation
+from dfmp2.input.settings import RunSettings
+from dfmp2.jobs.preamble import Environment, make_plan
+from dfmp2.mp2 import kernel as mp2
+from dfmp2.mp2.methods import SOS_OS_DEFAULT, method_scales
+from dfmp2.mp2.pairs import Mp2Energies, PairLedger
+from dfmp2.mp2.plan import BlockPlan
+from dfmp2.records.checkpoint import RecordSaver, resumable_pairs, stored_occ_block
+from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section,
+                                    PlanSection, ScfEngineSection, Sizes, read_scf,
+                                    write_distributed, write_gradient, write_kernel_ledger,
+                                    write_scf, write_timings)
+from dfmp2.records.tree import Node, set_resumed
+from dfmp2.scf.reference import (ScfOptions, ScfResult, release_integrals, restored_scf,
+                                 run_scf)
+
+
+@dataclass
+class RunContext:
+    """What every stage of one calculation is handed: what is computed (``calc``,
+    ``settings``), where (``env``, ``scratch``), into which record node (saved by ``saver``
+    as it goes), from which interrupted run (``previous``), with the block plan made once
+    before the SCF, and the stage timings gathered so far."""
+
+    calc: Calculation
+    settings: RunSettings
+    env: Environment
+    node: Node
+    scratch: ScratchArea
+    plan: BlockPlan
+    saver: RecordSaver | None = None
+    previous: Node | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CalculationOutcome:
+    scf: ScfResult
+    mp2: mp2.Mp2Result
+
+
+def obtain_reference(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
+    """Rank 0's SCF (restored from an interrupted run's record when there is one) on every
+    rank; the other ranks get the orbitals, not the PySCF object."""
+    world, settings = ctx.env.world, ctx.settings
+    options = ScfOptions(settings.scf_engine, ctx.env.scf_kernels, ctx.env.budget, ctx.scratch,
+                         keep_integrals, stability=settings.stability)
+    result = None
+    if world.is_root:
+        stored = read_scf(ctx.previous) if ctx.previous is not None else None
+        if stored is not None and stored[1] is not None:
+            result = restored_scf(ctx.calc, stored[0], stored[1], options)
+        else:
+            result = run_scf(ctx.calc, options)
+    if world.size == 1:
+        return result
+    section, orbitals = world.broadcast(None if result is None else
+                                        (result.section, result.orbitals),
+                                        "sharing the SCF orbitals")
+    return result if result is not None else ScfResult(section, orbitals)
+
+
+def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
+    """The SCF into the context's node (saved when there is a saver); an unconverged SCF is a
+    failure unless allowed."""
+    t0 = time.perf_counter()
+    scf_result = obtain_reference(ctx, keep_integrals)
+    ctx.timings["scf"] = time.perf_counter() - t0
+    set_resumed(ctx.node, ctx.previous is not None)
+    write_scf(ctx.node, scf_result.section, scf_result.orbitals)
+    if scf_result.engine is not None:
+        scf_result.engine.write(ctx.node)
+        engine_kernels = ctx.env.scf_kernels
+        ledger = engine_kernels.accounting
+        write_kernel_ledger(ctx.node, dict(ledger.calls), ledger.fallbacks,
+                            list(ledger.fallback_reasons), engine_kernels.fast.report(),
+                            ScfEngineSection.group_name)
+    write_timings(ctx.node, ctx.timings)
+    if ctx.saver is not None and ctx.env.world.is_root:
+        ctx.saver.save()
+    if not scf_result.converged and not ctx.settings.allow_unconverged:
+        raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
+                         "rerun with --allow-unconverged to accept it")
+    return scf_result
+
+
+def reconciled_plan(ctx: RunContext) -> BlockPlan:
+    """The plan made before the SCF, unless an interrupted run's checkpoint used another block
+    size and none was asked for: then that size, so that its finished pairs count."""
+    stored = stored_occ_block(ctx.previous)
+    if ctx.settings.occ_block is None and stored is not None and stored != ctx.plan.occ_block:
+        return make_plan(ctx.calc, ctx.settings, ctx.env, stored)
+    return ctx.plan
+
+
+def mp2_stage(ctx: RunContext, scf_result: ScfResult) -> mp2.Mp2Result:
+    """The MP2 stage into the context's node, each finished block pair saved when there is a
+    saver; rank 0's plan and finished pairs on every rank."""
+    world, calc = ctx.env.world, ctx.calc
+    t_mp2 = time.perf_counter()
+    orbitals = mp2.Orbitals(scf_result.orbitals.mo_energy, scf_result.orbitals.mo_coeff,
+                            scf_result.orbitals.mo_occ, calc.nfrozen)
+    fit = mp2.fit_basis(calc.mol, calc.auxbasis)
+    ctx.timings["metric"] = time.perf_counter() - t_mp2
+    shared = None
+    if world.is_root:
+        plan = reconciled_plan(ctx)
+        shared = (plan, resumable_pairs(ctx.previous, plan))
+    plan, finished = world.broadcast(shared, "sharing the block plan")
+    ledger = PairLedger(finished)
+    if ctx.saver is not None and world.is_root:
+        ctx.saver.start_pairs(plan.occ_block, finished)
+        ledger.on_finish = ctx.saver.add_pair
+    result = mp2.kernel(calc.mol, orbitals, fit, ctx.env.kernel_set, plan,
+                        mp2.Execution(world, ctx.scratch, ledger, ctx.settings.show_progress))
+    ctx.timings["mp2"] = time.perf_counter() - t_mp2
+    ctx.timings.update(result.timings)
+    write_mp2_result(ctx, scf_result, result)
+    return result
+
+
+def write_mp2_result(ctx: RunContext, scf_result: ScfResult, result: mp2.Mp2Result) -> None:
+    node, plan = ctx.node, result.plan
+    write_timings(node, ctx.timings)
+    nocc, nvir = result.nocc, result.nvir
+    Sizes(result.nao, result.naux, result.naux_fit, nocc[0], nvir[0], result.nfrozen,
+          ctx.calc.mol.natm, *((nocc[1], nvir[1]) if result.open_shell else ())).write(node)
+    PlanSection(plan.occ_block, plan.nblocks, plan.out_of_core, plan.b_bytes, plan.energy_bytes,
+                plan.build_block_bytes, plan.budget, result.metric_kind).write(node)
+    mp2_section(result.energies, scf_result.e_tot, ctx.settings).write(node)
+    if ctx.calc.functional is not None:
+        double_hybrid_section(ctx.calc, scf_result, result.energies).write(node)
+    world = ctx.env.world
+    if world.size > 1:
+        write_distributed(node, world.size, world.backend, result.ranks)
+
+
+def calculate(ctx: RunContext) -> CalculationOutcome:
+    """SCF and DF-MP2 of one calculation into the context's node."""
+    scf_result = reference_stage(ctx)
+    return CalculationOutcome(scf_result, mp2_stage(ctx, scf_result))
+
+
+def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf,
+                  scratch: ScratchArea) -> GradientResult:
+    """The relaxed gradient of the chosen method on the converged SCF ``mf``, within the
+    run's memory budget (its large tensors in ``scratch`` when they do not fit)."""
+    return gradient.kernel(mf, calc.nfrozen, calc.auxbasis, calc.jk_auxbasis, env.kernel_set,
+                           method_scales(settings.method, settings.scs_os, settings.scs_ss),
+                           settings.occ_block, env.budget, scratch)
+
+
+def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
+    """The relaxed DF-MP2 gradient of the chosen method into the context's node, with the MP2
+    energies it computed on the way."""
+    settings, node = ctx.settings, ctx.node
+    t0 = time.perf_counter()
+    try:
+        result = differentiate(ctx.calc, settings, ctx.env, scf_result.mf, ctx.scratch)
+    finally:
+        release_integrals(scf_result.mf)
+    ctx.timings["gradient"] = time.perf_counter() - t0
+    ctx.timings.update({f"gradient_{k}": v for k, v in result.timings.items()})
+    write_timings(node, ctx.timings)
+    mp2_section(Mp2Energies(result.e_os, result.e_ss), result.e_scf, settings).write(node)
+    if not np.all(np.isfinite(result.gradient)):
+        raise RunFailure(f"the {settings.method} gradient overflowed to non-finite numbers; "
+                         "give --scs-os/--scs-ss values of an ordinary size")
+    write_gradient(node, GradientSection(settings.method, result.e_tot, *result.scales,
+                                         result.jk_builds,
+                                         tensors="scratch" if result.out_of_core else "memory",
+                                         response_solver=result.response.solver,
+                                         response_iterations=result.response.iterations,
+                                         response_residual=result.response.residual),
+                   result.gradient)
+    return result
+
+
+def mp2_section(energies: Mp2Energies, e_scf: float, settings: RunSettings) -> Mp2Section:
+    """MP2, SCS-MP2 (with its scale factors) and SOS-MP2 (1.3 E_OS)."""
+    e_scs = energies.e_scs(settings.scs_os, settings.scs_ss)
+    return finite(Mp2Section(energies.e_corr, energies.e_os, energies.e_ss, e_scs,
+                             energies.e_sos(), e_scf + energies.e_corr, e_scf + e_scs,
+                             e_scf + energies.e_sos(), settings.scs_os, settings.scs_ss,
+                             SOS_OS_DEFAULT, **energies.components),
+                  "--scs-os/--scs-ss")
+
+
+def finite(section, scales: str):
+    """``section`` when every number in it is finite. Finite options can still overflow in a
+    product (``--scs-os 1.7e308``), and neither the record nor ``--json`` can hold the
+    result, so it is a failure that names the options to blame."""
+    bad = [name for name, value in dataclasses.asdict(section).items()
+           if isinstance(value, float) and not math.isfinite(value)]
+    if bad:
+        raise RunFailure(f"{', '.join(bad)} overflowed to a non-finite number; give {scales} "
+                         "values of an ordinary size")
+    return section
+
+
+def double_hybrid_section(calc: Calculation, scf_result: ScfResult,
+                          energies: Mp2Energies) -> DoubleHybridSection:
+    functional, scf = calc.functional, scf_result.section
+    return finite(DoubleHybridSection(functional.name, functional.xc, functional.os_scale,
+                                      functional.ss_scale, functional.source, scf.grid_level,
+                                      scf.grid_points, scf.e_tot,
+                                      functional.pt2(energies.e_os, energies.e_ss),
+                                      functional.total(scf.e_tot, energies.e_os,
+                                                       energies.e_ss)),
+                  "--mp2-os/--mp2-ss")
