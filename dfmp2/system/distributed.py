@@ -15,6 +15,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as torch_dist
 
@@ -106,6 +107,28 @@ class World:
         box = [value]
         _guard(lambda: torch_dist.broadcast_object_list(box, src=0), what)
         return box[0]
+
+    def allreduce_sum(self, array: np.ndarray, what: str) -> np.ndarray:
+        """The sum over ranks of ``array`` (float64), the same bits on every rank; it moves
+        ``array.size`` numbers, never a tensor the size of the molecule's integrals."""
+        if self.size == 1:
+            return array
+        buffer = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64).copy())
+        _guard(lambda: torch_dist.all_reduce(buffer, op=torch_dist.ReduceOp.SUM), what)
+        return buffer.numpy()
+
+    def broadcast_array(self, array: np.ndarray, what: str) -> np.ndarray:
+        """Rank 0's ``array`` (float64, the same shape on every rank) on every rank."""
+        if self.size == 1:
+            return array
+        buffer = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64).copy())
+        _guard(lambda: torch_dist.broadcast(buffer, src=0), what)
+        return buffer.numpy()
+
+    def share(self, count: int) -> range:
+        """This rank's contiguous share of ``count`` items (rank r of R takes the r-th of R
+        nearly equal ranges)."""
+        return range(count * self.rank // self.size, count * (self.rank + 1) // self.size)
 
     def gather(self, value, what: str) -> list:
         """Every rank's ``value``, in rank order, on every rank."""
