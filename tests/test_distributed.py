@@ -55,6 +55,11 @@ def test_two_ranks_match_one_process(tmp_path):
         pairs = [json.loads(dist[f"rank{r}.pairs"]) for r in (0, 1)]
         assert pairs[0] and pairs[1], "both ranks computed block pairs"
         assert len(pairs[0]) + len(pairs[1]) == 5 * 6 // 2
+        for rank in (0, 1):
+            stages = json.loads(dist[f"rank{rank}.stage_seconds"])
+            assert {"scf", "jk_tensor", "integrals", "fit", "energy"} <= set(stages), stages
+            assert all(seconds >= 0 for seconds in stages.values())
+            assert dist[f"rank{rank}.peak_rss_mb"] > 50
         assert h5["plan"].attrs["out_of_core"]
     assert not list(tmp_path.glob(".two.h5.*"))
 

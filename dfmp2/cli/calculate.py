@@ -81,7 +81,18 @@ def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int
                            **options, **environment_settings())
     if settings.output is None:
         settings = replace(settings, output=settings.output_path("-gradient"))
-    outcome = run.run(settings)
+    # Under torchrun or srun every rank joins one gradient (the run command's world); rank 0
+    # alone writes the record and prints.
+    world = distributed.init_world(distributed.launch_from(os.environ))
+    try:
+        if not world.is_root:
+            logging.getLogger().setLevel(logging.ERROR)
+            settings = replace(settings, show_progress=False)
+        outcome = run.run(settings, world)
+    finally:
+        world.close()
+    if not world.is_root:
+        return 0
     views.print_outcome(outcome, as_json)
     return outcome.exit_code
 

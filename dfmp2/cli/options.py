@@ -14,6 +14,7 @@ import click
 import kernels
 from dfmp2.errors import Dfmp2Error
 from dfmp2.input.calculation import REFERENCES
+from dfmp2.input.dispersion import CHOICES as DISPERSION_CHOICES
 from dfmp2.input.functionals import GRID_LEVELS, known_names
 from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.scf.engine import ENGINES
@@ -77,6 +78,9 @@ CALCULATION_OPTIONS = (
                  help="Orbital basis (PySCF name)."),
     click.option("--auxbasis", default=None,
                  help="Auxiliary (RI) basis for MP2; default: the MP2-fit partner of --basis."),
+    click.option("--jk-auxbasis", default=None,
+                 help="Auxiliary (JK-fit) basis of the density-fitted SCF; default: the JK-fit "
+                      "partner of --basis (e.g. def2-universal-jkfit)."),
     click.option("--ecp", default=None,
                  help="Effective core potentials: a PySCF name, or 'none' for all-electron "
                       "(default: those of --basis, e.g. def2-* from Rb on)."),
@@ -115,6 +119,9 @@ XC_OPTIONS = (
                  help="Opposite-spin MP2 scale of a custom --xc."),
     click.option("--mp2-ss", type=ScaleFactor(), default=None,
                  help="Same-spin MP2 scale of a custom --xc."),
+    click.option("--dispersion", type=click.Choice(DISPERSION_CHOICES), default=None,
+                 help="Dispersion added to a named --xc (dftd3/dftd4 with their parameters for "
+                      "it; needs 'dfmp2[dispersion]'); default: the functional's own, if any."),
     click.option("--grid", type=click.IntRange(GRID_LEVELS.start, GRID_LEVELS.stop - 1),
                  default=None, help="PySCF integration grid level for --xc (default: PySCF's, 3)."),
 )

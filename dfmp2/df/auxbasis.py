@@ -8,6 +8,8 @@ needs its readable name and whether the user chose it.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import warnings
 from dataclasses import dataclass
 
@@ -44,34 +46,42 @@ def describe(spec: str | dict) -> str:
 def ri_basis(mol: gto.Mole, option: str | None) -> AuxBasis:
     """The MP2 fitting basis: ``option`` (a PySCF basis name) or the RI partner of the basis."""
     if option:
-        return _checked(mol, AuxBasis(option, option, option), "--auxbasis")
+        return _checked(mol, AuxBasis(option, option, option), "--auxbasis", "cc-pvdz-ri")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = df.make_auxbasis(mol, mp2fit=True)
-    return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--auxbasis")
+    return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--auxbasis",
+                    "cc-pvdz-ri")
 
 
-def jk_basis(mol: gto.Mole) -> AuxBasis:
-    """The SCF's JK-fit basis: PySCF's default, with generated functions where it has none."""
+def jk_basis(mol: gto.Mole, option: str | None = None) -> AuxBasis:
+    """The SCF's JK-fit basis: ``option`` (``--jk-auxbasis``, a PySCF basis name), else
+    PySCF's default, with generated functions where it has none."""
+    if option is not None:
+        return _checked(mol, AuxBasis(option, option, option), "--jk-auxbasis",
+                        "def2-universal-jkfit")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = df.make_auxbasis(mol)
-    return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "the JK-fit basis")
+    return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--jk-auxbasis",
+                    "def2-universal-jkfit")
 
 
-def make_auxmol(mol: gto.Mole, aux: AuxBasis) -> gto.Mole:
+def make_auxmol(mol: gto.Mole, aux: AuxBasis, option: str = "--auxbasis") -> gto.Mole:
     try:
-        with warnings.catch_warnings():
+        # PySCF prints its advice on a basis lacking an element to stdout, which is the
+        # --json output's; the error below says it in one line.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             return df.addons.make_auxmol(mol, aux.spec)
     except (RuntimeError, KeyError, ValueError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"auxiliary basis '{aux.name}' cannot be used for this molecule "
-                         f"({first.strip()}); choose another with --auxbasis") from None
+                         f"({first.strip()}); choose another with {option}") from None
 
 
-def _checked(mol: gto.Mole, aux: AuxBasis, what: str) -> AuxBasis:
+def _checked(mol: gto.Mole, aux: AuxBasis, option: str, example: str) -> AuxBasis:
     if not aux.name.strip():
-        raise InputError(f"{what} is empty; give a PySCF basis name such as cc-pvdz-ri")
-    make_auxmol(mol, aux)
+        raise InputError(f"{option} is empty; give a PySCF basis name such as {example}")
+    make_auxmol(mol, aux, option)
     return aux

@@ -136,9 +136,15 @@ class ScratchB:
         self.chunk_cols = header["chunk_cols"]
 
     @classmethod
-    def create(cls, path: Path, naux: int, ncols: int) -> "ScratchB":
+    def create(cls, path: Path, naux: int, ncols: int, parts: int = 1) -> "ScratchB":
+        """A new file; with ``parts`` > 1 its chunks come in a multiple of ``parts`` (each no
+        wider than usual), so that that many writers can each take whole chunks of about the
+        same width."""
         path.parent.mkdir(parents=True, exist_ok=True)
         chunk_cols = max(1, min(ncols, SCRATCH_CHUNK_BYTES // (FP64_BYTES * naux)))
+        if parts > 1:
+            nchunks = parts * -(-ncols // (parts * chunk_cols))
+            chunk_cols = max(1, -(-ncols // nchunks))
         header = {"format": FORMAT, "shape": [naux, ncols], "chunk_cols": chunk_cols,
                   SIGNATURE: None}
         try:
@@ -186,10 +192,11 @@ class ScratchB:
         return cls(path, fd, header, owner=True)
 
     @classmethod
-    def open_shared(cls, path: Path) -> "ScratchB":
-        """Another rank's finished B, read-only; the rank that wrote it deletes it."""
+    def open_shared(cls, path: Path, writable: bool = False) -> "ScratchB":
+        """Another rank's finished B, read-only, or (``writable``) its new file for this rank
+        to write its share into; the rank that created it deletes it."""
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
         except OSError as exc:
             raise ScratchError(f"cannot read the shared scratch file {path}: "
                                f"{exc.strerror or exc}") from None
@@ -307,6 +314,14 @@ class ScratchB:
             os.fsync(self.fd)
             self.header[SIGNATURE] = signature
             self._write_header()
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise _disk_error(self.path, exc) from None
+
+    def sync(self) -> None:
+        """Put this process's writes on disk: on a folder shared between nodes, the other
+        ranks read them next."""
+        try:
             os.fsync(self.fd)
         except OSError as exc:
             raise _disk_error(self.path, exc) from None

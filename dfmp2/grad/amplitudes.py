@@ -30,15 +30,24 @@ twice the energy step's (which halves them by I <= J), Gamma as much again.
 Every O(N^5) product (the (ia|jb) slabs, Gamma and the densities) goes through the kernel
 set's gemm, so the sweep is counted like the energy step. Gamma and the densities are
 accumulated in fp64.
+
+With several ranks the column blocks (K of a column channel, with every sweep into it) are
+dealt out by cost like the energy's block pairs (:func:`deal_column_blocks`). A column block's
+Gamma is finished by the one rank that sweeps it, so Gamma is never summed over ranks: each
+rank writes its blocks to its own store. P_ij and P_ab are summed over ranks (allreduce, the
+same bits on every rank, so the orbital response runs identically everywhere) and the energy
+sums gathered and added exactly.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 
 from dfmp2.mp2.pairs import BlockReader, OccRange, occupied_blocks, orbital_denominators
+from dfmp2.system.distributed import World, deal_pairs
 
 # A slab (nocc nvir x |K| nvir) of this size keeps the five slabs of one step (the integrals,
 # t, t with a and b swapped, A and a permuted copy) within about 160 MB.
@@ -71,15 +80,21 @@ OPEN_SHELL_SWEEPS = (Sweep("same", 0, 0), Sweep("same", 1, 1), Sweep("opposite",
                      Sweep("opposite", 1, 0, energy=False))
 
 
+# A column block of the sweep: (column channel, occupied block K).
+ColumnItem = tuple[int, OccRange]
+
+
 @dataclass
 class AmplitudeIntermediates:
     """Per channel: ``p_occ`` (nocc, nocc) and ``p_vir`` (nvir, nvir), fp64; the unscaled
-    E_OS and E_SS. Gamma went to the stores handed to the sweep."""
+    E_OS and E_SS, summed over every rank. Gamma went to the stores handed to the sweep.
+    ``ranks``: per rank, its column blocks [channel, k0, k1] and seconds busy sweeping."""
 
     p_occ: list[torch.Tensor]
     p_vir: list[torch.Tensor]
     e_os: float
     e_ss: float
+    ranks: dict[int, tuple[list, float]] = field(default_factory=dict)
 
 
 def gradient_occ_block(nocc: int, nvir: int, itemsize: int,
@@ -161,58 +176,105 @@ def _by_column_channel(sweeps: tuple[Sweep, ...], nchannels: int) -> list[list[S
     return [[sweep for sweep in sweeps if sweep.col_channel == col] for col in range(nchannels)]
 
 
+def _sweeps_of(nchannels: int) -> tuple[Sweep, ...]:
+    return CLOSED_SHELL_SWEEPS if nchannels == 1 else OPEN_SHELL_SWEEPS
+
+
+def deal_column_blocks(nocc: list[int], nvir: list[int], occ_block: int,
+                       world: World) -> list[list[ColumnItem]]:
+    """Every column block of every column channel dealt out over the ranks by cost (its
+    slabs' integral tiles, sum over its sweeps of nocc_row nvir_row |K| nvir_col), each
+    rank's in channel and block order (the order of one process)."""
+    by_column = _by_column_channel(_sweeps_of(len(nocc)), len(nocc))
+
+    def cost(item: ColumnItem) -> float:
+        col, (k0, k1) = item
+        return float(sum(nocc[s.row_channel] * nvir[s.row_channel] for s in by_column[col])
+                     * (k1 - k0) * nvir[col])
+
+    work = [(col, block) for col in range(len(nocc))
+            for block in occupied_blocks(nocc[col], occ_block)]
+    return [sorted(batch) for batch in deal_pairs(work, cost, world.size)]
+
+
+def _summed_over_ranks(densities: list[torch.Tensor], world: World) -> list[torch.Tensor]:
+    """The densities summed over ranks in one allreduce (they are O(N^2))."""
+    if world.size == 1:
+        return densities
+    flat = torch.cat([d.reshape(-1).cpu() for d in densities]).numpy()
+    total = torch.from_numpy(world.allreduce_sum(flat, "summing the MP2 densities"))
+    out, start = [], 0
+    for d in densities:
+        out.append(total[start:start + d.numel()].reshape(d.shape).to(d.device))
+        start += d.numel()
+    return out
+
+
 def amplitude_intermediates(readers: list[BlockReader], gamma_stores: list,
                             e_occ: list[torch.Tensor], e_vir: list[torch.Tensor], kernel_set,
-                            occ_block: int, scales: Scales,
-                            row_block: int | None = None) -> AmplitudeIntermediates:
+                            mine: list[ColumnItem], scales: Scales,
+                            row_block: int | None = None,
+                            world: World | None = None) -> AmplitudeIntermediates:
     """P_ij, P_ab and the energies from every slab of every sweep; each channel's Gamma
     (naux_fit, nocc*nvir), B's layout, written column block by column block into
     ``gamma_stores``.
 
     ``readers`` give the columns of each channel's B (one channel: closed shell; two: UHF
     alpha and beta); ``e_occ``/``e_vir`` are the active occupied and virtual orbital energies;
-    ``occ_block`` is the column block of the slabs, ``row_block`` the occupied orbitals of B
-    read at once for a slab's rows (default: all).
+    ``mine`` are the column blocks this rank sweeps (:func:`deal_column_blocks`; one rank:
+    all of them), ``row_block`` the occupied orbitals of B read at once for a slab's rows
+    (default: all). With a ``world`` of several ranks the densities and energies are summed
+    over the ranks.
     """
+    world = world or World()
     closed_shell = len(readers) == 1
-    sweeps = CLOSED_SHELL_SWEEPS if closed_shell else OPEN_SHELL_SWEEPS
     denoms = [orbital_denominators(o, v, readers[0].dtype) for o, v in zip(e_occ, e_vir)]
     nocc = [int(o.shape[0]) for o in e_occ]
     nvir = [int(v.shape[0]) for v in e_vir]
     device = readers[0].device
     p_occ = [torch.zeros((o, o), dtype=torch.float64, device=device) for o in nocc]
     p_vir = [torch.zeros((v, v), dtype=torch.float64, device=device) for v in nvir]
-    sums: dict[str, list[tuple[float, float]]] = {}
+    sums: list[tuple[str, float, float]] = []
     gemm = kernel_set.gemm
-    for col, channel_sweeps in enumerate(_by_column_channel(sweeps, len(readers))):
-        for block in occupied_blocks(nocc[col], occ_block):
-            b_cols = readers[col].columns(block)
-            d_cols = denoms[col][block[0]:block[1]].reshape(-1)
-            gamma = None
-            for sweep in channel_sweeps:
-                row = sweep.row_channel
-                slab = _slab(kernel_set, sweep, scales, readers[row],
-                             occupied_blocks(nocc[row], row_block or nocc[row]), b_cols,
-                             denoms[row], d_cols)
-                gamma = slab.gamma if gamma is None else gamma.add_(slab.gamma)
-                density_factor = 2.0 if sweep.kind == "closed" else 1.0
-                p_occ[row] -= density_factor * gemm(slab.t.reshape(nocc[row], -1),
-                                                    slab.amp.reshape(nocc[row], -1).T
-                                                    ).to(torch.float64)
-                p_vir[row] += density_factor * gemm(
-                    _row_virtual_major(slab.t, nocc[row], nvir[row]),
-                    _row_virtual_major(slab.amp, nocc[row], nvir[row]).T).to(torch.float64)
-                if sweep.energy:
-                    sums.setdefault(sweep.kind, []).append((slab.direct, slab.exchange))
-                del slab
-            gamma_stores[col].write_columns(block[0] * nvir[col], block[1] * nvir[col],
-                                            gamma.cpu())
-    totals = {kind: (math.fsum(d for d, _ in parts), math.fsum(x for _, x in parts))
-              for kind, parts in sums.items()}
+    by_column = _by_column_channel(_sweeps_of(len(readers)), len(readers))
+    start = time.perf_counter()
+    for col, block in mine:
+        b_cols = readers[col].columns(block)
+        d_cols = denoms[col][block[0]:block[1]].reshape(-1)
+        gamma = None
+        for sweep in by_column[col]:
+            row = sweep.row_channel
+            slab = _slab(kernel_set, sweep, scales, readers[row],
+                         occupied_blocks(nocc[row], row_block or nocc[row]), b_cols,
+                         denoms[row], d_cols)
+            gamma = slab.gamma if gamma is None else gamma.add_(slab.gamma)
+            density_factor = 2.0 if sweep.kind == "closed" else 1.0
+            p_occ[row] -= density_factor * gemm(slab.t.reshape(nocc[row], -1),
+                                                slab.amp.reshape(nocc[row], -1).T
+                                                ).to(torch.float64)
+            p_vir[row] += density_factor * gemm(
+                _row_virtual_major(slab.t, nocc[row], nvir[row]),
+                _row_virtual_major(slab.amp, nocc[row], nvir[row]).T).to(torch.float64)
+            if sweep.energy:
+                sums.append((sweep.kind, slab.direct, slab.exchange))
+            del slab
+        gamma_stores[col].write_columns(block[0] * nvir[col], block[1] * nvir[col],
+                                        gamma.cpu())
+    busy = time.perf_counter() - start
+    # fsum is exactly rounded, so the energies do not depend on how the blocks were dealt.
+    every = [part for parts in world.gather(sums, "gathering the amplitude energies")
+             for part in parts]
+    totals = {kind: (math.fsum(d for k, d, _ in every if k == kind),
+                     math.fsum(x for k, _, x in every if k == kind))
+              for kind in {k for k, _, _ in every}}
+    ranks = dict(enumerate(world.gather(([[col, *block] for col, block in mine], busy),
+                                        "collecting per-rank timings")))
+    densities = _summed_over_ranks(p_occ + p_vir, world)
+    p_occ, p_vir = densities[:len(nocc)], densities[len(nocc):]
     if closed_shell:
         direct, exchange = totals["closed"]
-        return AmplitudeIntermediates(p_occ, p_vir, direct, direct - exchange)
+        return AmplitudeIntermediates(p_occ, p_vir, direct, direct - exchange, ranks)
     # Both same-spin sweeps are summed together: E_SS = 1/2 sum over alpha and beta.
     same_direct, same_exchange = totals["same"]
     return AmplitudeIntermediates(p_occ, p_vir, totals["opposite"][0],
-                                  0.5 * (same_direct - same_exchange))
+                                  0.5 * (same_direct - same_exchange), ranks)

@@ -13,6 +13,11 @@ With a three-index density Gamma_mu nu^P handed over symmetrised, Gs = Gamma + G
 
 and for a symmetric two-index density V, -sum (P|Q)^A V_PQ = 2 sum_{P on A} (nabla P|Q) V_PQ;
 for the energy-weighted density W, -sum S^A W = 2 sum_{mu on A} (nabla mu|nu) W_mu nu.
+
+With a world of several ranks every pass takes its share (auxiliary shell blocks dealt out by
+size, atoms or auxiliary shells in contiguous shares) and sums its small results, the
+gradient (natm, 3) and the O(N^2) intermediates, over the ranks; each function returns the
+complete result on every rank.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ from pyscf.grad import rhf as rhf_grad
 
 from dfmp2.df.store import InMemoryB
 from dfmp2.df.fitted import ThreeIndexBlocks
+from dfmp2.grad.sharing import ColumnSplit, RowSplit, deal_ranges
+from dfmp2.system.distributed import World, deal_pairs
 from dfmp2.system.memory import FP64_BYTES
 
 log = logging.getLogger(__name__)
@@ -83,24 +90,57 @@ class ThreeIndexDerivatives:
                 + _sum_by_atom(per_aux, self.aux_owner[p0:p1], self.natm))
 
 
-def two_index_gradient(auxmol: gto.Mole, v_sym: np.ndarray, natm: int) -> np.ndarray:
-    """-sum_PQ (P|Q)^A V_PQ for a symmetric V."""
-    ip = auxmol.intor("int2c2e_ip1", comp=3)
-    per_aux = torch.from_numpy(2.0 * np.einsum("xpq,pq->xp", ip, v_sym))
-    return _sum_by_atom(per_aux, atom_of_functions(auxmol), natm)
+def _summed(grad: np.ndarray, world: World, what: str) -> np.ndarray:
+    return world.allreduce_sum(grad, f"summing the {what} gradient")
 
 
-def one_electron_gradient(mol: gto.Mole, density: np.ndarray,
-                          energy_weighted: np.ndarray) -> np.ndarray:
+def deal_blocks(blocks: list[tuple[int, int, int, int]],
+                world: World) -> list[list[tuple[int, int, int, int]]]:
+    """Auxiliary shell blocks (shell0, shell1, p0, p1) dealt out over the ranks by their
+    functions, each rank's in ascending order."""
+    dealt = deal_pairs(blocks, lambda block: block[3] - block[2], world.size)
+    return [sorted(batch) for batch in dealt]
+
+
+def split_block_functions(block_functions: int, naux: int, world: World) -> int:
+    """Auxiliary functions per block, at most a quarter of one rank's share, so that the
+    blocks can be dealt out evenly over several ranks."""
+    if world.size == 1:
+        return block_functions
+    return max(1, min(block_functions, naux // (4 * world.size)))
+
+
+def two_index_gradient(auxmol: gto.Mole, v_sym: np.ndarray, natm: int,
+                       world: World | None = None) -> np.ndarray:
+    """-sum_PQ (P|Q)^A V_PQ for a symmetric V; each rank takes a share of the auxiliary
+    shells (rows P)."""
+    world = world or World()
+    shells = world.share(auxmol.nbas)
+    ao_loc = auxmol.ao_loc_nr()
+    p0, p1 = int(ao_loc[shells.start]), int(ao_loc[shells.stop])
+    grad = np.zeros((natm, 3))
+    if p1 > p0:
+        ip = auxmol.intor("int2c2e_ip1", comp=3,
+                          shls_slice=(shells.start, shells.stop, 0, auxmol.nbas))
+        per_aux = torch.from_numpy(2.0 * np.einsum("xpq,pq->xp", ip, v_sym[p0:p1]))
+        grad = _sum_by_atom(per_aux, atom_of_functions(auxmol)[p0:p1], natm)
+    return _summed(grad, world, "two-index")
+
+
+def one_electron_gradient(mol: gto.Mole, density: np.ndarray, energy_weighted: np.ndarray,
+                          world: World | None = None) -> np.ndarray:
     """sum h^A D - sum S^A W + the nuclear repulsion, for the total (spin-summed) density D
-    and energy-weighted density W."""
+    and energy-weighted density W; each rank takes a share of the atoms."""
+    world = world or World()
     hcore_deriv = rhf_grad.Gradients(scf.RHF(mol)).hcore_generator(mol)
     ipovlp = mol.intor("int1e_ipovlp", comp=3)
-    grad = rhf_grad.grad_nuc(mol)
-    for atom, (_, _, p0, p1) in enumerate(mol.aoslice_by_atom()):
+    grad = rhf_grad.grad_nuc(mol) if world.is_root else np.zeros((mol.natm, 3))
+    slices = mol.aoslice_by_atom()
+    for atom in world.share(mol.natm):
+        p0, p1 = slices[atom][2:]
         grad[atom] += np.einsum("xij,ij->x", hcore_deriv(atom), density)
         grad[atom] += 2.0 * np.einsum("xij,ij->x", ipovlp[:, p0:p1], energy_weighted[p0:p1])
-    return grad
+    return _summed(grad, world, "one-electron")
 
 
 def aux_block_functions(nao: int, budget_bytes: int) -> int:
@@ -125,17 +165,22 @@ class RiChannel:
 
 
 def ri_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[RiChannel],
-            block_functions: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+            block_functions: int, world: World | None = None
+            ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """One sweep over the RI basis: per channel the AO halves of the orbital derivative,
     xo[mu, i] = sum_aP (mu a|P) G_ia^P and xv[mu, a] = sum_iP (mu i|P) G_ia^P, and the
-    gradient of sum (mu nu|P)^x Gamma with Gamma^P = sum_c 2 n_c C_occ G^P C_vir^T."""
+    gradient of sum (mu nu|P)^x Gamma with Gamma^P = sum_c 2 n_c C_occ G^P C_vir^T.
+    Each rank sweeps its auxiliary blocks (reading those rows of G from every rank's share);
+    the halves and the gradient are summed over the ranks."""
+    world = world or World()
     nao = mol.nao_nr()
-    integrals = ThreeIndexBlocks(mol, auxmol, block_functions)
+    integrals = ThreeIndexBlocks(mol, auxmol,
+                                 split_block_functions(block_functions, auxmol.nao_nr(), world))
     derivatives = ThreeIndexDerivatives(mol, auxmol)
     halves = [(torch.zeros((nao, ch.c_occ.shape[1]), dtype=torch.float64),
                torch.zeros((nao, ch.c_vir.shape[1]), dtype=torch.float64)) for ch in channels]
     grad = np.zeros((mol.natm, 3))
-    for shell0, shell1, p0, p1 in integrals.blocks:
+    for shell0, shell1, p0, p1 in deal_blocks(integrals.blocks, world)[world.rank]:
         npart = p1 - p0
         ints = integrals.block(shell0, shell1, npart)
         gamma_sym = torch.zeros((npart, nao, nao), dtype=torch.float64)
@@ -152,7 +197,15 @@ def ri_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[RiChannel],
                 npart * nocc, nvir)
             gamma_sym += (2.0 * ch.occupancy) * symmetrise(torch.matmul(ch.c_occ, g_vir_ao))
         grad += derivatives.contract(shell0, shell1, p0, p1, gamma_sym)
-    return [(xo.numpy(), xv.numpy()) for xo, xv in halves], grad
+    parts = [grad] + [half.numpy() for pair in halves for half in pair]
+    # One allreduce for the gradient and every half: all are O(N^2).
+    total = world.allreduce_sum(np.concatenate([part.ravel() for part in parts]),
+                                "summing the RI pass")
+    pieces, start = [], 0
+    for part in parts:
+        pieces.append(total[start:start + part.size].reshape(part.shape))
+        start += part.size
+    return list(zip(pieces[1::2], pieces[2::2])), pieces[0]
 
 
 @dataclass(frozen=True)
@@ -188,7 +241,7 @@ def _in_memory(name: str, naux: int, ncols: int) -> InMemoryB:
 
 def jk_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[JkChannel], block_functions: int,
             lindep: float, open_tensor: Callable[[str, int, int], object] = _in_memory,
-            chunk_bytes: int = 256 * 2**20) -> np.ndarray:
+            chunk_bytes: int = 256 * 2**20, world: World | None = None) -> np.ndarray:
     """Gradient of the DF-SCF two-electron energy of the SCF density D plus its coupling to
     the relaxed MP2 density P, through the JK-fit basis:
 
@@ -207,43 +260,61 @@ def jk_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[JkChannel], block_fu
     The half-transformed integrals of each channel, (naux, nocc*nao) with the occupied index
     outer, live in a store from ``open_tensor(name, rows, columns)`` (in memory or a scratch
     file): written by auxiliary blocks, fitted and turned into M_s d_s in place by occupied
-    column blocks of about ``chunk_bytes``, and read back by auxiliary blocks.
+    column blocks of about ``chunk_bytes``, and read back by auxiliary blocks. With a
+    ``world`` of several ranks each rank writes the rows of its auxiliary blocks, fits its
+    occupied column blocks (reading every rank's rows of them) into a second store of its
+    own, and sweeps its auxiliary blocks again (reading every rank's columns of them); rho,
+    V and the gradient are summed over the ranks.
     """
+    world = world or World()
     nao, naux = mol.nao_nr(), auxmol.nao_nr()
     density = sum(ch.occupancy * ch.c_occ @ ch.c_occ.T for ch in channels)
     p_total = sum(ch.p_relaxed for ch in channels)
     c_occ = [torch.from_numpy(np.ascontiguousarray(ch.c_occ)) for ch in channels]
-    integrals = ThreeIndexBlocks(mol, auxmol, block_functions)
-    stores = []
+    integrals = ThreeIndexBlocks(mol, auxmol,
+                                 split_block_functions(block_functions, naux, world))
+    dealt = deal_blocks(integrals.blocks, world)
+    rows = [[(p0, p1) for _, _, p0, p1 in batch] for batch in dealt]
+    stores: list = []
     try:
         for n, c in enumerate(c_occ):
-            stores.append(open_tensor(f"jk{n}", naux, c.shape[1] * nao))
-        rho = _densities_and_half_integrals(integrals, np.stack([density, p_total]), c_occ,
-                                            stores)
+            stores.append(RowSplit(f"jk{n}", naux, c.shape[1] * nao, rows, world, open_tensor))
+        rho = _densities_and_half_integrals(integrals, dealt[world.rank],
+                                            np.stack([density, p_total]), c_occ, stores)
+        rho = world.allreduce_sum(rho.numpy(), "summing the JK-fit densities")
         solve = metric_inverse_solver(auxmol, lindep)
-        coef_d, coef_p = torch.from_numpy(solve(rho.numpy().T).T)
-        v = 0.5 * torch.outer(coef_d, coef_d) + 0.5 * (torch.outer(coef_p, coef_d)
-                                                       + torch.outer(coef_d, coef_p))
-        _fit_exchange(channels, stores, solve, nao, chunk_bytes, v)
+        coef_d, coef_p = torch.from_numpy(solve(rho.T).T)
+        for store in stores:
+            store.publish("the JK-fit half-transformed integrals")
+        exchange_stores, v_exchange = _fit_exchange(channels, stores, solve, nao, chunk_bytes,
+                                                    world, open_tensor)
+        stores += exchange_stores
+        v = (0.5 * torch.outer(coef_d, coef_d)
+             + 0.5 * (torch.outer(coef_p, coef_d) + torch.outer(coef_d, coef_p))
+             - torch.from_numpy(world.allreduce_sum(v_exchange.numpy(),
+                                                    "summing the JK-fit exchange")))
         v = 0.5 * (v + v.T)
         separable = torch.from_numpy(2.0 * np.stack([density + p_total, density]).reshape(2, -1))
-        grad = _jk_derivative_sweep(mol, auxmol, integrals, channels, c_occ, stores,
-                                    torch.stack([coef_d, coef_p]), separable)
+        grad = _jk_derivative_sweep(mol, auxmol, integrals, dealt[world.rank], channels, c_occ,
+                                    exchange_stores, torch.stack([coef_d, coef_p]), separable)
     finally:
         for store in stores:
             store.close()
-    return grad + two_index_gradient(auxmol, v.numpy(), mol.natm)
+    return (world.allreduce_sum(grad, "summing the JK-fit gradient")
+            + two_index_gradient(auxmol, v.numpy(), mol.natm, world))
 
 
-def _densities_and_half_integrals(integrals: ThreeIndexBlocks, densities: np.ndarray,
-                                  c_occ: list[torch.Tensor], stores: list) -> torch.Tensor:
-    """One sweep over the JK-fit basis: rho[X]_P = sum (P|mu nu) X_mu nu for the two
-    ``densities`` (D and P, (2, nao, nao)), and each channel's half-transformed integrals
-    (P|mu i) into its store, rows (P), columns (i, mu)."""
+def _densities_and_half_integrals(integrals: ThreeIndexBlocks, blocks: list,
+                                  densities: np.ndarray, c_occ: list[torch.Tensor],
+                                  stores: list[RowSplit]) -> torch.Tensor:
+    """One sweep over this rank's auxiliary ``blocks`` of the JK-fit basis: rho[X]_P = sum
+    (P|mu nu) X_mu nu for the two ``densities`` (D and P, (2, nao, nao); zero outside the
+    blocks), and each channel's half-transformed integrals (P|mu i) into its store, rows (P),
+    columns (i, mu)."""
     nao = densities.shape[1]
     rho = torch.zeros((2, integrals.auxmol.nao_nr()), dtype=torch.float64)
     both = torch.from_numpy(densities.reshape(2, nao * nao))
-    for shell0, shell1, p0, p1 in integrals.blocks:
+    for shell0, shell1, p0, p1 in blocks:
         ints = integrals.block(shell0, shell1, p1 - p0)
         rho[:, p0:p1] = both @ ints.reshape(p1 - p0, nao * nao).T
         for c, store in zip(c_occ, stores):
@@ -252,35 +323,50 @@ def _densities_and_half_integrals(integrals: ThreeIndexBlocks, densities: np.nda
     return rho
 
 
-def _fit_exchange(channels: list[JkChannel], stores: list, solve, nao: int, chunk_bytes: int,
-                  v: torch.Tensor) -> None:
-    """Fit each channel's half-transformed integrals, d_s = J^-1 (P|mu i), and turn its store
-    into M_s d_s in place, by occupied column blocks of about ``chunk_bytes``; subtract the
-    exchange part sum_i,mu d_s (M_s d_s)^T of V from ``v``."""
-    for ch, store in zip(channels, stores):
-        naux = store.shape[0]
+def _fit_exchange(channels: list[JkChannel], stores: list[RowSplit], solve, nao: int,
+                  chunk_bytes: int, world: World,
+                  open_tensor: Callable[[str, int, int], object]
+                  ) -> tuple[list[ColumnSplit], torch.Tensor]:
+    """Fit each channel's half-transformed integrals, d_s = J^-1 (P|mu i), and turn them into
+    M_s d_s, by occupied column blocks of about ``chunk_bytes`` dealt out over the ranks:
+    the stores of M_s d_s (one rank: the half-integrals' own, overwritten in place) and this
+    rank's part of the exchange sum sum_i,mu d_s (M_s d_s)^T of V."""
+    naux = stores[0].shape[0]
+    v_exchange = torch.zeros((naux, naux), dtype=torch.float64)
+    targets = []
+    for n, (ch, store) in enumerate(zip(channels, stores)):
         m = torch.from_numpy(0.5 * ch.c_occ @ ch.c_occ.T + ch.p_relaxed / ch.occupancy)
         nocc = ch.c_occ.shape[1]
         width = max(1, chunk_bytes // (3 * FP64_BYTES * naux * nao))
-        for i0 in range(0, nocc, width):
-            i1 = min(nocc, i0 + width)
-            fitted = torch.from_numpy(solve(store.read_columns(i0 * nao, i1 * nao).numpy()))
+        # Several ranks: at least one block per rank, or the fit would not be shared.
+        width = min(width, -(-nocc // world.size))
+        columns = deal_ranges([(i0 * nao, min(nocc, i0 + width) * nao)
+                               for i0 in range(0, nocc, width)], world)
+        target = ColumnSplit(f"jkx{n}", naux, nocc * nao, columns, world, open_tensor,
+                             adopt=store.store if world.size == 1 else None)
+        targets.append(target)
+        for c0, c1 in target.owned():
+            fitted = torch.from_numpy(solve(store.read_columns(c0, c1).numpy()))
             # M is symmetric: (M d)[P, i, mu] = sum_nu d[P, i, nu] M[nu, mu].
-            exchange = torch.matmul(fitted.reshape(naux, i1 - i0, nao), m).reshape(naux, -1)
-            v -= ch.occupancy * fitted @ exchange.T
-            store.write_columns(i0 * nao, i1 * nao, exchange)
+            exchange = torch.matmul(fitted.reshape(naux, -1, nao), m).reshape(naux, -1)
+            v_exchange += ch.occupancy * fitted @ exchange.T
+            target.write_columns(c0, c1, exchange)
+        target.publish("the fitted JK-fit exchange integrals")
+    return targets, v_exchange
 
 
 def _jk_derivative_sweep(mol: gto.Mole, auxmol: gto.Mole, integrals: ThreeIndexBlocks,
-                         channels: list[JkChannel], c_occ: list[torch.Tensor], stores: list,
-                         coefs: torch.Tensor, separable: torch.Tensor) -> np.ndarray:
-    """The three-index derivative terms: Gamma^P from the fitted coefficients ``coefs``
-    (c[D], c[P]) times the ``separable`` densities (2 (D + P), 2 D) less each channel's
-    exchange part read back from its store, contracted block by block."""
+                         blocks: list, channels: list[JkChannel], c_occ: list[torch.Tensor],
+                         stores: list[ColumnSplit], coefs: torch.Tensor,
+                         separable: torch.Tensor) -> np.ndarray:
+    """The three-index derivative terms of this rank's auxiliary ``blocks``: Gamma^P from
+    the fitted coefficients ``coefs`` (c[D], c[P]) times the ``separable`` densities
+    (2 (D + P), 2 D) less each channel's exchange part read back from its store, contracted
+    block by block."""
     nao = mol.nao_nr()
     derivatives = ThreeIndexDerivatives(mol, auxmol)
     grad = np.zeros((mol.natm, 3))
-    for shell0, shell1, p0, p1 in integrals.blocks:
+    for shell0, shell1, p0, p1 in blocks:
         npart = p1 - p0
         gamma_sym = (coefs[:, p0:p1].T @ separable).reshape(npart, nao, nao)
         for ch, c, store in zip(channels, c_occ, stores):

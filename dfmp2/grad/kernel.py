@@ -20,6 +20,15 @@ and same-spin parts. The stages, each handed what it needs:
 B, Gamma and the JK pass's half-transformed integrals live in memory or, when they would take
 more than half the memory budget, in scratch files (:func:`plan_storage`).
 
+With a world of several ranks (torchrun, srun) every rank runs every stage on its share:
+the ranks build B together into shared scratch files; the amplitude sweep's column blocks are
+dealt out by cost (:func:`dfmp2.grad.amplitudes.deal_column_blocks`); the integral passes
+take auxiliary shell blocks and the one-electron terms atoms; the O(N^2) results (densities,
+V, the halves of X, the gradient) are summed over the ranks with allreduce, which gives every
+rank the same bits, so the orbital response runs identically on every rank with the SCF's
+collective J/K. Gamma and the JK pass's integrals are never summed: each rank keeps its share
+in its own scratch file and reads the others' (:mod:`dfmp2.grad.sharing`).
+
 Sign convention: ``gradient`` is dE/dR (Eh/Bohr), one row per atom, the negative force.
 """
 from __future__ import annotations
@@ -41,12 +50,15 @@ from dfmp2.system.disk import check_space
 from dfmp2.mp2.pairs import BlockReader
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.grad.amplitudes import (MAX_SLAB_BYTES, AmplitudeIntermediates, Scales,
-                                       amplitude_intermediates, gradient_occ_block)
+                                   amplitude_intermediates, deal_column_blocks,
+                                   gradient_occ_block)
 from dfmp2.grad.integrals import (DERIVATIVE_BLOCK_ARRAYS, JkChannel, RiChannel,
                                       aux_block_functions, jk_pass, one_electron_gradient,
                                       ri_pass, two_index_gradient)
 from dfmp2.grad.response import (RelaxedDensities, ResponseSolve, ScfPotential,
                                  orbital_derivative, relax)
+from dfmp2.grad.sharing import ColumnSplit
+from dfmp2.system.distributed import World
 from dfmp2.system.memory import (FP64_BYTES, GRADIENT_TENSORS_IN_MEMORY_SHARE, fits_in_memory,
                                  format_size)
 from dfmp2.df.metric import JK_LINDEP_THRESHOLD, FitMetric
@@ -57,6 +69,9 @@ log = logging.getLogger(__name__)
 
 # Work memory of the integral sweeps: one auxiliary block's raw and derivative integrals.
 DEFAULT_BLOCK_BYTES = 256 * 2**20
+# Column blocks of the amplitude sweep per rank at least, so that dealing them by cost can
+# even out the ranks' loads.
+COLUMN_BLOCKS_PER_RANK = 2
 
 
 @dataclass
@@ -76,6 +91,8 @@ class GradientResult:
     out_of_core: bool = False
     response: ResponseSolve | None = None
     """How the orbital response's Z-vector equations were solved, and their residual."""
+    ranks: dict[int, tuple[list, float]] = field(default_factory=dict)
+    """Per rank: its column blocks of the amplitude sweep [channel, k0, k1], seconds busy."""
 
 
 def _as_aux(aux: AuxBasis | str | dict) -> AuxBasis:
@@ -117,13 +134,16 @@ class GradientStorage:
     block_bytes: int = DEFAULT_BLOCK_BYTES
     slab_bytes: int = MAX_SLAB_BYTES
     row_block: int | None = None
+    tag: str = ""
+    """Added to this rank's file names when several ranks share the scratch folder."""
 
     @property
     def out_of_core(self) -> bool:
         return self.scratch is not None
 
     def open(self, name: str, naux: int, ncols: int):
-        return open_store(naux, ncols, None if self.scratch is None else self.scratch.named(name))
+        return open_store(naux, ncols, None if self.scratch is None
+                          else self.scratch.named(name + self.tag))
 
 
 def held_bytes(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int) -> int:
@@ -145,26 +165,38 @@ def check_budget(nocc: int, nvir: int, naux_ri: int, nao: int, budget: int) -> N
 
 
 def plan_storage(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int,
-                 budget: int | None, scratch: ScratchArea | None) -> GradientStorage:
+                 budget: int | None, scratch: ScratchArea | None,
+                 world: World | None = None) -> GradientStorage:
     """In memory while the placed tensors take at most half of ``budget`` (always without a
-    budget); otherwise in scratch files, with the work blocks shrunk to fit the budget."""
+    budget); otherwise in scratch files, with the work blocks shrunk to fit the budget. With
+    several ranks always in scratch files: the ranks share B and read each other's shares of
+    Gamma and of the JK pass's integrals through them."""
+    world = world or World()
     held = held_bytes(channels, naux_ri, naux_jk, nao)
-    if budget is None:
+    distributed = world.size > 1
+    if budget is None and not distributed:
         return GradientStorage()
-    block_bytes = min(DEFAULT_BLOCK_BYTES, budget // 4)
-    if fits_in_memory(held, budget, GRADIENT_TENSORS_IN_MEMORY_SHARE):
+    block_bytes = DEFAULT_BLOCK_BYTES if budget is None else min(DEFAULT_BLOCK_BYTES,
+                                                                 budget // 4)
+    if not distributed and fits_in_memory(held, budget, GRADIENT_TENSORS_IN_MEMORY_SHARE):
         return GradientStorage(block_bytes=block_bytes)
     if scratch is None:
-        raise InputError(f"the gradient's tensors ({format_size(held)}) do not fit in "
-                         f"{format_size(budget)} and no scratch folder was given")
+        needs = ("the ranks of a distributed gradient share its tensors through scratch "
+                 "files" if distributed else
+                 f"the gradient's tensors ({format_size(held)}) do not fit in "
+                 f"{format_size(budget)}")
+        raise InputError(f"{needs} and no scratch folder was given")
     nvir = max(len(c.virtual) for c in channels)
-    check_budget(max(len(c.active) for c in channels), nvir, naux_ri, nao, budget)
-    slab_bytes = min(MAX_SLAB_BYTES, budget // 16)
+    slab_bytes = MAX_SLAB_BYTES
+    if budget is not None:
+        check_budget(max(len(c.active) for c in channels), nvir, naux_ri, nao, budget)
+        slab_bytes = min(MAX_SLAB_BYTES, budget // 16)
     row_block = max(1, slab_bytes // (FP64_BYTES * naux_ri * nvir))
     check_space(scratch.folder, held, "the gradient's tensors")
     log.info("gradient tensors (%s) in scratch files under %s", format_size(held),
              scratch.folder)
-    return GradientStorage(scratch, block_bytes, slab_bytes, row_block)
+    return GradientStorage(scratch, block_bytes, slab_bytes, row_block,
+                           f".rank{world.rank}" if distributed else "")
 
 
 @dataclass
@@ -182,41 +214,70 @@ def _column_blocks(naux: int, ncols: int, max_bytes: int) -> list[tuple[int, int
     return [(c0, min(ncols, c0 + width)) for c0 in range(0, ncols, width)]
 
 
-def _coupling(b_store, gamma_store, max_bytes: int) -> torch.Tensor:
-    """sum_ia B_ia^P Gamma_ia^Q, column block by column block."""
-    naux, ncols = b_store.shape
-    total = torch.zeros((naux, gamma_store.shape[0]), dtype=torch.float64)
-    for c0, c1 in _column_blocks(naux, ncols, max_bytes):
-        total += b_store.read_columns(c0, c1) @ gamma_store.read_columns(c0, c1).T
+def _own_columns(naux: int, gamma: ColumnSplit, max_bytes: int) -> list[tuple[int, int]]:
+    """This rank's columns of ``gamma`` in blocks of about ``max_bytes``."""
+    return [(lo + c0, lo + c1) for lo, hi in gamma.spans()
+            for c0, c1 in _column_blocks(naux, hi - lo, max_bytes)]
+
+
+def _coupling(b_store, gamma: ColumnSplit, max_bytes: int) -> torch.Tensor:
+    """sum_ia B_ia^P Gamma_ia^Q over this rank's columns, column block by column block."""
+    naux = b_store.shape[0]
+    total = torch.zeros((naux, gamma.shape[0]), dtype=torch.float64)
+    for c0, c1 in _own_columns(naux, gamma, max_bytes):
+        total += b_store.read_columns(c0, c1) @ gamma.read_columns(c0, c1).T
     return total
 
 
-def _fit(metric: FitMetric, gamma_store, storage: GradientStorage, name: str,
-         opened: list):
-    """The store of G = F Gamma: Gamma's own (fitted in place, column block by column block)
-    when the fit keeps the row count, else a new one (added to ``opened``) with a row per
-    auxiliary function."""
-    naux_fit, ncols = gamma_store.shape
+def _fit(metric: FitMetric, gamma: ColumnSplit, storage: GradientStorage, name: str,
+         opened: list, world: World) -> ColumnSplit:
+    """G = F Gamma over this rank's columns: in Gamma's own store (fitted in place, column
+    block by column block) when the fit keeps the row count, else in a new one (added to
+    ``opened``) with a row per auxiliary function; published for the RI pass's row reads."""
+    naux_fit, ncols = gamma.shape
     if metric.naux == naux_fit:
-        fitted = gamma_store
+        fitted = gamma
     else:
-        fitted = storage.open(name, metric.naux, ncols)
+        fitted = ColumnSplit(name, metric.naux, ncols, gamma.ranges, world, storage.open)
         opened.append(fitted)
-    for c0, c1 in _column_blocks(max(metric.naux, naux_fit), ncols, storage.block_bytes):
-        fitted.write_columns(c0, c1, fitted_form(metric, gamma_store.read_columns(c0, c1)))
-    if fitted is not gamma_store:
-        gamma_store.close()
+    for c0, c1 in _own_columns(max(metric.naux, naux_fit), gamma, storage.block_bytes):
+        fitted.write_columns(c0, c1, fitted_form(metric, gamma.read_columns(c0, c1)))
+    if fitted is not gamma:
+        gamma.close()
+    fitted.publish("the fitted amplitude intermediate G")
     return fitted
+
+
+def _fitted_tensors(mol, ri: FitBasis, channels: list[Channel], kernel_set,
+                    storage: GradientStorage, world: World) -> list:
+    """B of every channel; with several ranks built by all of them into shared scratch files
+    that every rank reads."""
+    orbitals = [(c.mo_coeff[:, c.active], c.mo_coeff[:, c.virtual]) for c in channels]
+    return build_fitted_tensors(mol, ri.auxmol, orbitals, ri.metric, kernel_set,
+                                storage.block_bytes, storage.scratch, world=world)
+
+
+def _occ_block(channels: list[Channel], kernel_set, occ_block: int | None,
+               storage: GradientStorage, world: World) -> int:
+    """The column block of the amplitude sweep: ``occ_block``, else the largest whose slab
+    fits, made small enough for a few blocks per rank."""
+    if occ_block is not None:
+        return occ_block
+    nocc = max(len(c.active) for c in channels)
+    itemsize = torch.tensor([], dtype=kernel_set.dtype).element_size()
+    block = gradient_occ_block(nocc, max(len(c.virtual) for c in channels), itemsize,
+                               storage.slab_bytes)
+    if world.size == 1:
+        return block
+    return max(1, min(block, nocc // (COLUMN_BLOCKS_PER_RANK * world.size)))
 
 
 def _ri_stage(mol, ri: FitBasis, channels: list[Channel], kernel_set, scales: Scales,
               occ_block: int | None, storage: GradientStorage,
-              timings: dict[str, float]) -> RiStage:
+              timings: dict[str, float], world: World) -> RiStage:
     clock = time.perf_counter
     t0 = clock()
-    orbitals = [(c.mo_coeff[:, c.active], c.mo_coeff[:, c.virtual]) for c in channels]
-    stores = build_fitted_tensors(mol, ri.auxmol, orbitals, ri.metric, kernel_set,
-                                  storage.block_bytes, storage.scratch)
+    stores = _fitted_tensors(mol, ri, channels, kernel_set, storage, world)
     timings["ri_tensor"] = clock() - t0
     gammas: list = []
     opened: list = []
@@ -228,23 +289,33 @@ def _ri_stage(mol, ri: FitBasis, channels: list[Channel], kernel_set, scales: Sc
                  for c in channels]
         e_vir = [torch.as_tensor(c.mo_energy[c.virtual], device=kernel_set.device)
                  for c in channels]
+        nocc = [len(c.active) for c in channels]
+        nvir = [len(c.virtual) for c in channels]
+        dealt = deal_column_blocks(nocc, nvir,
+                                   _occ_block(channels, kernel_set, occ_block, storage, world),
+                                   world)
+        # Gamma (naux x nocc nvir, the size of B) is combined through scratch files, not an
+        # allreduce: each column block is finished by the one rank that sweeps it, so there
+        # is nothing to sum, and an allreduce would hold the whole of Gamma on every rank.
+        # Each rank keeps its blocks in its own file; the RI pass reads rows from all of them.
         for n, store in enumerate(stores):
-            gammas.append(storage.open(f"gamma{n}", *store.shape))
+            columns = [[(k0 * nvir[n], k1 * nvir[n]) for col, (k0, k1) in batch if col == n]
+                       for batch in dealt]
+            gammas.append(ColumnSplit(f"gamma{n}", *store.shape, columns, world, storage.open))
             opened.append(gammas[-1])
-        itemsize = torch.tensor([], dtype=kernel_set.dtype).element_size()
-        block = occ_block or gradient_occ_block(max(len(c.active) for c in channels),
-                                                max(len(c.virtual) for c in channels),
-                                                itemsize, storage.slab_bytes)
-        amplitudes = amplitude_intermediates(readers, gammas, e_occ, e_vir, kernel_set, block,
-                                             scales, storage.row_block)
+        amplitudes = amplitude_intermediates(readers, gammas, e_occ, e_vir, kernel_set,
+                                             dealt[world.rank], scales, storage.row_block,
+                                             world)
         timings["amplitudes"] = clock() - t0
         t0 = clock()
         coupling = sum(c.occupancy * _coupling(store, gamma, storage.block_bytes)
                        for c, store, gamma in zip(channels, stores, gammas))
+        coupling = torch.from_numpy(world.allreduce_sum(coupling.numpy(),
+                                                        "summing the RI coupling"))
         for store in stores:
             store.close()
         v_ri = fitted_form(ri.metric, fitted_form(ri.metric, coupling).T).numpy()
-        gammas = [_fit(ri.metric, gamma, storage, f"gfit{n}", opened)
+        gammas = [_fit(ri.metric, gamma, storage, f"gfit{n}", opened, world)
                   for n, gamma in enumerate(gammas)]
     except BaseException:
         for store in opened:
@@ -278,18 +349,19 @@ def _checked_channels(mf, nfrozen: int,
 
 
 def _ri_derivatives(mol, ri: FitBasis, channels: list[Channel], stage: RiStage,
-                    functions: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+                    functions: int, world: World
+                    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """The RI pass over G (whose stores it closes): the halves of X per channel and the RI
     derivative-integral gradient, two-index terms included."""
     ri_channels = [RiChannel(torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.active])),
                              torch.from_numpy(np.ascontiguousarray(c.mo_coeff[:, c.virtual])),
                              g, c.occupancy) for c, g in zip(channels, stage.gamma_fit)]
     try:
-        halves, grad_ri = ri_pass(mol, ri.auxmol, ri_channels, functions)
+        halves, grad_ri = ri_pass(mol, ri.auxmol, ri_channels, functions, world)
     finally:
         for store in stage.gamma_fit:
             store.close()
-    grad_ri += two_index_gradient(ri.auxmol, stage.v_ri, mol.natm)
+    grad_ri += two_index_gradient(ri.auxmol, stage.v_ri, mol.natm, world)
     return halves, grad_ri
 
 
@@ -304,17 +376,20 @@ def _response(mf, channels: list[Channel], stage: RiStage,
     return relaxed, potential.builds
 
 
-def _one_electron_terms(mol, channels: list[Channel], relaxed: RelaxedDensities) -> np.ndarray:
+def _one_electron_terms(mol, channels: list[Channel], relaxed: RelaxedDensities,
+                        world: World) -> np.ndarray:
     scf_density = sum(c.occupancy * c.mo_coeff[:, c.occupied] @ c.mo_coeff[:, c.occupied].T
                       for c in channels)
-    return one_electron_gradient(mol, scf_density + sum(relaxed.p_relaxed), relaxed.w_total)
+    return one_electron_gradient(mol, scf_density + sum(relaxed.p_relaxed), relaxed.w_total,
+                                 world)
 
 
 @torch_owns_the_cores()
 def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
            jk_aux: AuxBasis | str | dict | None = None, kernel_set=None,
            scs: tuple[float, float] = (1.0, 1.0), occ_block: int | None = None,
-           budget: int | None = None, scratch: ScratchArea | None = None) -> GradientResult:
+           budget: int | None = None, scratch: ScratchArea | None = None,
+           world: World | None = None) -> GradientResult:
     """Energy and relaxed gradient of E_SCF + c_os E_OS + c_ss E_SS on the converged
     density-fitted SCF ``mf`` (RHF or UHF; its ``with_df`` is PySCF's DF or dfmp2's KernelDF),
     with the lowest ``nfrozen`` occupied orbitals of each spin frozen.
@@ -325,7 +400,11 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     overrides the occupied block of that sweep. B, Gamma and the JK pass's fitted integrals
     are held in memory unless they would take more than half of ``budget`` (bytes); then they
     go to scratch files in ``scratch`` (see :func:`plan_storage`).
+
+    With a ``world`` of several ranks, every rank calls this with the same ``mf`` (its J/K
+    collective) and takes its share of every stage; all ranks return the same result.
     """
+    world = world or World()
     clock = time.perf_counter
     timings: dict[str, float] = {}
     mol = mf.mol
@@ -339,11 +418,11 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
 
     jk_auxmol = make_auxmol(mol, jk)
     storage = plan_storage(channels, ri.metric.naux_fit, jk_auxmol.nao_nr(), mol.nao_nr(),
-                           budget, None if scratch is None else scratch.area("gradient"))
-    stage = _ri_stage(mol, ri, channels, kernel_set, scales, occ_block, storage, timings)
+                           budget, None if scratch is None else scratch.area("gradient"), world)
+    stage = _ri_stage(mol, ri, channels, kernel_set, scales, occ_block, storage, timings, world)
     t0 = clock()
     functions = aux_block_functions(mol.nao_nr(), storage.block_bytes)
-    halves, grad_ri = _ri_derivatives(mol, ri, channels, stage, functions)
+    halves, grad_ri = _ri_derivatives(mol, ri, channels, stage, functions, world)
     timings["ri_derivatives"] = clock() - t0
 
     t0 = clock()
@@ -354,11 +433,11 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     jk_channels = [JkChannel(c.mo_coeff[:, c.occupied], p, c.occupancy)
                    for c, p in zip(channels, relaxed.p_relaxed)]
     grad_jk = jk_pass(mol, jk_auxmol, jk_channels, functions, JK_LINDEP_THRESHOLD, storage.open,
-                      storage.block_bytes)
+                      storage.block_bytes, world)
     timings["jk_derivatives"] = clock() - t0
 
     t0 = clock()
-    grad_1e = _one_electron_terms(mol, channels, relaxed)
+    grad_1e = _one_electron_terms(mol, channels, relaxed, world)
     timings["one_electron"] = clock() - t0
 
     energies = stage.amplitudes
@@ -366,4 +445,4 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     e_scf = float(mf.e_tot)
     return GradientResult(e_scf + e_corr, e_scf, e_corr, energies.e_os, energies.e_ss,
                           (scales.os, scales.ss), grad_1e + grad_jk + grad_ri, timings,
-                          jk_builds, storage.out_of_core, relaxed.response)
+                          jk_builds, storage.out_of_core, relaxed.response, energies.ranks)

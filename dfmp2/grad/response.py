@@ -72,7 +72,12 @@ class RelaxedDensities:
 
 
 class ScfPotential:
-    """v[X] per channel from the SCF object's own J/K (its JK-fit basis)."""
+    """v[X] per channel from the SCF object's own J/K (its JK-fit basis).
+
+    In a distributed run ``mf.get_jk`` is collective (each rank builds J/K from its slice of
+    the fit functions): every rank must make the same calls with the same densities. The
+    response's inputs are summed with allreduce, the same bits on every rank, so the
+    Z-vector solve takes the same path, and makes the same builds, everywhere."""
 
     def __init__(self, mf, closed_shell: bool) -> None:
         self.mf, self.closed_shell = mf, closed_shell

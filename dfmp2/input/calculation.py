@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pyscf import gto
 from pyscf.data import elements
 
-from dfmp2.df.auxbasis import AuxBasis, jk_basis, make_auxmol, ri_basis
+from dfmp2.df.auxbasis import DEFAULT_OPTION, AuxBasis, jk_basis, make_auxmol, ri_basis
 from dfmp2.errors import InputError
+from dfmp2.input.dispersion import Dispersion, dispersion_energy
 from dfmp2.input.functionals import GRID_LEVELS, DoubleHybrid, stored_functional
 from dfmp2.input.molecule import (NO_ECP, build_molecule, element_ecp, resolve_charge_spin,
                                   resolve_ecp)
@@ -41,6 +42,7 @@ class CalculationRequest:
 
     basis: str = "cc-pvdz"
     auxbasis: str | None = None
+    jk_auxbasis: str | None = None
     ecp: str | None = None
     charge: int | None = None
     spin: int | None = None
@@ -69,6 +71,9 @@ class Calculation:
     functional: DoubleHybrid | None = None
     grid: int | None = None
     """PySCF's integration grid level for the exchange-correlation part (None: its default)."""
+    e_disp: float = 0.0
+    """The functional's dispersion energy: it depends on the geometry and charge alone, so it
+    is computed once, with the calculation."""
 
     @property
     def reference_name(self) -> str:
@@ -97,15 +102,20 @@ class Calculation:
             ecp=json.dumps(self.ecp, sort_keys=True), charge=int(self.mol.charge),
             spin=int(self.mol.spin), ghost_atoms=json.dumps(sorted(self.ghosts)),
             scf=self.scf_method, jk_auxbasis=self.jk_name(),
+            jk_auxbasis_option=(self.jk_auxbasis.option if self.jk_auxbasis
+                                else DEFAULT_OPTION),
             reference=self.reference, frozen=self.nfrozen, **self._functional_inputs())
 
     def _functional_inputs(self) -> dict:
         functional = self.functional
         if functional is None:
             return {}
+        dispersion = functional.dispersion
         return {"xc": functional.name, "xc_functional": functional.xc,
                 "xc_os": functional.os_scale, "xc_ss": functional.ss_scale,
-                "grid_level": -1 if self.grid is None else self.grid}
+                "grid_level": -1 if self.grid is None else self.grid,
+                "dispersion": dispersion.model if dispersion else "",
+                "dispersion_method": dispersion.method if dispersion else ""}
 
 
 def ecp_core_electrons(geometry: Geometry, ecp: dict[str, str],
@@ -124,6 +134,9 @@ def define_calculation(geometry: Geometry, request: CalculationRequest) -> Calcu
         raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
     if request.grid is not None and request.functional is None:
         raise InputError("--grid sets the Kohn-Sham integration grid; it needs --xc")
+    if request.jk_auxbasis is not None and request.scf_method != "df":
+        raise InputError("--jk-auxbasis is the density-fitted SCF's fitting basis; it needs "
+                         "--scf df")
     if request.grid is not None and request.grid not in GRID_LEVELS:
         raise InputError(f"--grid {request.grid}: PySCF's grid levels run from "
                          f"{GRID_LEVELS.start} to {GRID_LEVELS.stop - 1}")
@@ -132,11 +145,14 @@ def define_calculation(geometry: Geometry, request: CalculationRequest) -> Calcu
                                        ecp_core_electrons(geometry, ecp, request.ghosts))
     mol = build_molecule(geometry, request.basis, charge, spin, ecp, request.ghosts)
     reference = resolve_reference(request.reference, spin)
+    functional = request.functional
+    e_disp = (dispersion_energy(functional.dispersion, mol, request.ghosts)
+              if functional is not None and functional.dispersion is not None else 0.0)
     auxbasis = ri_basis(mol, request.auxbasis)
-    jk_auxbasis = jk_basis(mol) if request.scf_method == "df" else None
+    jk_auxbasis = jk_basis(mol, request.jk_auxbasis) if request.scf_method == "df" else None
     nfrozen = int(elements.chemcore(mol)) if request.frozen_core else (request.frozen or 0)
     calc = Calculation(geometry, mol, reference, request.scf_method, auxbasis, jk_auxbasis, ecp,
-                       nfrozen, request.ghosts, request.functional, request.grid)
+                       nfrozen, request.ghosts, functional, request.grid, e_disp)
     _check_frozen(calc)
     return calc
 
@@ -162,13 +178,17 @@ def request_from_inputs(inputs: CalculationInputs) -> tuple[Geometry, Calculatio
     if len(names) > 1:
         raise InputError(f"record uses several core-potential sets ({', '.join(names)}); "
                          "dfmp2 defines one per calculation")
+    dispersion = (Dispersion(inputs.dispersion, inputs.dispersion_method)
+                  if inputs.dispersion else None)
     request = CalculationRequest(
         basis=inputs.basis,
         auxbasis=None if inputs.auxbasis_option == "default" else inputs.auxbasis_option,
+        jk_auxbasis=(None if inputs.jk_auxbasis_option == DEFAULT_OPTION
+                     else inputs.jk_auxbasis_option),
         ecp=names[0] if names else NO_ECP, charge=inputs.charge, spin=inputs.spin,
         reference=inputs.reference, frozen=inputs.frozen, scf_method=inputs.scf,
         ghosts=frozenset(json.loads(inputs.ghost_atoms)),
         functional=stored_functional(inputs.xc, inputs.xc_functional, inputs.xc_os,
-                                     inputs.xc_ss),
+                                     inputs.xc_ss, dispersion),
         grid=None if inputs.grid_level < 0 else inputs.grid_level)
     return parse_xyz(inputs.xyz, source=inputs.source), request

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.input.dispersion import NONE
 from dfmp2.input.functionals import named_functional
 
 DEFAULT_OUTPUT_DIR = Path("runs")
@@ -19,6 +20,8 @@ class RunSettings:
     molecule: Path
     basis: str = "cc-pvdz"
     auxbasis: str | None = None
+    jk_auxbasis: str | None = None
+    """The density-fitted SCF's JK-fit basis (None: the partner of the basis, as PySCF picks)."""
     ecp: str | None = None
     charge: int | None = None
     spin: int | None = None
@@ -38,6 +41,8 @@ class RunSettings:
     xc: str | None = None
     mp2_os: float | None = None
     mp2_ss: float | None = None
+    dispersion: str | None = None
+    """d3bj, d3zero, d4 or none added to a named --xc (None: the functional's own, if any)."""
     grid: int | None = None
     allow_unconverged: bool = False
     stability: bool = False
@@ -54,12 +59,17 @@ class RunSettings:
     command: str = "dfmp2 (python API)"
 
     def xc_suffix(self) -> str:
-        """``-<functional>`` in default record names of a double hybrid (``-xc`` for a custom
-        exchange-correlation string), so they do not replace the MP2 record of the molecule."""
+        """``-<functional>[-<dispersion>]`` in default record names of a double hybrid (``-xc``
+        for a custom exchange-correlation string), so they do not replace the MP2 record of the
+        molecule, nor the record of the same functional with another dispersion."""
         if self.xc is None:
             return ""
         named = named_functional(self.xc)
-        return f"-{named.name.lower()}" if named is not None else "-xc"
+        if named is None:
+            return "-xc"
+        added = (f"-{self.dispersion}" if named.dispersion is None
+                 and self.dispersion not in (None, NONE) else "")
+        return f"-{named.name.lower()}{added}"
 
     def output_path(self, suffix: str = "") -> Path:
         """``-o``, else ``runs/<molecule>-<basis>[-<functional>]<suffix>.h5``."""

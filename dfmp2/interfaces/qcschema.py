@@ -37,7 +37,8 @@ from dfmp2.input.xyz import Geometry, geometry_from_atoms, parse_xyz
 # QCSchema keyword -> (RunSettings field, type).
 KEYWORDS: dict[str, tuple[str, type]] = {
     "frozen_core": ("frozen_core", bool), "frozen": ("frozen", int),
-    "auxbasis": ("auxbasis", str), "ecp": ("ecp", str), "reference": ("reference", str),
+    "auxbasis": ("auxbasis", str), "jk_auxbasis": ("jk_auxbasis", str), "ecp": ("ecp", str),
+    "reference": ("reference", str), "dispersion": ("dispersion", str),
     "backend": ("backend", str), "precision": ("precision", str),
     "memory": ("memory", int), "scf": ("scf_method", str), "scf_engine": ("scf_engine", str),
     "fused_energy": ("fused_energy", bool), "occ_block": ("occ_block", int),

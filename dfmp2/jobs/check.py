@@ -1,6 +1,7 @@
 """PySCF's own answers: its DF-MP2 on given orbitals (``--check`` of an MP2 run), and its whole
 recipe from the molecule (``compare --reference pyscf``, and ``--check`` of a double hybrid):
-its SCF with its own density fitting, then its DF-MP2, scaled for a double hybrid."""
+its SCF with its own density fitting (the same JK-fit basis), then its DF-MP2, scaled for a
+double hybrid, plus the functional's dispersion from the same library (dftd3 or dftd4)."""
 from __future__ import annotations
 
 import time
@@ -56,16 +57,17 @@ class RecipeEnergies:
 
 
 def pyscf_recipe(calc: Calculation, label: str) -> RecipeEnergies:
-    """PySCF's SCF for ``calc`` (its own J/K, the same functional and grid), then its DF-MP2 with
-    the same auxiliary basis and frozen core."""
+    """PySCF's SCF for ``calc`` (its own J/K with the same JK-fit basis, the same functional and
+    grid), then its DF-MP2 with the same auxiliary basis and frozen core, plus the dispersion
+    energy the library gave the calculation."""
     start = time.perf_counter()
     reference = run_scf(calc, ScfOptions(engine="pyscf"))
     if not reference.converged:
         raise RunFailure(f"PySCF's SCF for {label} did not converge")
     energies = pyscf_dfmp2_energy(reference.mf, calc.nfrozen, calc.auxbasis.spec)
     functional = calc.functional
-    e_tot = (functional.total(reference.e_tot, energies.e_os, energies.e_ss) if functional
-             else reference.e_tot + energies.e_corr)
+    e_tot = (functional.total(reference.e_tot, energies.e_os, energies.e_ss, calc.e_disp)
+             if functional else reference.e_tot + energies.e_corr)
     return RecipeEnergies(reference.e_tot, energies, e_tot, time.perf_counter() - start)
 
 
@@ -91,12 +93,14 @@ def _check_recipe(calc: Calculation, outcome: CalculationOutcome, precision: str
                   node: Node) -> bool:
     recipe = pyscf_recipe(calc, "the check")
     energies = outcome.mp2.energies
-    e_tot = calc.functional.total(outcome.scf.e_tot, energies.e_os, energies.e_ss)
+    e_tot = calc.functional.total(outcome.scf.e_tot, energies.e_os, energies.e_ss, calc.e_disp)
     tolerance = TOLERANCE[precision]
     delta_corr, delta_tot = energies.e_corr - recipe.mp2.e_corr, e_tot - recipe.e_tot
     passed = abs(delta_corr) <= tolerance and abs(delta_tot) <= tolerance
+    dispersion = calc.functional.dispersion
+    added = f", plus {dispersion.describe()}" if dispersion else ""
     CheckSection(f"pyscf {pyscf.__version__} DF-{calc.reference_name.upper()} "
-                 f"({calc.functional.xc}) then DFMP2/DFUMP2, scaled", recipe.mp2.e_corr,
+                 f"({calc.functional.xc}) then DFMP2/DFUMP2, scaled{added}", recipe.mp2.e_corr,
                  recipe.mp2.e_os, recipe.mp2.e_ss, recipe.e_tot, delta_corr, tolerance, passed,
                  recipe.seconds, recipe.e_scf, delta_tot).write(node)
     write_timings(node, {"reference": recipe.seconds})

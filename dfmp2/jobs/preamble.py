@@ -120,12 +120,14 @@ def request_of(settings: RunSettings, charge: int | None, spin: int | None,
     if settings.xc is not None and settings.task == "gradient":
         raise InputError("analytic gradients of double hybrids are not implemented; drop --xc "
                          "for an MP2 (SCS, SOS) gradient")
-    return CalculationRequest(basis=settings.basis, auxbasis=settings.auxbasis, ecp=settings.ecp,
+    return CalculationRequest(basis=settings.basis, auxbasis=settings.auxbasis,
+                              jk_auxbasis=settings.jk_auxbasis, ecp=settings.ecp,
                               charge=charge, spin=spin, reference=settings.reference,
                               frozen_core=settings.frozen_core, frozen=settings.frozen,
                               scf_method=settings.scf_method, ghosts=ghosts,
                               functional=resolve_functional(settings.xc, settings.mp2_os,
-                                                            settings.mp2_ss),
+                                                            settings.mp2_ss,
+                                                            settings.dispersion),
                               grid=settings.grid)
 
 

@@ -6,6 +6,7 @@ pair, and the work of an interrupted run (``previous``) is reused instead of rec
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Sec
 from dfmp2.records.tree import Node, set_resumed
 from dfmp2.scf.reference import (ScfOptions, ScfResult, release_integrals, restored_scf,
                                  run_scf)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -58,24 +61,35 @@ class CalculationOutcome:
 
 
 def obtain_reference(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
-    """Rank 0's SCF (restored from an interrupted run's record when there is one) on every
-    rank; the other ranks get the orbitals, not the PySCF object."""
+    """The SCF on every rank: each runs it (with our engine, building J/K together), or
+    restores the one an interrupted run stored (read on rank 0, sent to the others). Every
+    rank ends with a PySCF object whose orbitals are rank 0's."""
     world, settings = ctx.env.world, ctx.settings
     options = ScfOptions(settings.scf_engine, ctx.env.scf_kernels, ctx.env.budget, ctx.scratch,
-                         keep_integrals, stability=settings.stability)
-    result = None
-    if world.is_root:
-        stored = read_scf(ctx.previous) if ctx.previous is not None else None
-        if stored is not None and stored[1] is not None:
-            result = restored_scf(ctx.calc, stored[0], stored[1], options)
-        else:
-            result = run_scf(ctx.calc, options)
+                         keep_integrals, stability=settings.stability, world=world)
+    stored = None
+    if world.is_root and ctx.previous is not None:
+        stored = read_scf(ctx.previous)
+        stored = stored if stored is not None and stored[1] is not None else None
+    stored = world.broadcast(stored, "sharing the stored SCF")
+    if stored is not None:
+        result = restored_scf(ctx.calc, stored[0], stored[1], options)
+    else:
+        result = run_scf(ctx.calc, options)
     if world.size == 1:
         return result
-    section, orbitals = world.broadcast(None if result is None else
-                                        (result.section, result.orbitals),
+    section, orbitals = world.broadcast((result.section, result.orbitals),
                                         "sharing the SCF orbitals")
-    return result if result is not None else ScfResult(section, orbitals)
+    if not world.is_root:
+        # The ranks' SCFs saw the same J/K bits, so these are normally their own orbitals
+        # already; rank 0's are taken whatever happened, so that MP2 and the gradient agree.
+        if not np.array_equal(orbitals.mo_coeff, result.orbitals.mo_coeff):
+            log.warning("rank %d's SCF orbitals differ from rank 0's; rank 0's are used",
+                        world.rank)
+        result.mf.mo_coeff, result.mf.mo_energy = orbitals.mo_coeff, orbitals.mo_energy
+        result.mf.mo_occ, result.mf.e_tot = orbitals.mo_occ, section.e_tot
+        result = ScfResult(section, orbitals, result.mf, result.engine)
+    return result
 
 
 def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
@@ -84,6 +98,8 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
     t0 = time.perf_counter()
     scf_result = obtain_reference(ctx, keep_integrals)
     ctx.timings["scf"] = time.perf_counter() - t0
+    if scf_result.engine is not None:
+        ctx.timings["jk_tensor"] = scf_result.engine.tensor_seconds
     set_resumed(ctx.node, ctx.previous is not None)
     write_scf(ctx.node, scf_result.section, scf_result.orbitals)
     if scf_result.engine is not None:
@@ -162,15 +178,17 @@ def calculate(ctx: RunContext) -> CalculationOutcome:
 def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf,
                   scratch: ScratchArea) -> GradientResult:
     """The relaxed gradient of the chosen method on the converged SCF ``mf``, within the
-    run's memory budget (its large tensors in ``scratch`` when they do not fit)."""
+    run's memory budget (its large tensors in ``scratch`` when they do not fit), spread over
+    the ranks of ``env.world`` (every rank calls this with its own ``mf``)."""
     return gradient.kernel(mf, calc.nfrozen, calc.auxbasis, calc.jk_auxbasis, env.kernel_set,
                            method_scales(settings.method, settings.scs_os, settings.scs_ss),
-                           settings.occ_block, env.budget, scratch)
+                           settings.occ_block, env.budget, scratch, env.world)
 
 
 def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
     """The relaxed DF-MP2 gradient of the chosen method into the context's node, with the MP2
-    energies it computed on the way."""
+    energies it computed on the way, and with several ranks each one's share of the amplitude
+    sweep in ``/distributed``."""
     settings, node = ctx.settings, ctx.node
     t0 = time.perf_counter()
     try:
@@ -191,6 +209,9 @@ def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
                                          response_iterations=result.response.iterations,
                                          response_residual=result.response.residual),
                    result.gradient)
+    world = ctx.env.world
+    if world.size > 1:
+        write_distributed(node, world.size, world.backend, result.ranks)
     return result
 
 
@@ -219,10 +240,13 @@ def finite(section, scales: str):
 def double_hybrid_section(calc: Calculation, scf_result: ScfResult,
                           energies: Mp2Energies) -> DoubleHybridSection:
     functional, scf = calc.functional, scf_result.section
+    dispersion = functional.dispersion
     return finite(DoubleHybridSection(functional.name, functional.xc, functional.os_scale,
                                       functional.ss_scale, functional.source, scf.grid_level,
                                       scf.grid_points, scf.e_tot,
                                       functional.pt2(energies.e_os, energies.e_ss),
                                       functional.total(scf.e_tot, energies.e_os,
-                                                       energies.e_ss)),
+                                                       energies.e_ss, calc.e_disp),
+                                      calc.e_disp,
+                                      dispersion.describe() if dispersion else ""),
                   "--mp2-os/--mp2-ss")

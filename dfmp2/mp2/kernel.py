@@ -17,7 +17,7 @@ from pyscf import gto
 
 import kernels
 from dfmp2.df.auxbasis import AuxBasis, make_auxmol, ri_basis
-from dfmp2.df.store import ScratchArea, ScratchB
+from dfmp2.df.store import ScratchArea
 from dfmp2.system.blas_threads import torch_owns_the_cores
 from dfmp2.df.fitted import build_fitted_tensors
 from dfmp2.system.distributed import World
@@ -138,8 +138,8 @@ def kernel(mol: gto.Mole, orbitals: Orbitals, fit: FitBasis, kernel_set, plan: B
     """DF-MP2 correlation energy through the kernel set ``kernel_set``.
 
     B stays in memory unless ``plan.out_of_core``; then it lives in ``execution.scratch``
-    (rank 0 builds it, the other ranks read it). Block pairs already in the ledger are not
-    recomputed.
+    (with several ranks, every rank builds its share of it there and reads from it; the
+    timings are this rank's own). Block pairs already in the ledger are not recomputed.
     """
     execution = execution if execution is not None else Execution()
     world = execution.world
@@ -154,16 +154,9 @@ def kernel(mol: gto.Mole, orbitals: Orbitals, fit: FitBasis, kernel_set, plan: B
         if execution.scratch is None:
             raise ValueError("an out-of-core plan needs a scratch area")
         scratch = execution.scratch
-    stores = []
-    if world.is_root:
-        stores = build_fitted_tensors(mol, fit.auxmol, [(c.c_occ, c.c_vir) for c in channels],
-                                      fit.metric, kernel_set, plan.build_block_bytes, scratch,
-                                      timings)
-    if world.size > 1:
-        paths = world.broadcast([store.share() for store in stores] if world.is_root else None,
-                                "sharing the fitted tensor B")
-        if not world.is_root:
-            stores = [ScratchB.open_shared(path) for path in paths]
+    stores = build_fitted_tensors(mol, fit.auxmol, [(c.c_occ, c.c_vir) for c in channels],
+                                  fit.metric, kernel_set, plan.build_block_bytes, scratch,
+                                  timings, world)
     try:
         t0 = time.perf_counter()
         readers = [BlockReader(store, c.nvir, kernel_set.dtype, kernel_set.device)

@@ -25,12 +25,13 @@ TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2
 def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None,
                  double_hybrid: DoubleHybridSection | None) -> list[tuple[str, float]]:
     """The energies a run made. A double hybrid's are E_KS, the unscaled MP2 parts on its
-    orbitals, the scaled sum and its total: SCS and SOS sums of Kohn-Sham orbitals are not
-    methods, so they are not shown."""
+    orbitals, the scaled sum, its dispersion (when it has one) and its total: SCS and SOS sums
+    of Kohn-Sham orbitals are not methods, so they are not shown."""
     if double_hybrid is not None and energies is not None:
+        dispersion = [("E_disp", double_hybrid.e_disp)] if double_hybrid.dispersion else []
         return [("E(KS)", double_hybrid.e_ks), ("E_OS", energies.e_os),
                 ("E_SS", energies.e_ss), ("E_corr", energies.e_corr),
-                ("E_PT2", double_hybrid.e_pt2), ("E_tot", double_hybrid.e_tot)]
+                ("E_PT2", double_hybrid.e_pt2), *dispersion, ("E_tot", double_hybrid.e_tot)]
     rows = []
     if scf is not None:
         rows.append(("E(SCF)", scf.e_tot))
@@ -56,6 +57,8 @@ def summary(root: Node) -> str:
         lines.append(f"  xc       {double_hybrid.name}: {double_hybrid.xc}; MP2 scales "
                      f"{double_hybrid.os_scale:g} OS, {double_hybrid.ss_scale:g} SS; grid level "
                      f"{double_hybrid.grid_level} ({double_hybrid.grid_points} points)")
+        if double_hybrid.dispersion:
+            lines.append(f"  disp     {double_hybrid.dispersion}")
     sizes = Sizes.read(root)
     if sizes is not None:
         lines.append(f"  sizes    nao {sizes.nao}  naux {sizes.naux}  nocc {sizes.nocc}  "
@@ -140,7 +143,9 @@ def json_summary(root: Node, path: str) -> dict:
                         "mp2_os": double_hybrid.os_scale, "mp2_ss": double_hybrid.ss_scale,
                         "grid_level": double_hybrid.grid_level,
                         "grid_points": double_hybrid.grid_points,
-                        "e_pt2": double_hybrid.e_pt2, "e_tot": double_hybrid.e_tot})
+                        "e_pt2": double_hybrid.e_pt2, "e_disp": double_hybrid.e_disp,
+                        "dispersion": double_hybrid.dispersion or None,
+                        "e_tot": double_hybrid.e_tot})
     check = CheckSection.read(root)
     if check is not None:
         summary.update({"reference_e_corr": check.e_corr, "delta_e_corr": check.delta_e_corr,

@@ -64,8 +64,11 @@ class CalculationInputs(Section):
         "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
         "scf_engine", "jk_auxbasis", "reference", "frozen", "backend", "precision",
         "fused_energy", "task", "method", "xc_functional", "grid_level")
+    # The dispersion term is added after the SCF and MP2, so an interrupted run's checkpoint
+    # holds for any; a finished record's total does not.
     REUSE_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
-        "scs_os", "scs_ss", "xc", "xc_os", "xc_ss", "allow_unconverged", "check")
+        "scs_os", "scs_ss", "xc", "xc_os", "xc_ss", "dispersion", "dispersion_method",
+        "allow_unconverged", "check")
 
     xyz: str
     source: str
@@ -74,6 +77,9 @@ class CalculationInputs(Section):
     auxbasis_option: str = "default"
     ecp: str = "{}"
     jk_auxbasis: str = "none"
+    """The SCF's JK-fit basis, as :attr:`auxbasis` names it (``none``: a conventional SCF)."""
+    jk_auxbasis_option: str = "default"
+    """The ``--jk-auxbasis`` given, or ``default``."""
     charge: int = 0
     spin: int = 0
     ghost_atoms: str = "[]"
@@ -96,6 +102,10 @@ class CalculationInputs(Section):
     xc_ss: float = 0.0
     grid_level: int = -1
     """PySCF's integration grid level; -1: PySCF's default (or no grid)."""
+    dispersion: str = ""
+    """The double hybrid's dispersion model (d3bj, d3zero, d4; empty: none)."""
+    dispersion_method: str = ""
+    """The functional whose damping parameters dftd3/dftd4 supplied."""
     allow_unconverged: bool = False
     check: bool = False
     memory_bytes: int = 0
@@ -290,10 +300,10 @@ class Mp2Section(Section):
 
 @dataclass(frozen=True)
 class DoubleHybridSection(Section):
-    """``/double_hybrid``: the functional (name, exchange-correlation mix, MP2 scales, source),
-    the Kohn-Sham grid, and the total E_KS + os_scale E_OS + ss_scale E_SS. ``/scf`` holds
-    E_KS and ``/mp2`` the unscaled MP2 parts; /mp2's totals are the plain sums, not this
-    method's energy."""
+    """``/double_hybrid``: the functional (name, exchange-correlation mix, MP2 scales, source,
+    dispersion), the Kohn-Sham grid, and the total E_KS + os_scale E_OS + ss_scale E_SS +
+    E_disp. ``/scf`` holds E_KS and ``/mp2`` the unscaled MP2 parts; /mp2's totals are the
+    plain sums, not this method's energy."""
 
     group_name: ClassVar[str] = "double_hybrid"
     name: str
@@ -306,6 +316,10 @@ class DoubleHybridSection(Section):
     e_ks: float
     e_pt2: float
     e_tot: float
+    e_disp: float = 0.0
+    """The dispersion energy in e_tot (0 without one, and in records older than it)."""
+    dispersion: str = ""
+    """How it was computed, e.g. ``D3BJ (dftd3 1.7.0, parameters of b2plyp)``; empty: none."""
 
 
 @dataclass(frozen=True)
@@ -402,6 +416,17 @@ def read_checkpoint(node: Node) -> Checkpoint | None:
     return Checkpoint(None if occ_block is None else int(occ_block),
                       {tuple(int(v) for v in key): (float(s[0]), float(s[1]))
                        for key, s in zip(keys, sums)})
+
+
+def write_rank_stages(node: Node, stages: list[dict[str, float]],
+                      peaks_mb: list[float]) -> None:
+    """``/distributed``: each rank's seconds per stage (``rankK.stage_seconds``, JSON) and its
+    peak resident memory (``rankK.peak_rss_mb``), so the balance of the ranks can be seen."""
+    group = node.group("distributed")
+    for rank, (seconds, peak) in enumerate(zip(stages, peaks_mb)):
+        group.attrs[f"rank{rank}.stage_seconds"] = json.dumps(
+            {name: round(value, 6) for name, value in sorted(seconds.items())})
+        group.attrs[f"rank{rank}.peak_rss_mb"] = peak
 
 
 def write_distributed(node: Node, world_size: int, backend: str,

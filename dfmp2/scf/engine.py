@@ -11,6 +11,11 @@ Precision. fp64 kernels (torch on the CPU or a GPU) build every J/K in fp64. fp3
 the energy change or the orbital gradient reaches the fp32 noise floor, fp64 builds on the
 host until PySCF's own tests pass on two consecutive fp64 builds. Convergence is never
 declared on an fp32 Fock matrix, and the thresholds are PySCF's (1e-12 Eh, 1e-7).
+
+Several ranks. Every rank runs the same SCF, and every J/K build is collective: rank 0's
+density goes to every rank, each builds J and K over its own slice of the fit functions, and
+the parts are summed (O(nao^2) numbers per build, never the tensor). Every rank thus gets the
+same J/K bits, and so takes the same SCF steps and precision-schedule decisions.
 """
 from __future__ import annotations
 
@@ -25,10 +30,11 @@ from kernels.accounting import KernelAccounting
 
 from dfmp2.df.auxbasis import AuxBasis, make_auxmol
 from dfmp2.df.store import ScratchArea
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, RunFailure
 from dfmp2.scf.jk import JkEngine, factorize
-from dfmp2.scf.jk_tensor import build_jk_tensor, jk_tensor_bytes
+from dfmp2.scf.jk_tensor import build_jk_tensor, build_shared_jk_tensor, jk_tensor_bytes
 from dfmp2.records.sections import ScfEngineSection
+from dfmp2.system.distributed import World
 from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_memory
 
 log = logging.getLogger(__name__)
@@ -109,12 +115,13 @@ class KernelDF(df.DF):
     """PySCF's density-fitting object whose J and K come from our engine."""
 
     def __init__(self, mol, aux: AuxBasis, kernels: ScfKernels, budget: int,
-                 scratch: ScratchArea | None) -> None:
+                 scratch: ScratchArea | None, world: World | None = None) -> None:
         super().__init__(mol, aux.spec)
         self.aux = aux
         self.kernels = kernels
         self.budget = budget
         self.scratch = scratch
+        self.world = world or World()
         self.engine: JkEngine | None = None
         self.schedule: PrecisionSchedule | None = None
         self.timings: dict[str, float] = {}
@@ -124,11 +131,18 @@ class KernelDF(df.DF):
             return self
         self.auxmol = make_auxmol(self.mol, self.aux)
         nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
-        out_of_core = not fits_in_memory(jk_tensor_bytes(nao, naux), self.budget,
-                                         JK_TENSOR_IN_MEMORY_SHARE)
         work = max(FP64_BYTES * nao * nao * 8, (1 - JK_TENSOR_IN_MEMORY_SHARE) * self.budget / 2)
-        tensor = build_jk_tensor(self.mol, self.auxmol, self.kernels.exact, int(work),
-                                 self.scratch if out_of_core else None, self.timings)
+        if self.world.size > 1:
+            if self.scratch is None:
+                raise ValueError("a JK-fit tensor spread over ranks needs a scratch area")
+            tensor = build_shared_jk_tensor(self.mol, self.auxmol, self.kernels.exact,
+                                            int(work), self.scratch, self.world, self.budget,
+                                            self.timings)
+        else:
+            out_of_core = not fits_in_memory(jk_tensor_bytes(nao, naux), self.budget,
+                                             JK_TENSOR_IN_MEMORY_SHARE)
+            tensor = build_jk_tensor(self.mol, self.auxmol, self.kernels.exact, int(work),
+                                     self.scratch if out_of_core else None, self.timings)
         self.engine = JkEngine(tensor, self.kernels.fast, self.kernels.exact, int(work))
         return self
 
@@ -153,18 +167,36 @@ class KernelDF(df.DF):
         dms = np.asarray(dm, dtype=np.float64)
         shape = dms.shape
         dms = dms.reshape(-1, shape[-1], shape[-1])
+        tags = _orbital_tags(dm, dms.shape[0]) if with_k else None
+        if self.world.size > 1:
+            # Rank 0's density (and orbitals) on every rank: the ranks' parts of J and K are
+            # then parts of one J and K, whatever bits each rank's own SCF produced.
+            dms, tags = self.world.broadcast((dms, tags), "sharing the density for J/K")
         factors = None
         if with_k:
-            tags = _orbital_tags(dm, dms.shape[0])
             factors = [factorize(dms[n], hermi, *tags[n]) for n in range(dms.shape[0])]
         vj, vk = self.engine.build(dms, factors, with_j, with_k)
+        if self.world.size > 1:
+            vj, vk = self._summed(vj, vk)
         return (None if vj is None else vj.reshape(shape),
                 None if vk is None else vk.reshape(shape))
+
+    def _summed(self, vj: np.ndarray | None, vk: np.ndarray | None):
+        """Every rank's parts of J and K added up, in one message."""
+        parts = [part for part in (vj, vk) if part is not None]
+        total = self.world.allreduce_sum(np.concatenate([part.ravel() for part in parts]),
+                                         "adding up J/K")
+        pieces = iter(np.split(total, len(parts)))
+        return tuple(None if part is None else next(pieces).reshape(part.shape)
+                     for part in (vj, vk))
 
     def loop(self, blksize=None):
         """PySCF's view of the tensor: fp64 blocks of (naux, nao(nao+1)/2), for PySCF code
         that reads the DF tensor itself."""
         tensor = self.build().engine.tensor
+        if tensor.width != tensor.naux:
+            raise RunFailure("PySCF code that reads the whole JK-fit tensor cannot run with the "
+                             "tensor spread over ranks; run it in one process")
         layout = tensor.layout
         diagonal = layout.diagonal_rows()
         blksize = blksize or self.blockdim
@@ -205,14 +237,16 @@ def scf_engine_section(engine_df: KernelDF) -> ScfEngineSection:
 
 
 def use_kernel_engine(mf, aux: AuxBasis, kernels: ScfKernels, budget: int,
-                      scratch: ScratchArea | None, converging: bool = True) -> KernelDF:
+                      scratch: ScratchArea | None, converging: bool = True,
+                      world: World | None = None) -> KernelDF:
     """Put our engine in ``mf`` (a density-fitted PySCF SCF object) in place of PySCF's. For an
     SCF about to converge, the precision schedule drives its convergence test; for a
     converged one (restored from a record) every later build is fp64 and the tensor is built
-    at the first request."""
+    at the first request. With a ``world`` of several ranks, every J/K build (and the tensor's)
+    is collective: every rank must make the same requests."""
     if not converging:
         kernels = ScfKernels(kernels.exact, kernels.exact)
-    engine_df = KernelDF(mf.mol, aux, kernels, budget, scratch)
+    engine_df = KernelDF(mf.mol, aux, kernels, budget, scratch, world)
     mf.with_df = engine_df
     if converging:
         engine_df.attach(mf)

@@ -11,6 +11,10 @@ eigenvectors of D, positive and negative parts separately. The half-transformed 
 G[mu, (i, P)] = (F^T B_P)[i, mu] is built row block by row block from X_P with two matrix
 products (rows mu of X_P, and columns mu of X_P), then K = G G^T by a symmetric rank-k update.
 Per build that is about 3 naux nao^2 nocc multiply-adds, half of it in the rank-k update.
+
+J and K are both sums over the fit index P, so a tensor that holds only some of the fit
+functions (one rank's slice, :mod:`dfmp2.scf.jk_tensor`) builds that rank's part of them; the
+ranks' parts add up to J and K (:class:`dfmp2.scf.engine.KernelDF` adds them).
 """
 from __future__ import annotations
 
@@ -104,7 +108,7 @@ class JkEngine:
         nset, nao, _ = dms.shape
         columns = sum(f.left.shape[1] * (1 if f.right is None else 2)
                       for fs in (factors if with_k else []) for f in fs)
-        small = 3.0 * self.tensor.naux * nao * nao * max(columns, nset) < SINGLE_THREAD_WORK
+        small = 3.0 * self.tensor.width * nao * nao * max(columns, nset) < SINGLE_THREAD_WORK
         with single_threaded_ops() if small else contextlib.nullcontext():
             vj, vk = self._build(dms, factors, with_j, with_k, k_scale, columns)
         self.builds.append(JkBuild(time.perf_counter() - start, self.kernel_set.precision,
@@ -119,7 +123,7 @@ class JkEngine:
         vj = np.zeros((nset, nao, nao)) if with_j else None
         vk = np.zeros((nset, nao, nao)) if with_k else None
         terms = [(n, f) for n, fs in enumerate(factors) for f in fs] if with_k else []
-        naux = self.tensor.naux
+        naux = self.tensor.width
         chunk = self._aux_chunk(nao, max(columns, 1))
         js = self.coulomb_set
         symmetric = torch.as_tensor(dms + dms.transpose(0, 2, 1), dtype=js.dtype,
@@ -167,7 +171,7 @@ class JkEngine:
         itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
         block = self.tensor.layout.row_block
         per_aux = itemsize * (nao * columns + 2 * block * nao + nao * columns)
-        return max(1, min(self.tensor.naux, self.work_bytes // per_aux))
+        return max(1, min(self.tensor.width, self.work_bytes // per_aux))
 
     def _half(self, nao: int, columns: int, naux: int, slot: int) -> torch.Tensor:
         """G for one aux chunk, kept from build to build (a fresh 100 MB+ array would be paid

@@ -11,6 +11,11 @@ The rows are a 2-D store (:mod:`dfmp2.df.store`), in memory or in a scratch file
 
 The fit is PySCF's (``pyscf.df.incore.cholesky_eri``): a Cholesky factor of the metric, or,
 when the metric is not positive definite, its eigenvectors above 1e-7.
+
+Several ranks (:func:`build_shared_jk_tensor`) build one tensor in a scratch file they share:
+each computes the integrals of its own whole column chunks of the file (the fit functions),
+then fits its own rows (rows are independent in the fit), and then keeps only its slice of
+the fit functions, which is all its share of every J/K build needs.
 """
 from __future__ import annotations
 
@@ -25,12 +30,12 @@ import torch
 from pyscf import gto
 from pyscf.df import incore
 
-from dfmp2.df.store import ScratchArea, open_store
-from dfmp2.df.fitted import aux_shell_blocks
+from dfmp2.df.store import InMemoryB, ScratchArea, ScratchB, open_store
 from dfmp2.system.disk import check_space
 from dfmp2.errors import RunFailure
 from dfmp2.df.metric import JK_LINDEP_THRESHOLD, FitMetric, build_metric
-from dfmp2.system.memory import FP64_BYTES
+from dfmp2.system.distributed import World
+from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_memory
 
 log = logging.getLogger(__name__)
 ROW_BLOCK = 64
@@ -95,25 +100,35 @@ class PairLayout:
 
 @dataclass
 class JkTensor:
-    """The fitted JK tensor in its store, with what is needed to read it back."""
+    """The fitted JK tensor in its store, with what is needed to read it back: all of its
+    fit functions, or (one rank of several) only ``columns``, whose first is the store's
+    column ``store_offset``."""
 
     layout: PairLayout
     store: object
     metric: FitMetric
+    columns: range | None = None
+    store_offset: int = 0
 
     @property
     def naux(self) -> int:
         return self.metric.naux_fit
 
     @property
+    def width(self) -> int:
+        """How many fit functions this tensor holds (all of them but on a rank of several)."""
+        return self.naux if self.columns is None else len(self.columns)
+
+    @property
     def nbytes(self) -> int:
         return FP64_BYTES * self.layout.nrows * self.naux
 
     def block(self, block: RowBlock, x0: int = 0, x1: int | None = None) -> torch.Tensor:
-        """The rows of one row block for fit functions [x0, x1) (default: all) as
+        """The rows of one row block for its held fit functions [x0, x1) (default: all) as
         (m1 - m0, m1, x1 - x0) fp64; a tensor in a file reads only those columns."""
-        x1 = self.naux if x1 is None else x1
-        rows = self.store.read_rows(block.offset, block.offset + block.rows, x0, x1)
+        x1 = self.width if x1 is None else x1
+        rows = self.store.read_rows(block.offset, block.offset + block.rows,
+                                    self.store_offset + x0, self.store_offset + x1)
         return rows.reshape(block.m1 - block.m0, block.m1, x1 - x0)
 
     def close(self) -> None:
@@ -141,14 +156,20 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes
         copies = 1 if metric.kind == "cholesky" else 2
         check_space(path.parent, copies * FP64_BYTES * nrows * naux, "the SCF's JK-fit tensor")
     raw = open_store(nrows, naux, path, zeroed=True)
+    fitted = raw
     try:
         t1 = clock()
-        _fill_integrals(mol, auxmol, layout, raw, max_block_bytes)
+        _fill_integrals(mol, auxmol, layout, raw, max_block_bytes, range(naux))
         t2 = clock()
-        fitted = _fit(raw, metric, layout, kernel_set, max_block_bytes, scratch)
+        if metric.kind != "cholesky":
+            fitted = open_store(nrows, metric.naux_fit,
+                                None if scratch is None else scratch.jk_path())
+        _fit(raw, fitted, metric, layout, kernel_set, max_block_bytes, range(nrows))
     except BaseException:
-        raw.close()
+        _close_both(raw, fitted)
         raise
+    if fitted is not raw:
+        raw.close()
     timings.update({"jk_metric": t1 - t0, "jk_integrals": t2 - t1, "jk_fit": clock() - t2})
     log.info("JK tensor: %d AO pairs x %d fit functions (%s), %.2f GB %s", nrows, naux,
              metric.kind, FP64_BYTES * nrows * metric.naux_fit / 1e9,
@@ -156,47 +177,162 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes
     return JkTensor(layout, fitted, metric)
 
 
+def build_shared_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes: int,
+                           scratch: ScratchArea, world: World, budget: int,
+                           timings: dict[str, float] | None = None) -> JkTensor:
+    """This rank's slice of the tensor, built by all ranks together (a collective call)
+    through files in ``scratch`` that every rank can reach. The slice stays in the shared
+    file when the widest rank's slice would not fit the budget's in-memory share."""
+    timings = timings if timings is not None else {}
+    clock = time.perf_counter
+    t0 = clock()
+    # Every rank factors the metric itself: naux^3 / 3 flops, small next to the integrals,
+    # and no O(naux^2) message.
+    metric = build_metric(auxmol, JK_LINDEP_THRESHOLD)
+    layout = PairLayout(mol.nao_nr(), ROW_BLOCK)
+    nrows, naux = layout.nrows, metric.naux
+    eigen = metric.kind != "cholesky"
+    raw = _shared_store(scratch.jk_path(raw=eigen), nrows, naux, world,
+                        (2 if eigen else 1) * FP64_BYTES * nrows * naux)
+    fitted = raw
+    try:
+        if eigen:
+            fitted = _shared_store(scratch.jk_path(), nrows, metric.naux_fit, world, 0)
+        t1 = clock()
+        _fill_integrals(mol, auxmol, layout, raw, max_block_bytes,
+                        _chunk_share(raw, world.rank, world.size))
+        raw.sync()
+        world.barrier("computing the JK-fit integrals")
+        t2 = clock()
+        _fit(raw, fitted, metric, layout, kernel_set, max_block_bytes, world.share(nrows))
+        fitted.sync()
+        world.barrier("fitting the JK-fit tensor")
+        if eigen:
+            # Every rank has read its rows of the raw integrals (the barrier): rank 0, which
+            # created the file, removes it.
+            raw.close()
+        t3 = clock()
+        tensor = _keep_share(fitted, layout, metric, world, budget, max_block_bytes)
+    except BaseException:
+        _close_both(raw, fitted)
+        raise
+    timings.update({"jk_metric": t1 - t0, "jk_integrals": t2 - t1, "jk_fit": t3 - t2,
+                    "jk_share": clock() - t3})
+    log.info("JK tensor: %d AO pairs x %d fit functions (%s), built by %d ranks in %s; this "
+             "rank keeps fit functions [%d, %d) %s", nrows, naux, metric.kind, world.size,
+             fitted.path, tensor.columns.start, tensor.columns.stop,
+             "in memory" if tensor.store.location == "memory" else "in the shared file")
+    return tensor
+
+
+def _shared_store(path, nrows: int, ncols: int, world: World, space: int) -> ScratchB:
+    """A file of every rank: rank 0 checks room for ``space`` bytes and creates it (its
+    column chunks a multiple of the ranks), then the others open it for writing. A failure on
+    rank 0 fails every rank at once, rather than at the next collective's timeout."""
+    if world.is_root:
+        try:
+            if space:
+                check_space(path.parent, space, "the SCF's JK-fit tensor")
+            store = ScratchB.create(path, nrows, ncols, parts=world.size)
+        except RunFailure as exc:
+            world.broadcast(str(exc), "creating the JK-fit tensor file")
+            raise
+        world.broadcast(None, "creating the JK-fit tensor file")
+        return store
+    failure = world.broadcast(None, "creating the JK-fit tensor file")
+    if failure is not None:
+        raise RunFailure(f"rank 0 could not create the JK-fit tensor file: {failure}")
+    return ScratchB.open_shared(path, writable=True)
+
+
+def _chunk_share(store: ScratchB, rank: int, size: int) -> range:
+    """The columns of ``rank``'s share of the store's whole column chunks: a column chunk is
+    written by one rank only, since writing part of one rewrites all of it."""
+    nchunks = -(-store.ncols // store.chunk_cols)
+    first, last = nchunks * rank // size, nchunks * (rank + 1) // size
+    return range(min(store.ncols, first * store.chunk_cols),
+                 min(store.ncols, last * store.chunk_cols))
+
+
+def _keep_share(fitted: ScratchB, layout: PairLayout, metric: FitMetric, world: World,
+                budget: int, max_block_bytes: int) -> JkTensor:
+    """This rank's slice of the fitted tensor: read into memory when every rank's fits (all
+    ranks then agree, and the shared file is removed), else left in the file."""
+    columns = _chunk_share(fitted, world.rank, world.size)
+    widest = max(len(_chunk_share(fitted, rank, world.size)) for rank in range(world.size))
+    if not fits_in_memory(FP64_BYTES * layout.nrows * widest, budget,
+                          JK_TENSOR_IN_MEMORY_SHARE):
+        return JkTensor(layout, fitted, metric, columns, store_offset=columns.start)
+    local = InMemoryB(layout.nrows, len(columns))
+    chunk = max(1, max_block_bytes // (FP64_BYTES * max(1, len(columns))))
+    for r0 in range(0, layout.nrows, chunk):
+        r1 = min(layout.nrows, r0 + chunk)
+        local.write_rows(r0, r1, fitted.read_rows(r0, r1, columns.start, columns.stop))
+    world.barrier("reading the JK-fit tensor slices")
+    fitted.close()
+    return JkTensor(layout, local, metric, columns)
+
+
+def _close_both(raw, fitted) -> None:
+    if fitted is not raw:
+        fitted.close()
+    raw.close()
+
+
+def _shell_blocks(auxmol: gto.Mole, columns: range,
+                  max_functions: int) -> list[tuple[int, int, int, int]]:
+    """Consecutive auxiliary shell ranges (shell0, shell1, p0, p1) of at most max_functions
+    (a single larger shell stays whole), covering fit functions ``columns``; the first and
+    last may reach past them (a shell is computed whole)."""
+    ao_loc = auxmol.ao_loc_nr()
+    if not columns:
+        return []
+    first = int(np.searchsorted(ao_loc, columns.start, side="right")) - 1
+    stop = int(np.searchsorted(ao_loc, columns.stop - 1, side="right"))
+    blocks, start = [], first
+    for shell in range(first, stop):
+        if ao_loc[shell + 1] - ao_loc[start] > max_functions and shell > start:
+            blocks.append((start, shell, int(ao_loc[start]), int(ao_loc[shell])))
+            start = shell
+    blocks.append((start, stop, int(ao_loc[start]), int(ao_loc[stop])))
+    return blocks
+
+
 def _fill_integrals(mol: gto.Mole, auxmol: gto.Mole, layout: PairLayout, store,
-                    max_block_bytes: int) -> None:
+                    max_block_bytes: int, columns: range) -> None:
+    """The integrals of fit functions ``columns`` into the store's same columns."""
     npair = layout.nao * (layout.nao + 1) // 2
     per_function = FP64_BYTES * (npair + layout.nrows)
     max_functions = max(1, max_block_bytes // per_function)
-    for shell0, shell1, p0, p1 in aux_shell_blocks(auxmol, max_functions):
+    for shell0, shell1, p0, p1 in _shell_blocks(auxmol, columns, max_functions):
         packed = incore.aux_e2(mol, auxmol, "int3c2e", aosym="s2ij",
                                shls_slice=(0, mol.nbas, 0, mol.nbas, shell0, shell1))
-        # In memory, the store's own columns (a view) are filled; in a file, a copy.
-        columns = store.read_columns(p0, p1)
-        layout.scatter_packed(packed.reshape(npair, p1 - p0), columns.numpy())
-        store.write_columns(p0, p1, columns)
+        c0, c1 = max(p0, columns.start), min(p1, columns.stop)
+        # In memory, the store's own columns (a view) are filled; a file is new, so its
+        # columns are zeros that need not be read back.
+        values = (store.read_columns(c0, c1) if store.location == "memory" else
+                  torch.zeros((layout.nrows, c1 - c0), dtype=torch.float64))
+        layout.scatter_packed(packed.reshape(npair, p1 - p0)[:, c0 - p0:c1 - p0],
+                              values.numpy())
+        store.write_columns(c0, c1, values)
 
 
-def _fit(raw, metric: FitMetric, layout: PairLayout, kernel_set, max_block_bytes: int,
-         scratch: ScratchArea | None):
-    """B = Y L^-T row chunk by row chunk (B = Y U e^-1/2 for an eigen metric), then the
-    diagonal pairs halved."""
-    nrows = layout.nrows
+def _fit(raw, fitted, metric: FitMetric, layout: PairLayout, kernel_set, max_block_bytes: int,
+         rows: range) -> None:
+    """B = Y L^-T (in place in ``raw``, which is then ``fitted``), or B = Y U e^-1/2 for an
+    eigen metric, for ``rows`` row chunk by row chunk, then the diagonal pairs halved."""
     in_place = metric.kind == "cholesky"
-    fitted = raw if in_place else open_store(
-        nrows, metric.naux_fit, None if scratch is None else scratch.jk_path())
     diagonal = layout.diagonal_rows()
     chunk = max(1, max_block_bytes // (2 * FP64_BYTES * metric.naux))
-    try:
-        for r0 in range(0, nrows, chunk):
-            r1 = min(nrows, r0 + chunk)
-            rows = raw.read_rows(r0, r1)
-            if in_place:
-                kernel_set.trsm(metric.factor, rows.T, out=rows.T)
-            else:
-                rows = kernel_set.gemm(rows, metric.factor)
-            if not math.isfinite(float(rows.sum())):
-                raise RunFailure(f"non-finite values in the SCF's JK-fit tensor (rows {r0}:{r1})")
-            local = diagonal[(diagonal >= r0) & (diagonal < r1)] - r0
-            rows[local] *= 0.5
-            fitted.write_rows(r0, r1, rows)
-    except BaseException:
-        if fitted is not raw:
-            fitted.close()
-        raise
-    if fitted is not raw:
-        raw.close()
-    return fitted
+    for r0 in range(rows.start, rows.stop, chunk):
+        r1 = min(rows.stop, r0 + chunk)
+        values = raw.read_rows(r0, r1)
+        if in_place:
+            kernel_set.trsm(metric.factor, values.T, out=values.T)
+        else:
+            values = kernel_set.gemm(values, metric.factor)
+        if not math.isfinite(float(values.sum())):
+            raise RunFailure(f"non-finite values in the SCF's JK-fit tensor (rows {r0}:{r1})")
+        local = diagonal[(diagonal >= r0) & (diagonal < r1)] - r0
+        values[local] *= 0.5
+        fitted.write_rows(r0, r1, values)

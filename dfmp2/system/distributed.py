@@ -1,12 +1,13 @@
 """Several workers on one calculation with torch.distributed (torchrun or Slurm's srun).
 
-Rank 0 runs the SCF and broadcasts the orbitals; rank 0 builds B once into the HDF5 scratch
-file of the out-of-core path and the other ranks read their blocks from it (a shared folder
-is needed across nodes). Block pairs are dealt out by cost, longest first, to the least loaded
-rank; after every round the ranks gather what they finished, so rank 0 can checkpoint each
-pair in the record (a resumed run skips them, whatever the world size) and the fp64 sums are
-combined in a fixed order. Collectives time out, so a lost rank ends the job with an error
-instead of a hang.
+Every stage divides its work over the ranks and exchanges small arrays: the SCF runs on every
+rank with each J/K build split over the fit functions and summed (``allreduce_sum``), B is
+built by all ranks into the shared scratch file (integrals by auxiliary shells, the fit by
+columns), the energy's block pairs are dealt out by cost, longest first, to the least loaded
+rank, and the gradient splits its sweeps the same way. After every round of pairs the ranks
+gather what they finished, so rank 0 can checkpoint each pair in the record (a resumed run
+skips them, whatever the world size) and the fp64 sums are combined in a fixed order.
+Collectives time out, so a lost rank ends the job with an error instead of a hang.
 """
 from __future__ import annotations
 
@@ -113,17 +114,23 @@ class World:
         ``array.size`` numbers, never a tensor the size of the molecule's integrals."""
         if self.size == 1:
             return array
-        buffer = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64).copy())
+        buffer = self._buffer(array)
         _guard(lambda: torch_dist.all_reduce(buffer, op=torch_dist.ReduceOp.SUM), what)
-        return buffer.numpy()
+        return buffer.cpu().numpy()
 
     def broadcast_array(self, array: np.ndarray, what: str) -> np.ndarray:
         """Rank 0's ``array`` (float64, the same shape on every rank) on every rank."""
         if self.size == 1:
             return array
-        buffer = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64).copy())
+        buffer = self._buffer(array)
         _guard(lambda: torch_dist.broadcast(buffer, src=0), what)
-        return buffer.numpy()
+        return buffer.cpu().numpy()
+
+    def _buffer(self, array: np.ndarray) -> torch.Tensor:
+        """``array`` as a tensor where the process group can reach it: NCCL moves only CUDA
+        tensors, gloo CPU ones."""
+        buffer = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float64).copy())
+        return buffer.cuda() if self.backend == "nccl" else buffer
 
     def share(self, count: int) -> range:
         """This rank's contiguous share of ``count`` items (rank r of R takes the r-th of R

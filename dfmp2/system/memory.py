@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 
 from dfmp2.errors import InputError
 
@@ -86,3 +87,8 @@ def format_size(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def peak_resident_megabytes() -> float:
+    """The largest resident memory this process has had, in MB (Linux counts kB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3

@@ -1,0 +1,241 @@
+"""The SCF on every rank (gloo, CPU): each rank builds its slice of the JK-fit tensor and its
+share of every J/K build, so 2 and 3 ranks give the single process's SCF (same cycles, same
+energies to 1e-9 Eh) for RHF, UHF with its stability check, a double hybrid, and a tensor out
+of core; a rank that dies during the SCF ends the job quickly, and its record is then
+rerun on another number of ranks.
+
+Run as a script under torchrun (``python -m torch.distributed.run ... test_distributed_scf.py
+OUT``), this file builds the shared JK-fit tensor on every rank (Cholesky and eigen metric,
+slices in memory and in the file) and leaves the summed J and K and each rank's slice in OUT.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import h5py
+import numpy as np
+import pytest
+import scipy.linalg
+from pyscf import df
+
+import kernels
+from conftest import molecule_path, pyscf_molecule, python_exe
+from dfmp2.df import store as b_store
+from dfmp2.df.store import ScratchArea
+from dfmp2.records.tree import read_record
+from dfmp2.scf.jk import JkEngine, factorize
+from dfmp2.scf.jk_tensor import build_jk_tensor, build_shared_jk_tensor
+from dfmp2.system.distributed import init_world, launch_from
+from test_distributed import environment, free_port, torchrun
+
+JOB_TIMEOUT_SECONDS = 240
+TOLERANCE = 1e-9
+COMMON = ("--backend", "torch", "--threads", "1", "--json")
+# About 30 fit functions per integral block and column chunks of 16 fit functions (the water
+# dimer's tensor has 2304 rows): several of each in every rank's share.
+SMALL_BLOCK_BYTES = 30 * 8 * (48 * 49 // 2 + 2304)
+SMALL_CHUNK_BYTES = 16 * 8 * 2304
+# Budgets that keep every rank's slice in memory, and none.
+BUDGETS = {"memory": 10**9, "file": 10**6}
+
+
+def jk_problem():
+    """Water dimer (cc-pVDZ) with its JK-fit basis, and a fixed density with its factors."""
+    mol = pyscf_molecule("water_dimer", "cc-pvdz")
+    auxmol = df.addons.make_auxmol(mol, df.make_auxbasis(mol))
+    root = np.random.default_rng(5).standard_normal((mol.nao_nr(), 10))
+    dm = 0.1 * root @ root.T
+    return mol, auxmol, dm, factorize(dm, 1)
+
+
+def metric_as(kind: str):
+    """The metric of ``kind``: an eigen one by making its Cholesky factorisation fail."""
+    return (mock.patch("scipy.linalg.cholesky", side_effect=scipy.linalg.LinAlgError)
+            if kind == "eigen" else contextlib.nullcontext())
+
+
+def build_jk_on_every_rank(out: Path) -> None:
+    """The script: each case built by all ranks; rank 0 writes the summed J and K, each rank
+    its slices and where it keeps them."""
+    b_store.SCRATCH_CHUNK_BYTES = SMALL_CHUNK_BYTES
+    world = init_world(launch_from(os.environ))
+    fp64 = kernels.load("torch", "fp64")
+    report = {}
+    try:
+        for kind in ("cholesky", "eigen"):
+            mol, auxmol, dm, factors = jk_problem()
+            for where, budget in BUDGETS.items():
+                with metric_as(kind):
+                    tensor = build_shared_jk_tensor(mol, auxmol, fp64, SMALL_BLOCK_BYTES,
+                                                    ScratchArea(out, f"{kind}.{where}"), world,
+                                                    budget)
+                vj, vk = JkEngine(tensor, fp64).build(dm[None], [factors])
+                total = world.allreduce_sum(np.stack([vj[0], vk[0]]), "adding up J/K")
+                if world.is_root:
+                    np.save(out / f"{kind}.{where}.npy", total)
+                report[f"{kind}.{where}"] = {
+                    "metric": tensor.metric.kind, "location": tensor.store.location,
+                    "columns": [tensor.columns.start, tensor.columns.stop],
+                    "naux": tensor.naux}
+                world.barrier("reading the tensor")
+                tensor.close()
+        (out / f"rank{world.rank}.json").write_text(json.dumps(report))
+    finally:
+        world.close()
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_every_rank_builds_its_slice_of_the_jk_tensor(tmp_path, nranks):
+    script = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", str(nranks),
+              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), __file__,
+              str(tmp_path)]
+    job = subprocess.run(script, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+                         env=environment())
+    assert job.returncode == 0, job.stderr
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nranks)]
+    fp64 = kernels.load("torch", "fp64")
+    for kind in ("cholesky", "eigen"):
+        mol, auxmol, dm, factors = jk_problem()
+        with metric_as(kind):
+            single = build_jk_tensor(mol, auxmol, fp64, SMALL_BLOCK_BYTES, None)
+        vj, vk = JkEngine(single, fp64).build(dm[None], [factors])
+        for where in BUDGETS:
+            summed = np.load(tmp_path / f"{kind}.{where}.npy")
+            assert np.abs(summed[0] - vj[0]).max() <= 1e-11
+            assert np.abs(summed[1] - vk[0]).max() <= 1e-11
+            cases = [report[f"{kind}.{where}"] for report in reports]
+            assert all(case["metric"] == kind for case in cases)
+            expected = "memory" if where == "memory" else "scratch"
+            assert all(case["location"] == expected for case in cases)
+            # Every rank holds fit functions of its own, and together all of them once.
+            shares = [case["columns"] for case in cases]
+            assert all(c1 > c0 for c0, c1 in shares)
+            assert shares[0][0] == 0 and shares[-1][1] == single.naux
+            assert all(shares[r][1] == shares[r + 1][0] for r in range(nranks - 1))
+    assert not list(tmp_path.glob(".*.bin")), "rank 0 removes the shared files"
+
+
+def run_job(record, molecule: str, *options: str, ranks: int = 1) -> dict:
+    args = [molecule_path(molecule), *options, *COMMON, "-o", record]
+    command = (torchrun(ranks, *args) if ranks > 1
+               else [python_exe(), "-m", "dfmp2", "run", *map(str, args)])
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+                          env=environment())
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, "only rank 0 prints"
+    return json.loads(lines[0])
+
+
+def scf_facts(record) -> tuple[int, int, bool]:
+    """(SCF cycles, J/K builds, tensor out of core) from a record."""
+    with h5py.File(record, "r") as h5:
+        engine = h5["scf_engine"].attrs
+        return int(h5["scf"].attrs["cycles"]), int(engine["builds"]), bool(engine["out_of_core"])
+
+
+def assert_same_energies(ours: dict, single: dict, *names: str) -> None:
+    for name in ("e_scf", "e_corr", *names):
+        assert abs(ours[name] - single[name]) <= TOLERANCE, name
+
+
+@pytest.fixture(scope="module")
+def dimer_single(tmp_path_factory):
+    record = tmp_path_factory.mktemp("single") / "one.h5"
+    return run_job(record, "water_dimer", "--basis", "cc-pvdz"), scf_facts(record)
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_rhf_on_several_ranks_is_the_single_process_scf(tmp_path, dimer_single, ranks):
+    single, single_facts = dimer_single
+    record = tmp_path / "dimer.h5"
+    ours = run_job(record, "water_dimer", "--basis", "cc-pvdz", ranks=ranks)
+    assert_same_energies(ours, single)
+    assert scf_facts(record) == single_facts
+    with h5py.File(record, "r") as h5:
+        assert {"scf", "jk_tensor"} <= set(h5["timings"].attrs)
+    assert not list(tmp_path.glob(".dimer.h5.*")), "the shared tensor files are removed"
+
+
+def test_jk_tensor_out_of_core_on_two_ranks(tmp_path, dimer_single):
+    """3 MB keeps not even half of the 4.3 MB tensor in memory: each rank reads its slice
+    from the shared file in every build."""
+    single, (cycles, builds, out_of_core) = dimer_single
+    assert not out_of_core
+    record = tmp_path / "dimer.h5"
+    ours = run_job(record, "water_dimer", "--basis", "cc-pvdz", "--memory", "3MB", ranks=2)
+    assert_same_energies(ours, single)
+    assert scf_facts(record) == (cycles, builds, True)
+    assert not list(tmp_path.glob(".dimer.h5.*"))
+
+
+def test_uhf_and_its_stability_check_on_two_ranks(tmp_path):
+    single = run_job(tmp_path / "one.h5", "hydroxyl", "--basis", "cc-pvdz")
+    ours = run_job(tmp_path / "two.h5", "hydroxyl", "--basis", "cc-pvdz", ranks=2)
+    assert_same_energies(ours, single)
+    assert ours["stability"] == single["stability"] == "stable"
+    assert abs(ours["stability_eigenvalue"] - single["stability_eigenvalue"]) <= 1e-6
+    assert scf_facts(tmp_path / "two.h5") == scf_facts(tmp_path / "one.h5")
+
+
+def test_double_hybrid_on_two_ranks(tmp_path):
+    single = run_job(tmp_path / "one.h5", "water", "--basis", "cc-pvdz", "--xc", "b2plyp")
+    ours = run_job(tmp_path / "two.h5", "water", "--basis", "cc-pvdz", "--xc", "b2plyp",
+                   ranks=2)
+    assert_same_energies(ours, single, "e_tot")
+    assert scf_facts(tmp_path / "two.h5") == scf_facts(tmp_path / "one.h5")
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+        return [int(p) for p in handle.read().split()]
+
+
+def test_a_rank_killed_during_the_scf_ends_the_job_and_three_ranks_rerun_it(tmp_path):
+    record = tmp_path / "benzene.h5"
+    options = ("--basis", "cc-pvdz")
+    proc = subprocess.Popen(torchrun(2, molecule_path("benzene"), *options, *COMMON, "-o",
+                                     record),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=environment())
+    # The shared tensor file appears when the SCF starts building its tensor.
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while (not (tmp_path / ".benzene.h5.run.jk.bin").exists() and proc.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.01)
+    assert proc.poll() is None, "the job ended before a rank could be killed"
+    time.sleep(0.3)
+    workers = _children(proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=JOB_TIMEOUT_SECONDS)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30, "the job did not end well within the 60 s timeout"
+    killed = read_record(record)
+    assert "scf" not in killed.groups, "the rank was killed during the SCF"
+    assert killed.attrs["status"] in ("running", "failed", "interrupted")
+    if killed.attrs["status"] == "failed":
+        assert "distributed run broken" in killed.attrs["error"]
+    assert "Error: distributed run broken" in stderr or "failed" in stderr
+
+    # Nothing was stored before the SCF finished, so the rerun on the record starts afresh.
+    rerun = run_job(record, "benzene", *options, ranks=3)
+    single = run_job(tmp_path / "one.h5", "benzene", *options)
+    assert_same_energies(rerun, single)
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert int(h5["scf"].attrs["cycles"]) == scf_facts(tmp_path / "one.h5")[0]
+    assert not list(tmp_path.glob(".benzene.h5.*"))
+
+
+if __name__ == "__main__":
+    build_jk_on_every_rank(Path(sys.argv[1]))
