@@ -74,7 +74,7 @@ def read_result(record: Path, kind: str) -> dict:
         if "scf_engine" in h5:
             engine = h5["scf_engine"].attrs
             result["jk_build_count"] = int(engine["builds"])
-            result["timings"]["jk_builds"] = float(np.sum(engine["build_seconds"]))
+            result["timings"]["jk_builds"] = float(np.sum(json.loads(engine["build_seconds"])))
             result["jk_tensor_bytes"] = float(engine["tensor_bytes"])
         if "plan" in h5:
             result["b_bytes"] = float(h5["plan"].attrs["b_bytes"])

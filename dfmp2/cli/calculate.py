@@ -47,6 +47,19 @@ def run_command(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool,
     if qcschema_version is not None and not as_qcschema:
         raise click.UsageError("--qcschema-version goes with --qcschema")
     qcschema = views.qcschema_module() if as_qcschema else None
+    outcome = run_on_every_rank(settings)
+    if outcome is None:
+        return 0
+    if qcschema is not None:
+        views.print_qcschema(qcschema, settings, outcome, qcschema_version)
+    else:
+        views.print_outcome(outcome, as_json)
+    return outcome.exit_code
+
+
+def run_on_every_rank(settings: RunSettings) -> run.RunOutcome | None:
+    """The calculation of ``settings``; under torchrun or srun every rank joins it, and only
+    rank 0 gets the outcome to print (the other ranks stay quiet and get None)."""
     world = distributed.init_world(distributed.launch_from(os.environ))
     try:
         if not world.is_root:
@@ -55,13 +68,7 @@ def run_command(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool,
         outcome = run.run(settings, world)
     finally:
         world.close()
-    if not world.is_root:
-        return 0
-    if qcschema is not None:
-        views.print_qcschema(qcschema, settings, outcome, qcschema_version)
-    else:
-        views.print_outcome(outcome, as_json)
-    return outcome.exit_code
+    return outcome if world.is_root else None
 
 
 @cli.command("gradient")
@@ -81,17 +88,8 @@ def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int
                            **options, **environment_settings())
     if settings.output is None:
         settings = replace(settings, output=settings.output_path("-gradient"))
-    # Under torchrun or srun every rank joins one gradient (the run command's world); rank 0
-    # alone writes the record and prints.
-    world = distributed.init_world(distributed.launch_from(os.environ))
-    try:
-        if not world.is_root:
-            logging.getLogger().setLevel(logging.ERROR)
-            settings = replace(settings, show_progress=False)
-        outcome = run.run(settings, world)
-    finally:
-        world.close()
-    if not world.is_root:
+    outcome = run_on_every_rank(settings)
+    if outcome is None:
         return 0
     views.print_outcome(outcome, as_json)
     return outcome.exit_code

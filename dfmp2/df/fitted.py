@@ -316,16 +316,13 @@ def build_shared(mol: gto.Mole, auxmol: gto.Mole, orbitals: list[tuple[np.ndarra
         shells = shell_share(auxmol, world)
         _transform(mol, auxmol, channels, [raw for raw, _ in files], kernel_set,
                    max_block_bytes, timings, shells)
-        for raw, _ in files:
-            raw.sync()
-        world.barrier("building B: the rows of (Q|ia)")
+        world.publish([raw for raw, _ in files], "building B: the rows of (Q|ia)")
         t0 = time.perf_counter()
         shares = [column_share(target, world) for _, target in files]
         for (raw, target), (_, vir), (c0, c1) in zip(files, channels, shares):
             fit(raw, target, metric, kernel_set, max_block_bytes, vir.shape[1], c0, c1)
-            target.sync()
         timings["fit"] = time.perf_counter() - t0
-        world.barrier("building B: the fit")
+        world.publish([target for _, target in files], "building B: the fit")
         if world.is_root:
             for (_, target), signature in zip(files, signatures):
                 target.mark_complete(signature)

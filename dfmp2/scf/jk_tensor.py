@@ -201,12 +201,10 @@ def build_shared_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_bloc
         t1 = clock()
         _fill_integrals(mol, auxmol, layout, raw, max_block_bytes,
                         _chunk_share(raw, world.rank, world.size))
-        raw.sync()
-        world.barrier("computing the JK-fit integrals")
+        world.publish([raw], "computing the JK-fit integrals")
         t2 = clock()
         _fit(raw, fitted, metric, layout, kernel_set, max_block_bytes, world.share(nrows))
-        fitted.sync()
-        world.barrier("fitting the JK-fit tensor")
+        world.publish([fitted], "fitting the JK-fit tensor")
         if eigen:
             # Every rank has read its rows of the raw integrals (the barrier): rank 0, which
             # created the file, removes it.

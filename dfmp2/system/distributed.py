@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -92,6 +93,7 @@ class World:
     size: int = 1
     rank: int = 0
     backend: str = "none"
+    hosts: int = 1
 
     @property
     def is_root(self) -> bool:
@@ -100,6 +102,16 @@ class World:
     def barrier(self, what: str) -> None:
         if self.size > 1:
             _guard(lambda: torch_dist.barrier(), what)
+
+    def publish(self, stores: list, what: str) -> None:
+        """Make this rank's writes to shared scratch files visible to every rank, then wait
+        for all of them. Ranks on one host share the page cache; across hosts each rank's
+        writes go to disk first (``sync``), since a shared filesystem shows another node only
+        what is there."""
+        if self.hosts > 1:
+            for store in stores:
+                store.sync()
+        self.barrier(what)
 
     def broadcast(self, value, what: str):
         """``value`` from rank 0 on every rank."""
@@ -173,7 +185,8 @@ def init_world(launch: Launch) -> World:
         raise RunFailure(f"cannot join the distributed job ({exc}); launch with torchrun or "
                          "srun, with MASTER_ADDR/MASTER_PORT reachable") from None
     world = World(launch.size, torch_dist.get_rank(), backend)
-    log.info("rank %d of %d (%s)", world.rank, world.size, backend)
+    world.hosts = len(set(world.gather(socket.gethostname(), "meeting the other ranks")))
+    log.info("rank %d of %d (%s) on %d host(s)", world.rank, world.size, backend, world.hosts)
     return world
 
 
