@@ -1,15 +1,18 @@
 """Projected wall time and parallel efficiency of one calculation on R ranks, from measured
-single-process stage times and the bytes each collective moves.
+stage times on 1 and 2 ranks and the bytes each collective moves.
 
 Input: the JSON that `benchmarks/distributed_speedup.py --json FILE` writes (each case's
-single-process `/timings`, the SCF's J/K build count and the basis size). Model, per stage:
-the parallel stages (JK-fit tensor, J/K builds, B, energy, the gradient's sweeps) divide by R;
-the replicated part (PySCF's SCF driver: guess, DIIS, diagonalisation; start-up) does not;
-every J/K build broadcasts the density and sums J and K (3 N^2 doubles, ring all-reduce:
-2 (R - 1) / R of the bytes per rank, plus log2 R latencies); the JK-fit tensor and B pass
-once through the shared scratch file (written and read at the file bandwidth). A larger
-molecule scales each stage by its power of N (tensor N^3, J/K and B N^4, energy N^5,
-diagonalisation N^3, collectives N^2).
+single-process and 2-rank `/timings`, the SCF's J/K build count and the basis size). Model,
+per stage (JK-fit tensor, J/K builds, B, energy, gradient, and the rest: PySCF's SCF driver,
+metric, start-up inside the record): the share p that divided over the 2 ranks is read off
+the measurement (T2 = T1 (1 - p) + T1 p / 2), and on R ranks the stage takes
+T1 (1 - p) + T1 p / R, so what did not divide here (replicated work, the shared-file round
+trips) is carried as it was measured. On top, every J/K build broadcasts the density and
+sums J and K (3 N^2 doubles; a ring all-reduce moves 2 (R - 1) / R of them per rank, plus
+log2 R latencies) at the link bandwidth of the machine. A larger molecule scales each stage
+by its power of N (tensor N^3, J/K and B N^4, energy and gradient N^5, the rest N^3,
+collectives N^2). Compute is in units of one core of the measuring machine; a faster rank
+(`--speed`) shortens compute but not the collectives.
 
     python benchmarks/distributed_projection.py docs/distributed_speedup.json
 """
@@ -27,74 +30,81 @@ EXPONENTS = {"jk_tensor": 3, "jk_builds": 4, "b_build": 4, "energy": 5, "gradien
 
 @dataclass(frozen=True)
 class Machine:
-    """Where the ranks run: per-rank compute speed relative to one core of the measuring
-    machine, collective bandwidth (bytes/s per rank) and latency, shared-file bandwidth."""
+    """Where the ranks run: how many, and the collective bandwidth (bytes/s per rank) and
+    latency between them."""
 
     name: str
     ranks: tuple[int, ...]
-    speed: float
     link_bytes_per_s: float
     latency_s: float
-    file_bytes_per_s: float
 
 
 MACHINES = (
-    # trn1.32xlarge: 32 NeuronCores; the ranks of one instance exchange through host memory.
-    Machine("one trn1.32xlarge", (1, 2, 4, 8, 16, 32), 1.0, 10e9, 10e-6, 2e9),
-    # 4 instances over EFA (800 Gbit/s per instance, shared by its 32 ranks).
-    Machine("4 x trn1.32xlarge", (32, 64, 128), 1.0, 100e9 / 8 / 32 * 8, 30e-6, 1e9),
+    # trn1.32xlarge: 32 NeuronCores (16 chips); the ranks of one instance exchange through
+    # host memory, assumed 10 GB/s per rank and 10 us per message.
+    Machine("one trn1.32xlarge", (1, 2, 4, 8, 16, 32), 10e9, 10e-6),
+    # 4 instances over EFA: 800 Gbit/s (100 GB/s) per instance shared by its 32 ranks,
+    # about 3 GB/s per rank, 30 us per message.
+    Machine("4 x trn1.32xlarge", (32, 64, 128), 100e9 / 32, 30e-6),
 )
 
 
-def stages_of(case: dict) -> dict[str, float]:
-    """Single-process seconds per modelled stage, from the record's /timings and the SCF's
-    J/K build seconds; what no parallel stage accounts for is replicated on every rank."""
-    t = case["single_timings"]
-    stages = {"jk_tensor": t.get("jk_tensor", 0.0), "jk_builds": t.get("jk_builds", 0.0),
-              "b_build": sum(t.get(k, 0.0) for k in ("integrals", "transform", "fit")),
-              "energy": t.get("energy", 0.0), "gradient": t.get("gradient", 0.0)}
-    stages["replicated"] = max(0.0, t["total"] - sum(stages.values()))
+def stage_seconds(timings: dict[str, float]) -> dict[str, float]:
+    """Seconds per modelled stage from a record's /timings (plus the J/K build seconds)."""
+    stages = {"jk_tensor": timings.get("jk_tensor", 0.0),
+              "jk_builds": timings.get("jk_builds", 0.0),
+              "b_build": sum(timings.get(k, 0.0) for k in ("integrals", "transform", "fit")),
+              "energy": timings.get("energy", 0.0), "gradient": timings.get("gradient", 0.0)}
+    stages["replicated"] = max(0.0, timings["total"] - sum(stages.values()))
     return stages
 
 
-def projected(stages: dict[str, float], nao: int, builds: int, tensor_bytes: float,
-              b_bytes: float, machine: Machine, ranks: int, scale: float) -> float:
-    compute = {name: seconds * scale ** EXPONENTS[name] / machine.speed
-               for name, seconds in stages.items()}
-    parallel = sum(v for k, v in compute.items() if k != "replicated") / ranks
+def divided_shares(case: dict) -> dict[str, tuple[float, float]]:
+    """(single-process seconds, share p that divided over 2 ranks) per stage."""
+    one, two = stage_seconds(case["single_timings"]), stage_seconds(case["rank_timings"])
+    return {name: (t1, min(1.0, max(0.0, 2.0 * (1.0 - two[name] / t1))) if t1 > 0 else 1.0)
+            for name, t1 in one.items()}
+
+
+def projected(shares: dict[str, tuple[float, float]], nao: int, builds: int,
+              machine: Machine, ranks: int, scale: float, speed: float) -> float:
+    compute = 0.0
+    for name, (t1, p) in shares.items():
+        seconds = t1 * scale ** EXPONENTS[name] / speed
+        compute += seconds * (1.0 - p) + seconds * p / ranks
     n = nao * scale
-    per_build = 3 * n * n * FP64_BYTES
     hops = 2 * (ranks - 1) / ranks if ranks > 1 else 0.0
     latency = 3 * machine.latency_s * max(1, (ranks - 1).bit_length()) if ranks > 1 else 0.0
-    collectives = builds * (per_build * hops / machine.link_bytes_per_s + latency)
-    files = 0.0 if ranks == 1 else 2 * (tensor_bytes * scale ** 3 + b_bytes * scale ** 4) / (
-        machine.file_bytes_per_s * ranks)
-    return compute["replicated"] + parallel + collectives + files
+    collectives = builds * (3 * n * n * FP64_BYTES * hops / machine.link_bytes_per_s
+                            + latency)
+    return compute + collectives
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("measured", type=Path)
     parser.add_argument("--target-nao", type=int, default=1000)
+    parser.add_argument("--speed", type=float, default=1.0,
+                        help="a rank's compute speed relative to one measuring core")
     args = parser.parse_args()
-    cases = json.loads(args.measured.read_text())
-    for case in cases:
-        stages = stages_of(case)
+    for case in json.loads(args.measured.read_text()):
+        shares = divided_shares(case)
         nao, builds = case["nao"], case["jk_build_count"]
-        tensor_bytes, b_bytes = case["jk_tensor_bytes"], case["b_bytes"] or 0.0
+        print(f"\n{case['case']}: share divided over 2 ranks, measured: "
+              + ", ".join(f"{name} {p:.0%} of {t1:.1f} s" for name, (t1, p) in shares.items()
+                          if t1 > 0))
         for scale, label in ((1.0, f"{case['case']}, {nao} functions"),
                              (args.target_nao / nao, f"{args.target_nao} functions")):
             print(f"\n{label}")
             print("| machine | ranks | projected s | speed-up | efficiency |")
             print("|---|---:|---:|---:|---:|")
-            base = projected(stages, nao, builds, tensor_bytes, b_bytes, MACHINES[0], 1,
-                             scale)
+            base = projected(shares, nao, builds, MACHINES[0], 1, scale, args.speed)
             for machine in MACHINES:
                 for ranks in machine.ranks:
-                    seconds = projected(stages, nao, builds, tensor_bytes, b_bytes,
-                                        machine, ranks, scale)
-                    print(f"| {machine.name} | {ranks} | {seconds:.1f} | {base / seconds:.1f}x "
-                          f"| {base / seconds / ranks:.0%} |")
+                    seconds = projected(shares, nao, builds, machine, ranks, scale,
+                                        args.speed)
+                    print(f"| {machine.name} | {ranks} | {seconds:.1f} | "
+                          f"{base / seconds:.1f}x | {base / seconds / ranks:.0%} |")
 
 
 if __name__ == "__main__":

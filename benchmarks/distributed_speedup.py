@@ -70,7 +70,7 @@ def read_result(record: Path, kind: str) -> dict:
     with h5py.File(record, "r") as h5:
         result = {"timings": {k: float(v) for k, v in h5["timings"].attrs.items()},
                   "e_tot": float(h5["mp2"].attrs["e_tot"]),
-                  "nao": int(h5["sizes"].attrs["nao"]) if "sizes" in h5 else None}
+                  "nao": int(h5["scf"]["mo_coeff"].shape[-2])}
         if "scf_engine" in h5:
             engine = h5["scf_engine"].attrs
             result["jk_build_count"] = int(engine["builds"])
