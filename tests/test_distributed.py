@@ -31,6 +31,18 @@ def torchrun(nproc: int, *args: str, command: str = "run") -> list[str]:
             "-m", "dfmp2", command, *map(str, args)]
 
 
+def rank_reports(script: str, folder, nranks: int) -> list[dict]:
+    """Run ``script`` (a test module that is also a torchrun script writing
+    ``rank<r>.json`` into ``folder``) on ``nranks`` ranks; every rank's report."""
+    command = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", str(nranks),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script,
+               str(folder)]
+    job = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+                         env=environment())
+    assert job.returncode == 0, job.stderr
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nranks)]
+
+
 def environment() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "DFMP2_DIST_TIMEOUT": "60"}
 

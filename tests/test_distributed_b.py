@@ -33,7 +33,7 @@ from dfmp2.df.store import ScratchArea
 from dfmp2.mp2.kernel import FitBasis, fit_basis
 from dfmp2.records.tree import read_record
 from dfmp2.system.distributed import init_world, launch_from
-from test_distributed import JOB_TIMEOUT_SECONDS, environment, free_port, torchrun
+from test_distributed import environment, JOB_TIMEOUT_SECONDS, rank_reports, torchrun
 
 # About 40 auxiliary functions per integral block: several blocks in every rank's share.
 SMALL_BLOCK_BYTES = 40 * 8 * (48 * 49 // 2 + 48 * 48 + 48 * 5 + 5 * 30)
@@ -95,13 +95,7 @@ def build_on_every_rank(out: Path) -> None:
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_every_rank_builds_its_share_of_b(tmp_path, nranks):
-    script = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", str(nranks),
-              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), __file__,
-              str(tmp_path)]
-    job = subprocess.run(script, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
-                         env=environment())
-    assert job.returncode == 0, job.stderr
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nranks)]
+    reports = rank_reports(__file__, tmp_path, nranks)
     for kind, (sizes, _) in CASES.items():
         mol, fit, orbitals = problem(kind)
         single = build(mol, fit, orbitals, None, {})

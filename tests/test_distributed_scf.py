@@ -34,7 +34,7 @@ from dfmp2.records.tree import read_record
 from dfmp2.scf.jk import JkEngine, factorize
 from dfmp2.scf.jk_tensor import build_jk_tensor, build_shared_jk_tensor
 from dfmp2.system.distributed import init_world, launch_from
-from test_distributed import environment, free_port, torchrun
+from test_distributed import environment, rank_reports, torchrun
 
 JOB_TIMEOUT_SECONDS = 240
 TOLERANCE = 1e-9
@@ -94,13 +94,7 @@ def build_jk_on_every_rank(out: Path) -> None:
 
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_every_rank_builds_its_slice_of_the_jk_tensor(tmp_path, nranks):
-    script = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", str(nranks),
-              "--master-addr", "127.0.0.1", "--master-port", str(free_port()), __file__,
-              str(tmp_path)]
-    job = subprocess.run(script, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
-                         env=environment())
-    assert job.returncode == 0, job.stderr
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(nranks)]
+    reports = rank_reports(__file__, tmp_path, nranks)
     fp64 = kernels.load("torch", "fp64")
     for kind in ("cholesky", "eigen"):
         mol, auxmol, dm, factors = jk_problem()
