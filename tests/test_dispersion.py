@@ -14,11 +14,10 @@ from dftd3.interface import DispersionModel as D3Model
 from dftd3.interface import RationalDampingParam, ZeroDampingParam
 from dftd4.interface import DampingParam
 from dftd4.interface import DispersionModel as D4Model
-from pyscf import df, dft, gto, scf
-from pyscf.mp import dfmp2 as pyscf_dfmp2
-from pyscf.mp import dfump2 as pyscf_dfump2
+from pyscf import gto, scf
 
 from conftest import molecule_path, pyscf_molecule
+from test_double_hybrid import pyscf_double_hybrid
 from dfmp2.input.dispersion import Dispersion, dispersion_energy
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import run as run_job
@@ -46,22 +45,6 @@ def library_d4(mol: gto.Mole, method: str) -> float:
         DampingParam(method=method), grad=False)["energy"])
 
 
-def pyscf_recipe(mol: gto.Mole, xc: str, os_scale: float, ss_scale: float, grid: int,
-                 jk_auxbasis: str | None = None) -> tuple[float, float]:
-    """DF-RKS/UKS (PySCF's own density fitting) on the grid, DF-MP2 with the RI basis on its
-    orbitals, scaled: (E_KS, E_KS + E_PT2)."""
-    mf = (dft.UKS if mol.spin else dft.RKS)(mol, xc=xc).density_fit(auxbasis=jk_auxbasis)
-    mf.grids.level = grid
-    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-6, 0
-    mf.kernel()
-    assert mf.converged
-    pt = (pyscf_dfump2.DFUMP2 if mol.spin else pyscf_dfmp2.DFMP2)(mf)
-    pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
-    pt.verbose = 0
-    pt.kernel(with_t2=False)
-    return mf.e_tot, mf.e_tot + os_scale * pt.e_corr_os + ss_scale * pt.e_corr_ss
-
-
 def run(path: Path, tmp_path: Path, **options) -> dict:
     settings = RunSettings(molecule=path, output=tmp_path / f"{path.stem}.h5",
                            show_progress=False, **options)
@@ -72,7 +55,7 @@ def run(path: Path, tmp_path: Path, **options) -> dict:
 def test_b2plyp_d3bj_matches_pyscf_recipe_plus_dftd3(tmp_path):
     ours = run(molecule_path("water"), tmp_path, basis="6-31g", xc="B2PLYP-D3BJ", grid=1)
     mol = pyscf_molecule("water", "6-31g")
-    e_ks, e_dh = pyscf_recipe(mol, *B2PLYP, grid=1)
+    e_ks, e_dh = pyscf_double_hybrid(mol, *B2PLYP, grid_level=1)
     e_disp = library_d3bj(mol, "b2plyp")
     assert abs(ours["e_scf"] - e_ks) <= 1e-8
     assert abs(ours["e_tot"] - (e_dh + e_disp)) <= 1e-8
@@ -91,7 +74,8 @@ def test_open_shell_revdsd_d4_with_jk_auxbasis_matches_recipe(run_cli, tmp_path)
     assert result.code == 0, result.err
     ours = json.loads(result.out)
     mol = pyscf_molecule("methyl", "6-31g", spin=1)
-    e_ks, e_dh = pyscf_recipe(mol, *REVDSD_PBEP86_D4, grid=1, jk_auxbasis=JK_FIT)
+    e_ks, e_dh = pyscf_double_hybrid(mol, *REVDSD_PBEP86_D4, grid_level=1,
+                                      jk_auxbasis=JK_FIT)
     e_disp = library_d4(mol, "revdsdpbep86")
     assert abs(ours["e_scf"] - e_ks) <= 1e-8
     assert abs(ours["e_tot"] - (e_dh + e_disp)) <= 1e-8

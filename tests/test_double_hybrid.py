@@ -31,10 +31,12 @@ PUBLISHED = {
 
 
 def pyscf_double_hybrid(mol: gto.Mole, xc: str, os_scale: float, ss_scale: float,
-                        grid_level: int = 3) -> tuple[float, float]:
-    """PySCF's recipe: DF-RKS (DF-UKS for spin > 0) with the mix on the grid, then DF-MP2 on
-    its orbitals with the RI basis, scaled. Returns (E_KS, E_total)."""
-    mf = (dft.UKS if mol.spin else dft.RKS)(mol, xc=xc).density_fit()
+                        grid_level: int = 3, jk_auxbasis: str | None = None
+                        ) -> tuple[float, float]:
+    """PySCF's recipe: DF-RKS (DF-UKS for spin > 0, PySCF's own density fitting with
+    ``jk_auxbasis``, default its own) with the mix on the grid, then DF-MP2 on its orbitals
+    with the RI basis, scaled. Returns (E_KS, E_total)."""
+    mf = (dft.UKS if mol.spin else dft.RKS)(mol, xc=xc).density_fit(auxbasis=jk_auxbasis)
     mf.grids.level = grid_level
     mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-6, 0
     mf.kernel()
