@@ -93,6 +93,9 @@ class GradientResult:
     """How the orbital response's Z-vector equations were solved, and their residual."""
     ranks: dict[int, tuple[list, float]] = field(default_factory=dict)
     """Per rank: its column blocks of the amplitude sweep [channel, k0, k1], seconds busy."""
+    relaxed_densities: list[np.ndarray] = field(default_factory=list)
+    """Per channel the AO density of the differentiated energy: the SCF's plus the relaxed
+    MP2 correction (spin-summed for a closed shell; alpha, beta for UHF)."""
 
 
 def _as_aux(aux: AuxBasis | str | dict) -> AuxBasis:
@@ -376,12 +379,9 @@ def _response(mf, channels: list[Channel], stage: RiStage,
     return relaxed, potential.builds
 
 
-def _one_electron_terms(mol, channels: list[Channel], relaxed: RelaxedDensities,
-                        world: World) -> np.ndarray:
-    scf_density = sum(c.occupancy * c.mo_coeff[:, c.occupied] @ c.mo_coeff[:, c.occupied].T
-                      for c in channels)
-    return one_electron_gradient(mol, scf_density + sum(relaxed.p_relaxed), relaxed.w_total,
-                                 world)
+def _scf_density(channel: Channel) -> np.ndarray:
+    c_occ = channel.mo_coeff[:, channel.occupied]
+    return channel.occupancy * c_occ @ c_occ.T
 
 
 @torch_owns_the_cores()
@@ -437,7 +437,8 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     timings["jk_derivatives"] = clock() - t0
 
     t0 = clock()
-    grad_1e = _one_electron_terms(mol, channels, relaxed, world)
+    densities = [_scf_density(c) + p for c, p in zip(channels, relaxed.p_relaxed)]
+    grad_1e = one_electron_gradient(mol, sum(densities), relaxed.w_total, world)
     timings["one_electron"] = clock() - t0
 
     energies = stage.amplitudes
@@ -445,4 +446,5 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     e_scf = float(mf.e_tot)
     return GradientResult(e_scf + e_corr, e_scf, e_corr, energies.e_os, energies.e_ss,
                           (scales.os, scales.ss), grad_1e + grad_jk + grad_ri, timings,
-                          jk_builds, storage.out_of_core, relaxed.response, energies.ranks)
+                          jk_builds, storage.out_of_core, relaxed.response, energies.ranks,
+                          densities)
