@@ -1,6 +1,7 @@
 """The SCF's J/K on our kernels: the same SCF and MP2 energies as PySCF's density fitting, for
 closed and open shells, a hybrid functional, an out-of-core JK tensor, the fp32 and NKI mixed
-precision scheme, and --scf-engine pyscf."""
+precision scheme, and --scf-engine pyscf; J/K bits and SCF cycles that do not follow the
+memory budget."""
 from __future__ import annotations
 
 import json
@@ -13,9 +14,11 @@ from pyscf import df, dft, scf
 import kernels
 from conftest import molecule_path, pyscf_molecule
 from dfmp2.df.auxbasis import AuxBasis
+from dfmp2.df.store import ScratchArea
+from dfmp2.scf import jk
 from dfmp2.scf.jk import JkEngine, factorize
 from dfmp2.scf.jk_tensor import build_jk_tensor
-from dfmp2.scf.engine import ScfKernels, use_kernel_engine
+from dfmp2.scf.engine import KernelDF, ScfKernels, use_kernel_engine
 
 
 def pyscf_df_scf(name: str, spin: int = 0, basis: str = "cc-pvdz"):
@@ -44,12 +47,18 @@ def test_scf_energy_equals_pyscf_density_fitting(name, spin, run_cli, tmp_path):
         assert h5["scf"].attrs["engine"] == "kernels" and engine["engine"] == "kernels"
         builds = len(json.loads(engine["build_seconds"]))
         assert engine["builds"] == builds >= h5["scf"].attrs["cycles"]
+        precisions = json.loads(engine["build_precisions"])
+        assert engine["mixed_precision"] and precisions[0] == "fp32"
+        assert precisions[-2:] == ["fp64", "fp64"]
         assert engine["calls.syrk.torch-cpu"] >= engine["builds"] - 1
         assert engine["fallbacks"] == 0
     pyscf_engine = run_json(run_cli, molecule_path(name), "--scf-engine", "pyscf",
                             "-o", tmp_path / "p.h5")
     assert abs(pyscf_engine["e_scf"] - reference.e_tot) <= 1e-10
-    assert abs(pyscf_engine["e_corr"] - ours["e_corr"]) <= 1e-10
+    # Our SCF takes its early steps on fp32 builds, so it ends at another point within the
+    # 1e-7 orbital gradient than PySCF's: E_corr then differs by up to 1.1e-9 Eh here
+    # (formaldehyde), against 1e-16 Eh when it took PySCF's own steps.
+    assert abs(pyscf_engine["e_corr"] - ours["e_corr"]) <= 5e-9
 
 
 def test_engine_builds_match_pyscf_for_tagged_untagged_and_general_densities():
@@ -92,17 +101,49 @@ def test_hybrid_kohn_sham_through_the_engine_matches_pyscf():
     assert len(ours.with_df.engine.builds) >= ours.cycles
 
 
-def test_out_of_core_jk_tensor_gives_the_same_energies(run_cli, tmp_path):
+def test_out_of_core_jk_tensor_gives_the_same_cycles_and_energies(run_cli, tmp_path):
     in_memory = run_json(run_cli, molecule_path("water_dimer"), "-o", tmp_path / "m.h5")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     streamed = run_json(run_cli, molecule_path("water_dimer"), "--memory", "6MB",
                         "--scratch", scratch, "-o", tmp_path / "s.h5")
-    with h5py.File(tmp_path / "s.h5", "r") as h5:
+    with h5py.File(tmp_path / "s.h5", "r") as h5, h5py.File(tmp_path / "m.h5", "r") as ref:
         assert h5["scf_engine"].attrs["out_of_core"]
-    assert abs(streamed["e_scf"] - in_memory["e_scf"]) <= 1e-10
+        assert not ref["scf_engine"].attrs["out_of_core"]
+        assert h5["scf"].attrs["cycles"] == ref["scf"].attrs["cycles"]
+    assert abs(streamed["e_scf"] - in_memory["e_scf"]) <= 1e-11
     assert abs(streamed["e_corr"] - in_memory["e_corr"]) <= 1e-10
     assert not list(scratch.iterdir())
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_jk_bits_do_not_follow_the_memory_budget(precision, tmp_path, monkeypatch):
+    """The same J and K, to the bit, from a tensor in memory and from a file read one
+    summation block or several at a time (issue 21: the budget used to set the block over
+    which the fit functions were summed)."""
+    monkeypatch.setattr(jk, "SUMMATION_BLOCK", 64)
+    mol = pyscf_molecule("water_dimer", "cc-pvdz")
+    mf = scf.RHF(mol)
+    energies, orbitals = mf.eig(mf.get_hcore(), mf.get_ovlp())
+    occupations = mf.get_occ(energies, orbitals)
+    dm = mf.make_rdm1(orbitals, occupations)[None]
+    factors = [factorize(dm[0], 1, orbitals, occupations)]
+    aux = AuxBasis(df.make_auxbasis(mol), "jk", "default")
+    kernel_set = kernels.load("torch", precision)
+    exact = kernels.load("torch", "fp64")
+    results = []
+    for budget, work in ((2 * 10**9, None), (6 * 10**6, None), (6 * 10**6, 2**30)):
+        engine_df = KernelDF(mol, aux, ScfKernels(kernel_set, exact), budget,
+                             ScratchArea(tmp_path, f"b{budget}")).build()
+        engine = engine_df.engine
+        if work is not None:
+            engine = JkEngine(engine.tensor, kernel_set, exact, work)
+        assert engine_df.out_of_core == (budget < 10**9)
+        results.append(engine.build(dm, factors))
+        engine_df.reset()
+    assert engine.tensor.naux > 3 * jk.SUMMATION_BLOCK
+    for vj, vk in results[1:]:
+        assert np.array_equal(vj, results[0][0]) and np.array_equal(vk, results[0][1])
 
 
 def test_fp32_mixed_scheme_stays_within_its_bounds(run_cli, tmp_path):
@@ -116,7 +157,7 @@ def test_fp32_mixed_scheme_stays_within_its_bounds(run_cli, tmp_path):
         precisions = json.loads(engine["build_precisions"])
         assert engine["mixed_precision"] and precisions[0] == "fp32" and precisions[-1] == "fp64"
         assert precisions.index("fp64") >= 3, "the fp32 phase did no work"
-        assert engine["calls.syrk.torch-cpu"] == engine["builds"]
+        assert engine["calls.syrk.torch-cpu"] >= engine["builds"]
 
 
 def test_nki_scf_runs_its_fp32_phase_on_nki(run_cli, tmp_path, monkeypatch):

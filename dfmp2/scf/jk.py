@@ -12,6 +12,12 @@ G[mu, (i, P)] = (F^T B_P)[i, mu] is built row block by row block from X_P with t
 products (rows mu of X_P, and columns mu of X_P), then K = G G^T by a symmetric rank-k update.
 Per build that is about 3 naux nao^2 nocc multiply-adds, half of it in the rank-k update.
 
+Summation order. The fit index P is cut into fixed blocks of SUMMATION_BLOCK functions; each
+block's rho, J part and K part (G G^T of that block, in the kernel set's precision) are
+formed on their own and added into fp64 J and K in block order. The memory budget only
+decides how many blocks are read from a tensor file at once, so a build's bits do not
+depend on it, and an fp32 K is fp32 within a block and fp64 across blocks.
+
 J and K are both sums over the fit index P, so a tensor that holds only some of the fit
 functions (one rank's slice, :mod:`dfmp2.scf.jk_tensor`) builds that rank's part of them; the
 ranks' parts add up to J and K (:class:`dfmp2.scf.engine.KernelDF` adds them).
@@ -32,8 +38,16 @@ from kernels.interface import JkKernelSet, KernelSet
 # Eigenvalues of an untagged density below this (relative to the largest) carry no exchange
 # worth a column of F: 1e-14 of it is far below the SCF's 1e-12 Eh energy threshold.
 FACTOR_CUTOFF = 1e-14
-# Work arrays of one build: the half-transformed tensor G of one aux chunk and its products.
+# Work arrays of one build: the half-transformed tensor G of the fit functions read at once.
 DEFAULT_WORK_BYTES = 512 * 2**20
+# Fit functions per partial sum of J and K. Every build adds the partial sums of consecutive
+# blocks of this many fit functions in the same order, whatever the memory budget (which sets
+# only how many blocks are read from a tensor file at once), so that a build's bits, and the
+# SCF's cycle count, do not follow the budget (issue 21). With 512 the half transform's
+# products are wide enough to run near the rate of the whole width (single-thread CPU time of
+# an (H2O)16 build within 11% of all 1856 at once; 256: 22%), and one block's G is
+# nao nocc 512 numbers (126 MB for (H2O)16, against 0.46 GB for the whole width).
+SUMMATION_BLOCK = 512
 # Below this many multiply-adds a build runs on one thread: its products are too small to
 # gain from two, and a core busy with another process makes each parallel region wait.
 SINGLE_THREAD_WORK = 2e8
@@ -119,46 +133,28 @@ class JkEngine:
                with_j: bool, with_k: bool, k_scale: float, columns: int
                ) -> tuple[np.ndarray | None, np.ndarray | None]:
         nset, nao, _ = dms.shape
-        ks = self.kernel_set
+        ks, js = self.kernel_set, self.coulomb_set
         vj = np.zeros((nset, nao, nao)) if with_j else None
         vk = np.zeros((nset, nao, nao)) if with_k else None
-        terms = [(n, f) for n, fs in enumerate(factors) for f in fs] if with_k else []
-        naux = self.tensor.width
-        chunk = self._aux_chunk(nao, max(columns, 1))
-        js = self.coulomb_set
         symmetric = torch.as_tensor(dms + dms.transpose(0, 2, 1), dtype=js.dtype,
                                     device=js.device)
-        factor_tensors = [(n, f.sign, torch.as_tensor(f.left, dtype=ks.dtype, device=ks.device),
-                           None if f.right is None else
-                           torch.as_tensor(f.right, dtype=ks.dtype, device=ks.device))
-                          for n, f in terms]
-        for x0 in range(0, naux, chunk):
-            x1 = min(naux, x0 + chunk)
-            halves = [(n, sign, self._half(nao, left.shape[1], x1 - x0, 2 * slot),
-                       None if right is None else
-                       self._half(nao, right.shape[1], x1 - x0, 2 * slot + 1), left, right)
-                      for slot, (n, sign, left, right) in enumerate(factor_tensors)]
-            rho = torch.zeros((nset, x1 - x0), dtype=js.dtype, device=js.device)
-            for block in self.tensor.layout.blocks:
-                exact_rows = self.tensor.block(block, x0, x1)
-                if with_j:
-                    density = symmetric[:, block.m0:block.m1, :block.m1].reshape(nset, -1)
-                    rho += js.gemm(density, exact_rows.reshape(-1, x1 - x0).to(
-                        dtype=js.dtype, device=js.device))
-                rows = exact_rows.to(dtype=ks.dtype, device=ks.device)
-                for _, _, g_left, g_right, left, right in halves:
-                    ks.half_transform(rows, left, block.m0, g_left)
-                    if right is not None:
-                        ks.half_transform(rows, right, block.m0, g_right)
-            for n, sign, g_left, g_right, _, _ in halves:
-                g_left = g_left.reshape(nao, -1)
-                if g_right is None:
-                    product = torch.tril(ks.syrk(g_left, 1).to(torch.float64))
-                else:
-                    product = ks.gemm(g_left, g_right.reshape(nao, -1).T).to(torch.float64)
-                vk[n] += sign * k_scale * product.cpu().numpy()
+        sides = [(n, f.sign, torch.as_tensor(f.left, dtype=ks.dtype, device=ks.device),
+                  None if f.right is None else
+                  torch.as_tensor(f.right, dtype=ks.dtype, device=ks.device))
+                 for n, fs in enumerate(factors if with_k else []) for f in fs]
+        for w0, w1 in self._windows(nao, max(columns, 1)):
+            sums = [(s0, min(w1, s0 + SUMMATION_BLOCK)) for s0 in range(w0, w1, SUMMATION_BLOCK)]
+            halves = [[self._halves(nao, slot, j, s1 - s0, left, right)
+                       for slot, (_, _, left, right) in enumerate(sides)]
+                      for j, (s0, s1) in enumerate(sums)]
+            rho = [torch.zeros((nset, s1 - s0), dtype=js.dtype, device=js.device)
+                   for s0, s1 in sums]
+            self._half_transform(w0, w1, sums, symmetric if with_j else None, sides, halves,
+                                 rho)
+            for block_halves in halves:
+                self._exchange(sides, block_halves, vk, k_scale, nao)
             if with_j:
-                self._coulomb(rho, x0, x1, vj)
+                self._coulomb(rho, w0, w1, sums, vj)
         if with_k:
             for n, fs in enumerate(factors):
                 if all(f.right is None for f in fs):
@@ -167,31 +163,88 @@ class JkEngine:
             vj = vj + vj.transpose(0, 2, 1)
         return vj, vk
 
-    def _aux_chunk(self, nao: int, columns: int) -> int:
-        itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
-        block = self.tensor.layout.row_block
-        per_aux = itemsize * (nao * columns + 2 * block * nao + nao * columns)
-        return max(1, min(self.tensor.width, self.work_bytes // per_aux))
+    def _windows(self, nao: int, columns: int) -> list[tuple[int, int]]:
+        """The fit functions read from the tensor at once: one summation block from memory;
+        from a file, as many whole blocks as the work budget holds, so that its narrow
+        column chunks are read in fewer, wider pieces. Only this span follows the budget."""
+        width = self.tensor.width
+        span = min(SUMMATION_BLOCK, width)
+        if self.tensor.store.location != "memory":
+            itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
+            per_aux = (itemsize * 2 * nao * columns
+                       + 2 * FP64_BYTES * self.tensor.layout.row_block * nao)
+            span *= max(1, self.work_bytes // (per_aux * span))
+        return [(w0, min(width, w0 + span)) for w0 in range(0, width, span)]
 
-    def _half(self, nao: int, columns: int, naux: int, slot: int) -> torch.Tensor:
-        """G for one aux chunk, kept from build to build (a fresh 100 MB+ array would be paid
-        again in page faults every cycle); half_transform overwrites each row block before
-        adding to it, so it needs no zeroing."""
-        key = (slot, nao, columns, naux, self.kernel_set.dtype, self.kernel_set.device)
+    def _half_transform(self, w0: int, w1: int, sums: list[tuple[int, int]],
+                        symmetric: torch.Tensor | None, sides: list, halves: list,
+                        rho: list[torch.Tensor]) -> None:
+        """Each summation block's G (and, with ``symmetric`` = D + D^T, its fitted density
+        rho) from the tensor's window [w0, w1), row block by row block."""
+        ks, js = self.kernel_set, self.coulomb_set
+        for block in self.tensor.layout.blocks:
+            window = self.tensor.block(block, w0, w1)
+            for j, (s0, s1) in enumerate(sums):
+                exact_rows = window[..., s0 - w0:s1 - w0]
+                if symmetric is not None:
+                    density = symmetric[:, block.m0:block.m1, :block.m1].reshape(
+                        symmetric.shape[0], -1)
+                    rho[j] += js.gemm(density, exact_rows.reshape(-1, s1 - s0).to(
+                        dtype=js.dtype, device=js.device))
+                if not sides:
+                    continue
+                rows = exact_rows.to(dtype=ks.dtype, device=ks.device)
+                for (_, _, left, right), (g_left, g_right) in zip(sides, halves[j]):
+                    ks.half_transform(rows, left, block.m0, g_left)
+                    if right is not None:
+                        ks.half_transform(rows, right, block.m0, g_right)
+
+    def _exchange(self, sides: list, block_halves: list, vk: np.ndarray, k_scale: float,
+                  nao: int) -> None:
+        """One summation block's K, in the kernel set's precision, added to ``vk`` in fp64."""
+        ks = self.kernel_set
+        for (n, sign, _, _), (g_left, g_right) in zip(sides, block_halves):
+            g_left = g_left.reshape(nao, -1)
+            if g_right is None:
+                product = torch.tril(ks.syrk(g_left, 1).to(torch.float64))
+            else:
+                product = ks.gemm(g_left, g_right.reshape(nao, -1).T).to(torch.float64)
+            vk[n] += sign * k_scale * product.cpu().numpy()
+
+    def _halves(self, nao: int, slot: int, index: int, width: int, left: torch.Tensor,
+                right: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """G of one factor (and of its right side) for summation block ``index`` of a
+        window."""
+        return (self._half(nao, left.shape[1], width, (2 * slot, index)),
+                None if right is None else
+                self._half(nao, right.shape[1], width, (2 * slot + 1, index)))
+
+    def _half(self, nao: int, columns: int, naux: int, slot: tuple[int, int]) -> torch.Tensor:
+        """G (nao, columns, naux) for one summation block, in storage kept from build to build
+        and sized for a whole block, so that a narrower last block reuses it (a fresh 100 MB
+        array would be paid again in page faults every cycle); half_transform overwrites each
+        row block before adding to it, so it needs no zeroing."""
+        key = (slot, nao, columns, self.kernel_set.dtype, self.kernel_set.device)
         if key not in self._buffers:
             self._buffers = {k: v for k, v in self._buffers.items() if k[0] != slot}
-            self._buffers[key] = torch.empty((nao, columns, naux), dtype=self.kernel_set.dtype,
-                                             device=self.kernel_set.device)
-        return self._buffers[key]
+            self._buffers[key] = torch.empty(
+                nao * columns * min(SUMMATION_BLOCK, self.tensor.width),
+                dtype=self.kernel_set.dtype, device=self.kernel_set.device)
+        return self._buffers[key][:nao * columns * naux].view(nao, columns, naux)
 
-    def _coulomb(self, rho: torch.Tensor, x0: int, x1: int, vj: np.ndarray) -> None:
-        """vj[mu, nu] += sum_P X_P[mu, nu] rho_P over this aux chunk (lower part)."""
+    def _coulomb(self, rho: list[torch.Tensor], w0: int, w1: int,
+                 sums: list[tuple[int, int]], vj: np.ndarray) -> None:
+        """vj[mu, nu] += sum_P X_P[mu, nu] rho_P, one summation block after the other (lower
+        part)."""
         js = self.coulomb_set
         for block in self.tensor.layout.blocks:
-            rows = self.tensor.block(block, x0, x1).to(dtype=js.dtype, device=js.device)
-            part = js.gemm(rows.reshape(-1, x1 - x0), rho.T).to(torch.float64).cpu().numpy()
+            window = self.tensor.block(block, w0, w1)
             width = block.m1 - block.m0
-            vj[:, block.m0:block.m1, :block.m1] += part.T.reshape(-1, width, block.m1)
+            for j, (s0, s1) in enumerate(sums):
+                rows = window[..., s0 - w0:s1 - w0].to(dtype=js.dtype, device=js.device)
+                part = js.gemm(rows.reshape(-1, s1 - s0), rho[j].T).to(torch.float64)
+                vj[:, block.m0:block.m1, :block.m1] += part.cpu().numpy().T.reshape(
+                    -1, width, block.m1)
 
 
 def _symmetric_from_lower(lower: np.ndarray) -> np.ndarray:
