@@ -5,8 +5,9 @@ of core; a rank that dies during the SCF ends the job quickly, and its record is
 rerun on another number of ranks.
 
 Run as a script under torchrun (``python -m torch.distributed.run ... test_distributed_scf.py
-OUT``), this file builds the shared JK-fit tensor on every rank (Cholesky and eigen metric,
-slices in memory and in the file) and leaves the summed J and K and each rank's slice in OUT.
+OUT``), this file builds the JK-fit tensor on every rank (Cholesky and eigen metric, slices in
+memory and in each rank's file, pieces exchanged over several rounds) and leaves the summed J
+and K and each rank's slice in OUT.
 """
 from __future__ import annotations
 
@@ -28,21 +29,21 @@ from pyscf import df
 
 import kernels
 from conftest import molecule_path, pyscf_molecule, python_exe
-from dfmp2.df import store as b_store
 from dfmp2.df.store import ScratchArea
 from dfmp2.records.tree import read_record
 from dfmp2.scf.jk import JkEngine, factorize
-from dfmp2.scf.jk_tensor import build_jk_tensor, build_shared_jk_tensor
+from dfmp2.scf import jk_tensor_ranks
+from dfmp2.scf.jk_tensor import build_jk_tensor
 from dfmp2.system.distributed import init_world, launch_from
 from test_distributed import environment, rank_reports, torchrun
 
 JOB_TIMEOUT_SECONDS = 240
 TOLERANCE = 1e-9
 COMMON = ("--backend", "torch", "--threads", "1", "--json")
-# About 30 fit functions per integral block and column chunks of 16 fit functions (the water
-# dimer's tensor has 2304 rows): several of each in every rank's share.
+# About 30 fit functions per integral block of the one-process build, and units of a few AO
+# rows per round of the ranks' exchange (the water dimer has 48 AOs and 280 fit functions).
 SMALL_BLOCK_BYTES = 30 * 8 * (48 * 49 // 2 + 2304)
-SMALL_CHUNK_BYTES = 16 * 8 * 2304
+SMALL_UNIT_BYTES = 4 * 48 * 280 * 8
 # Budgets that keep every rank's slice in memory, and none.
 BUDGETS = {"memory": 10**9, "file": 10**6}
 
@@ -65,7 +66,7 @@ def metric_as(kind: str):
 def build_jk_on_every_rank(out: Path) -> None:
     """The script: each case built by all ranks; rank 0 writes the summed J and K, each rank
     its slices and where it keeps them."""
-    b_store.SCRATCH_CHUNK_BYTES = SMALL_CHUNK_BYTES
+    jk_tensor_ranks.UNIT_BYTES = SMALL_UNIT_BYTES
     world = init_world(launch_from(os.environ))
     fp64 = kernels.load("torch", "fp64")
     report = {}
@@ -74,9 +75,8 @@ def build_jk_on_every_rank(out: Path) -> None:
             mol, auxmol, dm, factors = jk_problem()
             for where, budget in BUDGETS.items():
                 with metric_as(kind):
-                    tensor = build_shared_jk_tensor(mol, auxmol, fp64, SMALL_BLOCK_BYTES,
-                                                    ScratchArea(out, f"{kind}.{where}"), world,
-                                                    budget)
+                    tensor = jk_tensor_ranks.build_ranked_jk_tensor(
+                        mol, auxmol, fp64, ScratchArea(out, f"{kind}.{where}"), world, budget)
                 vj, vk = JkEngine(tensor, fp64).build(dm[None], [factors])
                 total = world.allreduce_sum(np.stack([vj[0], vk[0]]), "adding up J/K")
                 if world.is_root:
@@ -114,7 +114,7 @@ def test_every_rank_builds_its_slice_of_the_jk_tensor(tmp_path, nranks):
             assert all(c1 > c0 for c0, c1 in shares)
             assert shares[0][0] == 0 and shares[-1][1] == single.naux
             assert all(shares[r][1] == shares[r + 1][0] for r in range(nranks - 1))
-    assert not list(tmp_path.glob(".*.bin")), "rank 0 removes the shared files"
+    assert not list(tmp_path.glob(".*.bin")), "every rank removes its file"
 
 
 def run_job(record, molecule: str, *options: str, ranks: int = 1) -> dict:
@@ -196,13 +196,14 @@ def _children(pid: int) -> list[int]:
 def test_a_rank_killed_during_the_scf_ends_the_job_and_three_ranks_rerun_it(tmp_path):
     record = tmp_path / "benzene.h5"
     options = ("--basis", "cc-pvdz")
-    proc = subprocess.Popen(torchrun(2, molecule_path("benzene"), *options, *COMMON, "-o",
-                                     record),
+    # A budget too small for the tensor's slices in memory: each rank's slice goes to its own
+    # file, which appears when the SCF starts building the tensor.
+    proc = subprocess.Popen(torchrun(2, molecule_path("benzene"), *options, "--memory", "20MB",
+                                     *COMMON, "-o", record),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=environment())
-    # The shared tensor file appears when the SCF starts building its tensor.
     deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-    while (not (tmp_path / ".benzene.h5.run.jk.bin").exists() and proc.poll() is None
+    while (not (tmp_path / ".benzene.h5.run.jk.slice1.bin").exists() and proc.poll() is None
            and time.monotonic() < deadline):
         time.sleep(0.01)
     assert proc.poll() is None, "the job ended before a rank could be killed"

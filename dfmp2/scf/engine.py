@@ -5,17 +5,18 @@ PySCF keeps driving the SCF (guess, DIIS, diagonalisation, level shift, converge
 RHF, UHF or Kohn-Sham, with or without exact exchange, is answered by
 :class:`dfmp2.scf.jk.JkEngine` from our own JK-fit tensor.
 
-Precision. fp64 kernels (torch on the CPU or a GPU) build every J/K in fp64. fp32 kernels
-(``--precision fp32``, and NKI, which has no fp64) run a mixed scheme,
-:class:`PrecisionSchedule`: J/K in fp32 while the SCF is far from convergence, then, once
-the energy change or the orbital gradient reaches the fp32 noise floor, fp64 builds on the
-host until PySCF's own tests pass on two consecutive fp64 builds. Convergence is never
-declared on an fp32 Fock matrix, and the thresholds are PySCF's (1e-12 Eh, 1e-7).
+Precision, :class:`PrecisionLadder`, one mechanism for every kernel set: K in fp32 (fp64
+partial sums) while the SCF is far from convergence, then, once the orbital gradient or the
+energy change reaches the fp32 noise floor or the energy rises, fp64 builds until PySCF's own
+tests pass on fp64 builds. The fp32 builds run on torch fp32 beside fp64 kernels (the
+default), or on the fp32 kernel set itself (``--precision fp32``, and NKI, which has no fp64)
+with the fp64 builds on the host. Convergence is never declared on an fp32 Fock matrix, and
+the thresholds are PySCF's (1e-12 Eh, 1e-7).
 
 Several ranks. Every rank runs the same SCF, and every J/K build is collective: rank 0's
 density goes to every rank, each builds J and K over its own slice of the fit functions, and
 the parts are summed (O(nao^2) numbers per build, never the tensor). Every rank thus gets the
-same J/K bits, and so takes the same SCF steps and precision-schedule decisions.
+same J/K bits, and so takes the same SCF steps and precision-ladder decisions.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pyscf import df
+from pyscf.dft.rks import KohnShamDFT
 
 import kernels
 from kernels.accounting import KernelAccounting
@@ -32,7 +34,8 @@ from dfmp2.df.auxbasis import AuxBasis, make_auxmol
 from dfmp2.df.store import ScratchArea
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.scf.jk import JkEngine, factorize
-from dfmp2.scf.jk_tensor import build_jk_tensor, build_shared_jk_tensor, jk_tensor_bytes
+from dfmp2.scf.jk_tensor import build_jk_tensor, jk_tensor_bytes
+from dfmp2.scf.jk_tensor_ranks import build_ranked_jk_tensor
 from dfmp2.records.sections import ScfEngineSection
 from dfmp2.system.distributed import World
 from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_memory
@@ -47,6 +50,9 @@ FP32_PHASE_ENERGY = 1e-6
 FP32_PHASE_GRADIENT = 1e-4
 # Exact (fp64) builds that must agree before convergence can be declared.
 EXACT_BUILDS_TO_CONVERGE = 2
+# Rows of the JK-fit tensor fitted per triangular solve (2048 x naux fp64 numbers and their
+# integrals at once: 61 MB for (H2O)16).
+FIT_ROWS = 2048
 
 
 @dataclass
@@ -68,25 +74,49 @@ class ScfKernels:
 
 
 def scf_kernels(backend: str, precision: str | None, nki_mode: str | None = None,
-                require_nki: bool = False) -> ScfKernels:
-    """The SCF's kernel sets for a backend and precision; the fp64 partner of an fp32 set runs
-    torch on the same device (the host CPU next to a NeuronCore)."""
+                require_nki: bool = False, ladder: bool = True) -> ScfKernels:
+    """The SCF's kernel sets for a backend and precision. ``exact`` is fp64: the requested set,
+    or torch on the same device as an fp32 one (the host CPU next to a NeuronCore). ``fast``
+    is the requested set, or, for fp64 with the ``ladder``, torch fp32 on the same device."""
     ledger = KernelAccounting()
-    fast = kernels.load(backend, precision, accounting=ledger, nki_mode=nki_mode,
-                        require_nki=require_nki)
-    if fast.precision == "fp64":
-        return ScfKernels(fast, fast)
-    return ScfKernels(fast, kernels.load("torch", "fp64", device=str(fast.device),
-                                         accounting=ledger))
+    requested = kernels.load(backend, precision, accounting=ledger, nki_mode=nki_mode,
+                             require_nki=require_nki)
+    device = str(requested.device)
+    if requested.precision != "fp64":
+        return ScfKernels(requested, kernels.load("torch", "fp64", device=device,
+                                                  accounting=ledger))
+    if not ladder:
+        return ScfKernels(requested, requested)
+    return ScfKernels(kernels.load("torch", "fp32", device=device, accounting=ledger),
+                      requested)
 
 
-class PrecisionSchedule:
-    """When to leave fp32 builds and when convergence may be declared."""
+class PrecisionLadder:
+    """Which precision each J/K build runs in, and when convergence may be declared: the one
+    precision mechanism of every kernel set (docs/kernels.md).
 
-    def __init__(self, engine: JkEngine, kernels: ScfKernels, conv_tol: float) -> None:
+    With a mixed pair of kernel sets, K runs in fp32 (partial sums over fixed blocks of fit
+    functions added in fp64; J in fp64) while the SCF is far from convergence; the first
+    step that reaches the fp32 noise (orbital gradient or energy change) or raises the
+    energy sends every later build to fp64. PySCF's tests may pass only on fp64 builds,
+    EXACT_BUILDS_TO_CONVERGE of them at least, so the converged energy is that of an
+    all-fp64 SCF. DIIS keeps its fp32-built vectors: restarting it at the switch cost 16 to
+    18 more cycles over the 16 bundled molecules and 3 on (H2O)16 (docs/kernels.md).
+
+    With ``exact_energy_change`` (Hartree-Fock), the energy change that PySCF's test
+    compares with 1e-12 Eh is computed from the density change (:func:`energy_change`), not
+    as the difference of two energies of hundreds of Eh whose rounding alone is a few
+    1e-12 Eh: the same test at the same thresholds, but decided by the SCF rather than by
+    rounding luck, which kept (H2O)8 cycling five more times with its orbital gradient
+    already below 1e-7 and made the cycle count follow the summation order."""
+
+    def __init__(self, engine: JkEngine, kernels: ScfKernels, conv_tol: float,
+                 exact_energy_change: bool = True) -> None:
         self.engine, self.kernels, self.conv_tol = engine, kernels, conv_tol
         self.engine.kernel_set = kernels.fast
         self.exact_builds_at_switch: int | None = None if kernels.mixed else 0
+        self.exact_energy_change = exact_energy_change
+        self.last_vhf: np.ndarray | None = None
 
     @property
     def exact(self) -> bool:
@@ -95,20 +125,52 @@ class PrecisionSchedule:
     def check_convergence(self, envs: dict) -> bool:
         """PySCF's test (``and`` in the SCF loop, ``or`` in its final check with relaxed
         thresholds), passed only on exact builds."""
-        delta = abs(envs["e_tot"] - envs["last_hf_e"])
+        change = envs["e_tot"] - envs["last_hf_e"]
         gradient = envs["norm_gorb"]
+        last_vhf, self.last_vhf = self.last_vhf, envs["vhf"]
         if not self.exact:
-            if delta < FP32_PHASE_ENERGY or gradient < FP32_PHASE_GRADIENT:
-                log.info("fp32 J/K reached its noise floor (dE %.1e, |g| %.1e): fp64 builds "
-                         "from now on", delta, gradient)
-                self.engine.kernel_set = self.kernels.exact
-                self.exact_builds_at_switch = len(self.engine.builds)
+            reason = _reason_to_leave_fp32(envs["cycle"], change, gradient)
+            if reason is not None:
+                self.finish(reason)
             return False
         if len(self.engine.builds) - self.exact_builds_at_switch < EXACT_BUILDS_TO_CONVERGE:
             return False
+        if self.exact_energy_change and last_vhf is not None:
+            change = energy_change(envs["h1e"], envs["dm"], envs["dm_last"], envs["vhf"],
+                                   last_vhf)
         final_check = envs["conv_tol"] > self.conv_tol
-        energy_ok, gradient_ok = delta < envs["conv_tol"], gradient < envs["conv_tol_grad"]
+        energy_ok = abs(change) < envs["conv_tol"]
+        gradient_ok = gradient < envs["conv_tol_grad"]
         return (energy_ok or gradient_ok) if final_check else (energy_ok and gradient_ok)
+
+    def finish(self, reason: str = "the SCF ended") -> None:
+        """Every build from now on in fp64."""
+        if self.exact:
+            return
+        log.info("fp32 J/K builds end (%s): fp64 builds from now on", reason)
+        self.engine.kernel_set = self.kernels.exact
+        self.exact_builds_at_switch = len(self.engine.builds)
+
+
+def _reason_to_leave_fp32(cycle: int, change: float, gradient: float) -> str | None:
+    """Why the step just taken on an fp32 build ends the fp32 builds, or None. The first
+    step is measured from the guess's energy, which is no SCF energy, so its rise is no
+    sign of fp32 trouble."""
+    if gradient < FP32_PHASE_GRADIENT or abs(change) < FP32_PHASE_ENERGY:
+        return f"dE {change:.1e} Eh, |g| {gradient:.1e}: the fp32 noise floor"
+    if change > 0 and cycle > 0:
+        return f"the energy rose by {change:.1e} Eh"
+    return None
+
+
+def energy_change(h1e: np.ndarray, dm: np.ndarray, dm_last: np.ndarray, vhf: np.ndarray,
+                  vhf_last: np.ndarray) -> float:
+    """E(dm) - E(dm_last) of Hartree-Fock, tr(h dD) + tr((V + V_last) dD) / 2 summed over
+    spins: exact for a potential V linear and symmetric in D (density-fitted J and K are),
+    and computed from the small dD instead of two large energies."""
+    step = np.asarray(dm) - np.asarray(dm_last)
+    potential = np.asarray(vhf) + np.asarray(vhf_last)
+    return float(np.sum(np.asarray(h1e) * step) + 0.5 * np.sum(potential * step))
 
 
 class KernelDF(df.DF):
@@ -123,7 +185,7 @@ class KernelDF(df.DF):
         self.scratch = scratch
         self.world = world or World()
         self.engine: JkEngine | None = None
-        self.schedule: PrecisionSchedule | None = None
+        self.ladder: PrecisionLadder | None = None
         self.timings: dict[str, float] = {}
 
     def build(self) -> "KernelDF":
@@ -132,25 +194,40 @@ class KernelDF(df.DF):
         self.auxmol = make_auxmol(self.mol, self.aux)
         nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
         work = max(FP64_BYTES * nao * nao * 8, (1 - JK_TENSOR_IN_MEMORY_SHARE) * self.budget / 2)
+        # The tensor's fit solves FIT_ROWS rows at a time whatever the budget: a triangular
+        # solve's rounding depends on how many rows it is given.
+        fit_block = 2 * FP64_BYTES * naux * FIT_ROWS
         if self.world.size > 1:
             if self.scratch is None:
                 raise ValueError("a JK-fit tensor spread over ranks needs a scratch area")
-            tensor = build_shared_jk_tensor(self.mol, self.auxmol, self.kernels.exact,
-                                            int(work), self.scratch, self.world, self.budget,
+            tensor = build_ranked_jk_tensor(self.mol, self.auxmol, self.kernels.exact,
+                                            self.scratch, self.world, self.budget,
                                             self.timings)
         else:
             out_of_core = not fits_in_memory(jk_tensor_bytes(nao, naux), self.budget,
                                              JK_TENSOR_IN_MEMORY_SHARE)
-            tensor = build_jk_tensor(self.mol, self.auxmol, self.kernels.exact, int(work),
+            tensor = build_jk_tensor(self.mol, self.auxmol, self.kernels.exact, fit_block,
                                      self.scratch if out_of_core else None, self.timings)
-        self.engine = JkEngine(tensor, self.kernels.fast, self.kernels.exact, int(work))
+        # After the SCF (a tensor rebuilt for the gradient's response once the SCF's was
+        # released) every build is fp64.
+        finished = self.ladder is not None and self.ladder.exact
+        self.engine = JkEngine(tensor, self.kernels.exact if finished else self.kernels.fast,
+                               self.kernels.exact, int(work))
         return self
 
     def attach(self, mf) -> None:
-        """Drive ``mf``'s convergence test by the precision schedule."""
+        """Drive ``mf``'s convergence test by the precision ladder (with the exact energy
+        change for Hartree-Fock; a Kohn-Sham energy is not quadratic in D)."""
         self.build()
-        self.schedule = PrecisionSchedule(self.engine, self.kernels, mf.conv_tol)
-        mf.check_convergence = self.schedule.check_convergence
+        self.ladder = PrecisionLadder(self.engine, self.kernels, mf.conv_tol,
+                                      not isinstance(mf, KohnShamDFT))
+        mf.check_convergence = self.ladder.check_convergence
+
+    def end_scf(self) -> None:
+        """Every later build (the stability check's, the gradient's response) in fp64, also
+        after an SCF that stopped unconverged on fp32 builds."""
+        if self.ladder is not None:
+            self.ladder.finish()
 
     @property
     def out_of_core(self) -> bool:
@@ -240,7 +317,7 @@ def use_kernel_engine(mf, aux: AuxBasis, kernels: ScfKernels, budget: int,
                       scratch: ScratchArea | None, converging: bool = True,
                       world: World | None = None) -> KernelDF:
     """Put our engine in ``mf`` (a density-fitted PySCF SCF object) in place of PySCF's. For an
-    SCF about to converge, the precision schedule drives its convergence test; for a
+    SCF about to converge, the precision ladder drives its convergence test; for a
     converged one (restored from a record) every later build is fp64 and the tensor is built
     at the first request. With a ``world`` of several ranks, every J/K build (and the tensor's)
     is collective: every rank must make the same requests."""

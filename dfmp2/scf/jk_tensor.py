@@ -12,10 +12,8 @@ The rows are a 2-D store (:mod:`dfmp2.df.store`), in memory or in a scratch file
 The fit is PySCF's (``pyscf.df.incore.cholesky_eri``): a Cholesky factor of the metric, or,
 when the metric is not positive definite, its eigenvectors above 1e-7.
 
-Several ranks (:func:`build_shared_jk_tensor`) build one tensor in a scratch file they share:
-each computes the integrals of its own whole column chunks of the file (the fit functions),
-then fits its own rows (rows are independent in the fit), and then keeps only its slice of
-the fit functions, which is all its share of every J/K build needs.
+Several ranks build it together (:mod:`dfmp2.scf.jk_tensor_ranks`), each keeping only its
+slice of the fit functions, which is all its share of every J/K build needs.
 """
 from __future__ import annotations
 
@@ -30,12 +28,11 @@ import torch
 from pyscf import gto
 from pyscf.df import incore
 
-from dfmp2.df.store import InMemoryB, ScratchArea, ScratchB, open_store
+from dfmp2.df.store import ScratchArea, open_store
 from dfmp2.system.disk import check_space
 from dfmp2.errors import RunFailure
 from dfmp2.df.metric import JK_LINDEP_THRESHOLD, FitMetric, build_metric
-from dfmp2.system.distributed import World
-from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_memory
+from dfmp2.system.memory import FP64_BYTES
 
 log = logging.getLogger(__name__)
 ROW_BLOCK = 64
@@ -101,14 +98,12 @@ class PairLayout:
 @dataclass
 class JkTensor:
     """The fitted JK tensor in its store, with what is needed to read it back: all of its
-    fit functions, or (one rank of several) only ``columns``, whose first is the store's
-    column ``store_offset``."""
+    fit functions, or (one rank of several) only ``columns``, the store's columns."""
 
     layout: PairLayout
     store: object
     metric: FitMetric
     columns: range | None = None
-    store_offset: int = 0
 
     @property
     def naux(self) -> int:
@@ -127,8 +122,7 @@ class JkTensor:
         """The rows of one row block for its held fit functions [x0, x1) (default: all) as
         (m1 - m0, m1, x1 - x0) fp64; a tensor in a file reads only those columns."""
         x1 = self.width if x1 is None else x1
-        rows = self.store.read_rows(block.offset, block.offset + block.rows,
-                                    self.store_offset + x0, self.store_offset + x1)
+        rows = self.store.read_rows(block.offset, block.offset + block.rows, x0, x1)
         return rows.reshape(block.m1 - block.m0, block.m1, x1 - x0)
 
     def close(self) -> None:
@@ -175,100 +169,6 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes
              metric.kind, FP64_BYTES * nrows * metric.naux_fit / 1e9,
              "in memory" if scratch is None else f"in {path}")
     return JkTensor(layout, fitted, metric)
-
-
-def build_shared_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes: int,
-                           scratch: ScratchArea, world: World, budget: int,
-                           timings: dict[str, float] | None = None) -> JkTensor:
-    """This rank's slice of the tensor, built by all ranks together (a collective call)
-    through files in ``scratch`` that every rank can reach. The slice stays in the shared
-    file when the widest rank's slice would not fit the budget's in-memory share."""
-    timings = timings if timings is not None else {}
-    clock = time.perf_counter
-    t0 = clock()
-    # Every rank factors the metric itself: naux^3 / 3 flops, small next to the integrals,
-    # and no O(naux^2) message.
-    metric = build_metric(auxmol, JK_LINDEP_THRESHOLD)
-    layout = PairLayout(mol.nao_nr(), ROW_BLOCK)
-    nrows, naux = layout.nrows, metric.naux
-    eigen = metric.kind != "cholesky"
-    raw = _shared_store(scratch.jk_path(raw=eigen), nrows, naux, world,
-                        (2 if eigen else 1) * FP64_BYTES * nrows * naux)
-    fitted = raw
-    try:
-        if eigen:
-            fitted = _shared_store(scratch.jk_path(), nrows, metric.naux_fit, world, 0)
-        t1 = clock()
-        _fill_integrals(mol, auxmol, layout, raw, max_block_bytes,
-                        _chunk_share(raw, world.rank, world.size))
-        world.publish([raw], "computing the JK-fit integrals")
-        t2 = clock()
-        _fit(raw, fitted, metric, layout, kernel_set, max_block_bytes, world.share(nrows))
-        world.publish([fitted], "fitting the JK-fit tensor")
-        if eigen:
-            # Every rank has read its rows of the raw integrals (the barrier): rank 0, which
-            # created the file, removes it.
-            raw.close()
-        t3 = clock()
-        tensor = _keep_share(fitted, layout, metric, world, budget, max_block_bytes)
-    except BaseException:
-        _close_both(raw, fitted)
-        raise
-    timings.update({"jk_metric": t1 - t0, "jk_integrals": t2 - t1, "jk_fit": t3 - t2,
-                    "jk_share": clock() - t3})
-    log.info("JK tensor: %d AO pairs x %d fit functions (%s), built by %d ranks in %s; this "
-             "rank keeps fit functions [%d, %d) %s", nrows, naux, metric.kind, world.size,
-             fitted.path, tensor.columns.start, tensor.columns.stop,
-             "in memory" if tensor.store.location == "memory" else "in the shared file")
-    return tensor
-
-
-def _shared_store(path, nrows: int, ncols: int, world: World, space: int) -> ScratchB:
-    """A file of every rank: rank 0 checks room for ``space`` bytes and creates it (its
-    column chunks a multiple of the ranks), then the others open it for writing. A failure on
-    rank 0 fails every rank at once, rather than at the next collective's timeout."""
-    if world.is_root:
-        try:
-            if space:
-                check_space(path.parent, space, "the SCF's JK-fit tensor")
-            store = ScratchB.create(path, nrows, ncols, parts=world.size)
-        except RunFailure as exc:
-            world.broadcast(str(exc), "creating the JK-fit tensor file")
-            raise
-        world.broadcast(None, "creating the JK-fit tensor file")
-        return store
-    failure = world.broadcast(None, "creating the JK-fit tensor file")
-    if failure is not None:
-        raise RunFailure(f"rank 0 could not create the JK-fit tensor file: {failure}")
-    return ScratchB.open_shared(path, writable=True)
-
-
-def _chunk_share(store: ScratchB, rank: int, size: int) -> range:
-    """The columns of ``rank``'s share of the store's whole column chunks: a column chunk is
-    written by one rank only, since writing part of one rewrites all of it."""
-    nchunks = -(-store.ncols // store.chunk_cols)
-    first, last = nchunks * rank // size, nchunks * (rank + 1) // size
-    return range(min(store.ncols, first * store.chunk_cols),
-                 min(store.ncols, last * store.chunk_cols))
-
-
-def _keep_share(fitted: ScratchB, layout: PairLayout, metric: FitMetric, world: World,
-                budget: int, max_block_bytes: int) -> JkTensor:
-    """This rank's slice of the fitted tensor: read into memory when every rank's fits (all
-    ranks then agree, and the shared file is removed), else left in the file."""
-    columns = _chunk_share(fitted, world.rank, world.size)
-    widest = max(len(_chunk_share(fitted, rank, world.size)) for rank in range(world.size))
-    if not fits_in_memory(FP64_BYTES * layout.nrows * widest, budget,
-                          JK_TENSOR_IN_MEMORY_SHARE):
-        return JkTensor(layout, fitted, metric, columns, store_offset=columns.start)
-    local = InMemoryB(layout.nrows, len(columns))
-    chunk = max(1, max_block_bytes // (FP64_BYTES * max(1, len(columns))))
-    for r0 in range(0, layout.nrows, chunk):
-        r1 = min(layout.nrows, r0 + chunk)
-        local.write_rows(r0, r1, fitted.read_rows(r0, r1, columns.start, columns.stop))
-    world.barrier("reading the JK-fit tensor slices")
-    fitted.close()
-    return JkTensor(layout, local, metric, columns)
 
 
 def _close_both(raw, fitted) -> None:

@@ -138,6 +138,24 @@ class World:
         _guard(lambda: torch_dist.broadcast(buffer, src=0), what)
         return buffer.cpu().numpy()
 
+    def exchange(self, outgoing: list[np.ndarray], incoming_sizes: list[int],
+                 what: str) -> list[np.ndarray]:
+        """All-to-all: ``outgoing[r]`` (float64, any shape) goes to rank r, and this rank gets
+        from each rank r ``incoming_sizes[r]`` numbers, flat, in rank order."""
+        if self.size == 1:
+            return [np.ascontiguousarray(outgoing[0], dtype=np.float64).ravel()]
+        send = torch.from_numpy(np.concatenate(
+            [np.ascontiguousarray(part, dtype=np.float64).ravel() for part in outgoing]))
+        receive = torch.empty(sum(incoming_sizes), dtype=torch.float64)
+        if self.backend == "nccl":
+            send, receive = send.cuda(), receive.cuda()
+        _guard(lambda: torch_dist.all_to_all_single(
+            receive, send, output_split_sizes=list(incoming_sizes),
+            input_split_sizes=[int(part.size) for part in outgoing]), what)
+        received = receive.cpu().numpy()
+        bounds = np.cumsum([0, *incoming_sizes])
+        return [received[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
+
     def _buffer(self, array: np.ndarray) -> torch.Tensor:
         """``array`` as a tensor where the process group can reach it: NCCL moves only CUDA
         tensors, gloo CPU ones."""
