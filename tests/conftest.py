@@ -8,11 +8,24 @@ import pytest
 
 # Shared assertion helpers of the kernel tests report like asserts written in the tests.
 pytest.register_assert_rewrite("interpreter_rule_helpers", "nki_helpers")
-from pyscf import df, gto, scf
+import torch
+from pyscf import df, gto, lib, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
 REPO = Path(__file__).resolve().parent.parent
 MOLECULES = REPO / "molecules"
+
+
+@pytest.fixture
+def single_thread():
+    """For tiny molecules: on a shared machine, OpenMP threads spin-waiting for a busy core
+    made each of their SCF cycles 20 times slower (measured). One thread each."""
+    pyscf_threads, torch_threads = lib.num_threads(), torch.get_num_threads()
+    lib.num_threads(1)
+    torch.set_num_threads(1)
+    yield
+    lib.num_threads(pyscf_threads)
+    torch.set_num_threads(torch_threads)
 
 
 def molecule_path(name: str) -> Path:

@@ -14,7 +14,6 @@ from pyscf.mp import dfump2 as pyscf_dfump2
 
 from conftest import molecule_path, pyscf_molecule
 from dfmp2.jobs import run as run_job
-from dfmp2.errors import InputError
 from dfmp2.records.sections import CalculationInputs
 from dfmp2.records.report import json_summary
 from dfmp2.input.settings import RunSettings
@@ -149,13 +148,6 @@ def test_bad_functional_options_are_one_line_errors(run_cli, tmp_path, args, mes
     assert result.code == 2
     assert result.err.startswith("Error: ") and message in result.err
     assert len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
-
-
-def test_gradient_of_double_hybrid_is_refused(tmp_path):
-    settings = RunSettings(molecule=molecule_path("water"), xc="b2plyp", task="gradient",
-                           output=tmp_path / "g.h5", show_progress=False)
-    with pytest.raises(InputError, match="gradients of double hybrids"):
-        run_job.run(settings)
 
 
 def test_functional_and_grid_decide_whether_a_record_is_reused():

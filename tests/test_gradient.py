@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from pyscf import df, gto, lib, scf
+from pyscf import df, gto, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 from pyscf.mp import dfump2 as pyscf_dfump2
 
@@ -33,16 +32,8 @@ TOLERANCE = 1e-6  # Eh/Bohr
 TRANSLATION = 1e-8
 
 
-@pytest.fixture(autouse=True)
-def single_thread():
-    """These molecules are tiny: on a shared machine, OpenMP threads spin-waiting for a busy
-    core made each of their SCF cycles 20 times slower (measured). One thread each."""
-    pyscf_threads, torch_threads = lib.num_threads(), torch.get_num_threads()
-    lib.num_threads(1)
-    torch.set_num_threads(1)
-    yield
-    lib.num_threads(pyscf_threads)
-    torch.set_num_threads(torch_threads)
+# Tiny molecules: one thread each (see conftest.single_thread).
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def converged_scf(mol: gto.Mole, dm0=None) -> scf.hf.SCF:

@@ -123,15 +123,12 @@ def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"driver": "hessian", "model": {"method": "mp2", "basis": "cc-pvdz"}}, "driver 'hessian'"),
     ({"driver": "energy", "model": {"method": "ccsd", "basis": "cc-pvdz"}},
      "not an MP2 method (mp2, scs-mp2, sos-mp2)"),
     ({"driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
       "keywords": {"frozen_cor": True}}, "unknown keyword 'frozen_cor'"),
     ({"driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
       "keywords": {"frozen_core": "yes"}}, "must be true or false"),
-    ({"driver": "gradient", "model": {"method": "b2plyp", "basis": "cc-pvdz"}},
-     "gradients of double hybrids"),
 ])
 def test_bad_inputs_are_input_errors(spec, message):
     result = qcengine.compute({"molecule": water_molecule(), **spec}, "dfmp2",

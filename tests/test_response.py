@@ -19,9 +19,11 @@ from dfmp2.grad import kernel as gradient
 
 from dfmp2.grad import response as gradient_response
 from dfmp2.errors import RunFailure
-from test_gradient import central_difference, converged_scf, single_thread  # noqa: F401
+from test_gradient import central_difference, converged_scf
 
 from conftest import molecule_path
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 NO2 = "N 0 0 0; O 0 1.0989 0.4653; O 0 -1.0989 0.4653"
 # One oxygen pushed off the mirror plane's image: the response's right-hand side then has a

@@ -20,7 +20,7 @@ import threading
 import click
 
 # Importing the command modules registers their commands on the group.
-from dfmp2.cli import calculate, manage  # noqa: F401
+from dfmp2.cli import calculate, frequencies, manage, properties  # noqa: F401
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import NKI_PLATFORM_ENV
 from dfmp2.errors import Dfmp2Error, Interrupted

@@ -6,6 +6,7 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import click
 
@@ -16,6 +17,8 @@ from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import interaction, optimize, run
 from dfmp2.system import distributed
+
+Outcome = TypeVar("Outcome")
 
 
 @cli.command("run")
@@ -47,7 +50,7 @@ def run_command(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool,
     if qcschema_version is not None and not as_qcschema:
         raise click.UsageError("--qcschema-version goes with --qcschema")
     qcschema = views.qcschema_module() if as_qcschema else None
-    outcome = run_on_every_rank(settings)
+    outcome = on_every_rank(run.run, settings)
     if outcome is None:
         return 0
     if qcschema is not None:
@@ -57,15 +60,16 @@ def run_command(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool,
     return outcome.exit_code
 
 
-def run_on_every_rank(settings: RunSettings) -> run.RunOutcome | None:
-    """The calculation of ``settings``; under torchrun or srun every rank joins it, and only
-    rank 0 gets the outcome to print (the other ranks stay quiet and get None)."""
+def on_every_rank(job: Callable[..., Outcome], settings: RunSettings,
+                  *arguments) -> Outcome | None:
+    """``job(settings, *arguments, world)``; under torchrun or srun every rank joins it, and
+    only rank 0 gets the outcome to print (the other ranks stay quiet and get None)."""
     world = distributed.init_world(distributed.launch_from(os.environ))
     try:
         if not world.is_root:
             logging.getLogger().setLevel(logging.ERROR)
             settings = replace(settings, show_progress=False)
-        outcome = run.run(settings, world)
+        outcome = job(settings, *arguments, world)
     finally:
         world.close()
     return outcome if world.is_root else None
@@ -73,7 +77,7 @@ def run_on_every_rank(settings: RunSettings) -> run.RunOutcome | None:
 
 @cli.command("gradient")
 @click.argument("molecule", type=XYZ_FILE)
-@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS, *XC_OPTIONS)
 @METHOD
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
               help="Record path (default: runs/<molecule>-<basis>-gradient.h5).")
@@ -83,12 +87,13 @@ def run_on_every_rank(settings: RunSettings) -> run.RunOutcome | None:
               help="Print one JSON object: e_tot (the method's energy) and gradient.")
 @click.pass_obj
 def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int:
-    """The relaxed analytic DF-MP2 (SCS, SOS) gradient of MOLECULE, in Eh/Bohr."""
+    """The relaxed analytic DF-MP2 (SCS, SOS) or double-hybrid gradient of MOLECULE, in
+    Eh/Bohr."""
     settings = RunSettings(molecule=molecule, command=obj["command"], task="gradient",
                            **options, **environment_settings())
     if settings.output is None:
         settings = replace(settings, output=settings.output_path("-gradient"))
-    outcome = run_on_every_rank(settings)
+    outcome = on_every_rank(run.run, settings)
     if outcome is None:
         return 0
     views.print_outcome(outcome, as_json)
@@ -97,7 +102,7 @@ def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int
 
 @cli.command("optimize")
 @click.argument("molecule", type=XYZ_FILE)
-@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
+@with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS, *XC_OPTIONS)
 @METHOD
 @click.option("--convergence", default="GAU", show_default=True,
               type=click.Choice(["GAU", "GAU_TIGHT", "GAU_VERYTIGHT", "GAU_LOOSE",
@@ -116,7 +121,8 @@ def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int
 @click.pass_obj
 def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int,
                      as_json: bool, **options) -> int:
-    """Optimise the geometry of MOLECULE with geomeTRIC on the DF-MP2 (SCS, SOS) gradient."""
+    """Optimise the geometry of MOLECULE with geomeTRIC on the DF-MP2 (SCS, SOS) or
+    double-hybrid gradient."""
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
     outcome = optimize.run(settings, convergence, max_steps)

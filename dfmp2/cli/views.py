@@ -11,7 +11,8 @@ from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, compare
 from dfmp2.jobs.run import RunOutcome
 from dfmp2.records import report
-from dfmp2.records.tree import SCHEMA, Node, schema
+from dfmp2.records.properties_section import properties_json
+from dfmp2.records.tree import FREQUENCIES_SCHEMA, SCHEMA, Node, schema, status
 from dfmp2.system.files import printable
 
 
@@ -22,6 +23,16 @@ def print_outcome(outcome: RunOutcome, as_json: bool) -> None:
     else:
         click.echo(report.summary(outcome.record))
         click.echo(f"\nrecord written to {outcome.path}")
+
+
+def print_properties(record: Node, path: Path, as_json: bool) -> None:
+    """A finished properties run on stdout: its ``--json`` object, or the text report."""
+    if as_json:
+        summary = properties_json(record)
+        click.echo(json.dumps({**summary, "record": str(path), "status": status(record)}))
+    else:
+        click.echo(printable(report.summary(record)))
+        click.echo(f"\nrecord written to {printable(str(path))}")
 
 
 def qcschema_module() -> ModuleType:
@@ -45,7 +56,7 @@ def print_qcschema(qcschema: ModuleType, settings: RunSettings, outcome: RunOutc
 def print_record(root: Node, show_all: bool) -> None:
     """A record's summary, or every attribute and dataset when asked or when the summary cannot
     read it (another schema)."""
-    detailed = show_all or schema(root) != SCHEMA
+    detailed = show_all or schema(root) not in (SCHEMA, FREQUENCIES_SCHEMA)
     click.echo(printable(report.dump(root) if detailed else report.summary(root)))
 
 

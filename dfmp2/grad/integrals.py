@@ -165,25 +165,28 @@ class RiChannel:
 
 
 def ri_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[RiChannel],
-            block_functions: int, world: World | None = None
+            block_functions: int, world: World | None = None, derivatives: bool = True
             ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """One sweep over the RI basis: per channel the AO halves of the orbital derivative,
     xo[mu, i] = sum_aP (mu a|P) G_ia^P and xv[mu, a] = sum_iP (mu i|P) G_ia^P, and the
-    gradient of sum (mu nu|P)^x Gamma with Gamma^P = sum_c 2 n_c C_occ G^P C_vir^T.
+    gradient of sum (mu nu|P)^x Gamma with Gamma^P = sum_c 2 n_c C_occ G^P C_vir^T (zero
+    without ``derivatives``: the MP2 density needs only the halves, and the derivative
+    integrals are most of the pass's cost).
     Each rank sweeps its auxiliary blocks (reading those rows of G from every rank's share);
     the halves and the gradient are summed over the ranks."""
     world = world or World()
     nao = mol.nao_nr()
     integrals = ThreeIndexBlocks(mol, auxmol,
                                  split_block_functions(block_functions, auxmol.nao_nr(), world))
-    derivatives = ThreeIndexDerivatives(mol, auxmol)
+    contraction = ThreeIndexDerivatives(mol, auxmol) if derivatives else None
     halves = [(torch.zeros((nao, ch.c_occ.shape[1]), dtype=torch.float64),
                torch.zeros((nao, ch.c_vir.shape[1]), dtype=torch.float64)) for ch in channels]
     grad = np.zeros((mol.natm, 3))
     for shell0, shell1, p0, p1 in deal_blocks(integrals.blocks, world)[world.rank]:
         npart = p1 - p0
         ints = integrals.block(shell0, shell1, npart)
-        gamma_sym = torch.zeros((npart, nao, nao), dtype=torch.float64)
+        gamma_sym = (torch.zeros((npart, nao, nao), dtype=torch.float64)
+                     if contraction is not None else None)
         for ch, (xo, xv) in zip(channels, halves):
             nocc, nvir = ch.c_occ.shape[1], ch.c_vir.shape[1]
             g = ch.gamma_fit.read_rows(p0, p1).reshape(npart, nocc, nvir)
@@ -195,8 +198,11 @@ def ri_pass(mol: gto.Mole, auxmol: gto.Mole, channels: list[RiChannel],
             occ_half = torch.matmul(ints, ch.c_occ)
             xv += occ_half.transpose(0, 1).reshape(nao, npart * nocc) @ g.reshape(
                 npart * nocc, nvir)
-            gamma_sym += (2.0 * ch.occupancy) * symmetrise(torch.matmul(ch.c_occ, g_vir_ao))
-        grad += derivatives.contract(shell0, shell1, p0, p1, gamma_sym)
+            if gamma_sym is not None:
+                gamma_sym += (2.0 * ch.occupancy) * symmetrise(torch.matmul(ch.c_occ,
+                                                                            g_vir_ao))
+        if contraction is not None:
+            grad += contraction.contract(shell0, shell1, p0, p1, gamma_sym)
     parts = [grad] + [half.numpy() for pair in halves for half in pair]
     # One allreduce for the gradient and every half: all are O(N^2).
     total = world.allreduce_sum(np.concatenate([part.ravel() for part in parts]),
@@ -216,6 +222,8 @@ class JkChannel:
     c_occ: np.ndarray
     p_relaxed: np.ndarray
     occupancy: float
+    exchange_scale: float = 1.0
+    """a_x: the share of exact exchange in the energy (1 for Hartree-Fock)."""
 
 
 def metric_inverse_solver(auxmol: gto.Mole, lindep: float):
@@ -335,7 +343,8 @@ def _fit_exchange(channels: list[JkChannel], stores: list[RowSplit], solve, nao:
     v_exchange = torch.zeros((naux, naux), dtype=torch.float64)
     targets = []
     for n, (ch, store) in enumerate(zip(channels, stores)):
-        m = torch.from_numpy(0.5 * ch.c_occ @ ch.c_occ.T + ch.p_relaxed / ch.occupancy)
+        m = torch.from_numpy(ch.exchange_scale * (0.5 * ch.c_occ @ ch.c_occ.T
+                                                  + ch.p_relaxed / ch.occupancy))
         nocc = ch.c_occ.shape[1]
         width = max(1, chunk_bytes // (3 * FP64_BYTES * naux * nao))
         # Several ranks: at least one block per rank, or the fit would not be shared.

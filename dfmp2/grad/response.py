@@ -37,6 +37,7 @@ import numpy as np
 from scipy.sparse.linalg import LinearOperator, minres
 
 from dfmp2.errors import RunFailure
+from dfmp2.grad.kohn_sham import is_kohn_sham, response_function
 from dfmp2.mp2.channels import Channel
 
 # Largest norm ||A z - L|| accepted. The gradient's error is about the residual divided by the
@@ -72,7 +73,9 @@ class RelaxedDensities:
 
 
 class ScfPotential:
-    """v[X] per channel from the SCF object's own J/K (its JK-fit basis).
+    """v[X] per channel from the SCF object's own J/K (its JK-fit basis); for a Kohn-Sham
+    reference J - a_x K plus the exchange-correlation kernel, PySCF's response function of
+    ``mf`` (:func:`dfmp2.grad.kohn_sham.response_function`).
 
     In a distributed run ``mf.get_jk`` is collective (each rank builds J/K from its slice of
     the fit functions): every rank must make the same calls with the same densities. The
@@ -82,9 +85,14 @@ class ScfPotential:
     def __init__(self, mf, closed_shell: bool) -> None:
         self.mf, self.closed_shell = mf, closed_shell
         self.builds = 0
+        self._kohn_sham = response_function(mf) if is_kohn_sham(mf) else None
 
     def __call__(self, densities: list[np.ndarray]) -> list[np.ndarray]:
         self.builds += 1
+        if self._kohn_sham is not None:
+            stacked = densities[0] if self.closed_shell else np.asarray(densities)
+            v = self._kohn_sham(stacked)
+            return [v] if self.closed_shell else [v[0], v[1]]
         if self.closed_shell:
             vj, vk = self.mf.get_jk(self.mf.mol, densities[0], hermi=1)
             return [vj - 0.5 * vk]

@@ -96,14 +96,35 @@ def dispersion_energy(dispersion: Dispersion, mol: gto.Mole,
     return energy
 
 
-def _energy(dispersion: Dispersion, param, numbers: np.ndarray, positions: np.ndarray,
-            charge: float) -> float:
+def dispersion_gradient(dispersion: Dispersion, mol: gto.Mole,
+                        ghosts: frozenset[int] = frozenset()) -> np.ndarray:
+    """The library's analytic gradient of the dispersion energy (natm, 3), Eh/Bohr; ghost
+    atoms' rows are zero. The elements were checked when the energy was computed."""
+    numbers, positions = real_atoms(mol, ghosts)
+    try:
+        result = _evaluate(dispersion, damping(dispersion), numbers, positions,
+                           float(mol.charge), grad=True)
+    except RuntimeError as exc:
+        raise InputError(f"{dispersion.package} cannot treat this molecule ({exc}); drop the "
+                         "dispersion term") from None
+    gradient = np.zeros((mol.natm, 3))
+    gradient[[n for n in range(mol.natm) if n not in ghosts]] = result["gradient"]
+    return gradient
+
+
+def _evaluate(dispersion: Dispersion, param, numbers: np.ndarray, positions: np.ndarray,
+              charge: float, grad: bool) -> dict:
     interface = _module(dispersion.model)
     if dispersion.model == "d4":
         model = interface.DispersionModel(numbers, positions, charge=charge)
     else:
         model = interface.DispersionModel(numbers, positions)
-    return float(model.get_dispersion(param, grad=False)["energy"])
+    return model.get_dispersion(param, grad=grad)
+
+
+def _energy(dispersion: Dispersion, param, numbers: np.ndarray, positions: np.ndarray,
+            charge: float) -> float:
+    return float(_evaluate(dispersion, param, numbers, positions, charge, False)["energy"])
 
 
 def _check_element(dispersion: Dispersion, param, number: int) -> None:

@@ -1,4 +1,5 @@
-"""An ASE calculator: DF-MP2, SCS-MP2, SOS-MP2 or double-hybrid energies and MP2 forces::
+"""An ASE calculator: DF-MP2, SCS-MP2, SOS-MP2 or double-hybrid energies, MP2 forces and the
+relaxed MP2 density's dipole::
 
     from ase.build import molecule
     from dfmp2.interfaces.ase import DFMP2
@@ -6,9 +7,11 @@
     atoms.calc = DFMP2(basis="cc-pvdz", method="mp2")
     atoms.get_potential_energy()      # eV
     atoms.get_forces()                # eV/Angstrom
+    atoms.get_dipole_moment()         # e Angstrom
 
-Each calculation is ``dfmp2 run`` (or ``dfmp2 gradient`` when forces are asked for) on the
-Atoms, through the same pipeline and checks. Charge and spin come from the arguments, else
+Each calculation is ``dfmp2 run`` (``dfmp2 gradient`` when forces are asked for, ``dfmp2
+properties`` for the dipole, about the centre of nuclear charge) on the Atoms, through the
+same pipeline and checks. Charge and spin come from the arguments, else
 from the Atoms' initial charges and magnetic moments (their sums). Records live in scratch
 for the length of a calculation unless ``records`` names a folder to keep them in
 (``<label>-<n>.h5``). Needs ase (``pip install 'dfmp2[ase]'``).
@@ -20,12 +23,14 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
+from ase.calculators.calculator import Calculator, all_changes
 from ase.units import Bohr, Hartree
 
+from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
 from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError
+from dfmp2.records.properties_section import read_properties
 from dfmp2.records.sections import read_gradient
 from dfmp2.records.report import method_energy
 from dfmp2.input.settings import RunSettings
@@ -38,9 +43,10 @@ RUN_OPTIONS = {item.name for item in dataclasses.fields(RunSettings)} - NOT_OPTI
 
 
 class DFMP2(Calculator):
-    """dfmp2 as an ASE calculator (energies in eV, forces in eV/Angstrom)."""
+    """dfmp2 as an ASE calculator (energies in eV, forces in eV/Angstrom, the dipole in
+    e Angstrom)."""
 
-    implemented_properties = ["energy", "free_energy", "forces"]
+    implemented_properties = ["energy", "free_energy", "forces", "dipole"]
     default_parameters = {"basis": "cc-pvdz", "method": "mp2", "xc": None,
                           "frozen_core": False, "charge": None, "spin": None, "records": None}
 
@@ -63,27 +69,38 @@ class DFMP2(Calculator):
     def calculate(self, atoms=None, properties=("energy",),
                   system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
-        forces = "forces" in properties
-        if forces and self.parameters.xc is not None:
-            raise PropertyNotImplementedError("forces of double hybrids are not available: "
-                                              "dfmp2 has analytic gradients for MP2, SCS-MP2 "
-                                              "and SOS-MP2 only")
+        tasks = [task for task, name in (("gradient", "forces"),
+                                         (properties_job.TASK, "dipole"))
+                 if name in properties]
         if np.any(self.atoms.pbc):
             raise InputError("dfmp2 computes molecules; these Atoms are periodic")
+        for task in tasks or ["energy"]:
+            self._run(task)
+
+    def _run(self, task: str) -> None:
+        """One dfmp2 calculation (``energy``, ``gradient`` or ``properties``) into the
+        results."""
         self.count += 1
         with tempfile.TemporaryDirectory(prefix="dfmp2-ase-") as scratch:
-            settings = self._settings(Path(scratch), forces)
+            settings = self._settings(Path(scratch), task)
             geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
                                            self.atoms.positions, "angstrom",
                                            f"ase:{self.atoms.get_chemical_formula()}")
-            outcome = run_job.run(settings, geometry=geometry)
+            if task == properties_job.TASK:
+                outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
+                                             geometry=geometry)
+            else:
+                outcome = run_job.run(settings, geometry=geometry)
             energy = method_energy(outcome.record, self.parameters.method)
-            gradient = read_gradient(outcome.record) if forces else None
+            gradient = read_gradient(outcome.record)
+            density = read_properties(outcome.record)
         self.results["energy"] = self.results["free_energy"] = energy * Hartree
         if gradient is not None:
             self.results["forces"] = -np.asarray(gradient[1]) * Hartree / Bohr
+        if density is not None:
+            self.results["dipole"] = np.asarray(density[1].dipole_au) * Bohr
 
-    def _settings(self, scratch: Path, forces: bool) -> RunSettings:
+    def _settings(self, scratch: Path, task: str) -> RunSettings:
         parameters = dict(self.parameters)
         options = {key: parameters[key] for key in RUN_OPTIONS if key in parameters}
         records = parameters.get("records")
@@ -96,7 +113,7 @@ class DFMP2(Calculator):
                            basis=parameters["basis"], method=parameters["method"],
                            xc=parameters["xc"], frozen_core=parameters["frozen_core"],
                            charge=charge, spin=spin,
-                           task="gradient" if forces else "energy", output=output,
+                           task=task, output=output,
                            scratch=options.pop("scratch", None) or scratch,
                            show_progress=False, command="dfmp2.interfaces.ase.DFMP2", **options)
 

@@ -4,9 +4,12 @@
     result = qcengine.compute({"molecule": {...}, "driver": "energy",
                                "model": {"method": "mp2", "basis": "cc-pvdz"}}, "dfmp2")
 
-The calculation is ``dfmp2 run`` (or ``dfmp2 gradient``) on the input's molecule, through the
-same pipeline, record and checks; methods and keywords are those of
-:mod:`dfmp2.interfaces.qcschema`. Needs qcengine (``pip install 'dfmp2[qcschema]'``).
+The calculation is ``dfmp2 run`` (or ``dfmp2 gradient``; ``dfmp2 properties`` for the
+``properties`` driver, ``dfmp2 frequencies`` for the ``hessian`` driver, whose result is the
+finite-difference Hessian of the analytic gradient in Eh/Bohr^2) on the input's molecule,
+through the same pipeline, record and checks;
+methods and keywords are those of :mod:`dfmp2.interfaces.qcschema`. Needs qcengine
+(``pip install 'dfmp2[qcschema]'``).
 """
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ from qcelemental.models.v2 import (AtomicInput, AtomicProtocols, AtomicResult,
                                    AtomicSpecification, Model, Molecule, Provenance)
 
 import dfmp2
+from dfmp2.jobs import frequencies as frequencies_job
+from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
 from dfmp2.records import report
 from dfmp2.mp2.methods import METHODS
@@ -30,6 +32,8 @@ from dfmp2.errors import InputError
 from dfmp2.input.functionals import check_xc_string, known_names, named_functional
 from dfmp2.records.sections import (DoubleHybridSection, Mp2Section, ScfSection, read_gradient,
                                     read_inputs, read_scf)
+from dfmp2.records.frequencies_section import read_frequencies
+from dfmp2.records.properties_section import properties_json, read_properties
 from dfmp2.records.tree import Node
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry, geometry_from_atoms, parse_xyz
@@ -50,6 +54,9 @@ RECORD_FILE = "record.h5.base64"
 # QCEngine's memory (GiB) bounds the whole process; this share of it is the run's budget.
 MEMORY_SHARE = 0.8
 BYTES_PER_GIB = 1024**3
+# QCSchema driver -> the task of dfmp2's run settings.
+TASKS = {"energy": "energy", "gradient": "gradient", "properties": properties_job.TASK,
+         "hessian": "frequencies"}
 # ``dfmp2 run --qcschema`` prints the version that ``qcelemental.models.AtomicResult`` (v1 in
 # qcelemental 0.50 and later) reads, and that QCEngine returns for a dict or v1 input.
 DEFAULT_PRINTED_VERSION = 1
@@ -114,16 +121,16 @@ def keyword_options(keywords: dict) -> dict:
 
 def input_settings(atomic_input: AtomicInput, output: Path, scratch: Path, threads: int | None,
                    memory_gib: float | None) -> RunSettings:
-    """The ``dfmp2 run`` settings of an AtomicInput: energy, or the gradient of an MP2
-    method."""
+    """The ``dfmp2 run`` settings of an AtomicInput: energy, or the gradient or relaxed-density
+    properties of an MP2 method."""
     specification = atomic_input.specification
     keywords = dict(specification.keywords)
     if specification.model.basis is None:
         raise InputError("model.basis is missing; dfmp2 needs an orbital basis such as cc-pvdz")
     driver = str(getattr(specification.driver, "value", specification.driver))
-    if driver not in ("energy", "gradient"):
-        raise InputError(f"driver {driver!r} is not available; dfmp2 computes energy and "
-                         "gradient")
+    if driver not in TASKS:
+        raise InputError(f"driver {driver!r} is not available; dfmp2 computes "
+                         f"{', '.join(TASKS)}")
     charge, spin = _charge_spin(atomic_input.molecule)
     options = {**method_options(specification.model.method, keywords),
                **keyword_options(keywords)}
@@ -131,7 +138,7 @@ def input_settings(atomic_input: AtomicInput, output: Path, scratch: Path, threa
         options["memory"] = int(memory_gib * BYTES_PER_GIB * MEMORY_SHARE)
     return RunSettings(molecule=Path(f"qcschema-{atomic_input.molecule.name}"),
                        basis=specification.model.basis, charge=charge, spin=spin,
-                       task="gradient" if driver == "gradient" else "energy", output=output,
+                       task=TASKS[driver], output=output,
                        scratch=scratch, threads=threads, show_progress=False,
                        command="dfmp2.interfaces.qcengine (QCSchema AtomicInput)", **options)
 
@@ -146,7 +153,15 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
         output = Path(kept) if kept else Path(scratch) / "record.h5"
         settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)
         geometry, ghosts = molecule_geometry(atomic_input.molecule)
-        outcome = run_job.run(settings, geometry=geometry, ghosts=ghosts)
+        if settings.task == properties_job.TASK:
+            outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
+                                         geometry=geometry, ghosts=ghosts)
+        elif settings.task == "frequencies":
+            if ghosts:
+                raise InputError("the hessian driver takes no ghost atoms")
+            outcome = frequencies_job.run(settings, geometry=geometry)
+        else:
+            outcome = run_job.run(settings, geometry=geometry, ghosts=ghosts)
         return atomic_result(atomic_input, outcome.record, outcome.path, kept=bool(kept))
 
 
@@ -172,8 +187,9 @@ def run_input(settings: RunSettings, record: Node) -> AtomicInput:
 def atomic_result(atomic_input: AtomicInput, record: Node, path: Path,
                   kept: bool = True) -> AtomicResult:
     """The AtomicResult of a complete run record: SCF, MP2 parts and totals, the method's
-    energy (and gradient), sizes, the run's ``--json`` object in ``extras``, the summary as
-    ``stdout``, and the record itself among the native files."""
+    energy (and gradient, or its relaxed density's dipole with the SCF's, in a.u.), sizes,
+    the run's ``--json`` object in ``extras``, the summary as ``stdout``, and the record
+    itself among the native files."""
     scf_section = ScfSection.read(record)
     energies = Mp2Section.read(record)
     double_hybrid = DoubleHybridSection.read(record)
@@ -194,6 +210,18 @@ def atomic_result(atomic_input: AtomicInput, record: Node, path: Path,
     if gradient is not None:
         properties["return_gradient"] = np.asarray(gradient[1])
         return_result = np.asarray(gradient[1])
+    frequencies = read_frequencies(record)
+    if frequencies is not None:
+        return_result = frequencies[1]["hessian"]
+        properties["return_hessian"] = return_result
+    density = read_properties(record)
+    if density is not None:
+        section, mp2, scf = density
+        properties["scf_dipole_moment"] = np.asarray(scf.dipole_au)
+        if section.method == "mp2":
+            properties["mp2_dipole_moment"] = np.asarray(mp2.dipole_au)
+        return_result = np.asarray(mp2.dipole_au)
+        summary["properties"] = properties_json(record)
     return AtomicResult(
         input_data=atomic_input, molecule=atomic_input.molecule, properties=properties,
         return_result=return_result, stdout=report.summary(record),
@@ -234,13 +262,13 @@ def _native_files(atomic_input: AtomicInput, path: Path) -> dict[str, str]:
 
 def _command_words(atomic_input: AtomicInput) -> list[str]:
     specification = atomic_input.specification
-    gradient = specification.driver == "gradient"
-    words = ["dfmp2", "gradient" if gradient else "run", "<molecule>.xyz", "--basis",
-             str(specification.model.basis)]
+    driver = str(getattr(specification.driver, "value", specification.driver))
+    command = {"energy": "run", "hessian": "frequencies"}.get(driver, driver)
+    words = ["dfmp2", command, "<molecule>.xyz", "--basis", str(specification.model.basis)]
     method = specification.model.method
     if method.lower() not in METHODS:
         words += ["--xc", method]
-    elif gradient:
+    elif driver != "energy":
         words += ["--method", method.lower()]
     for key, value in sorted(specification.keywords.items()):
         if key == RECORD_KEYWORD:

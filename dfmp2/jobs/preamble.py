@@ -117,9 +117,9 @@ def resolve_environment(settings: RunSettings, record_path: Path,
 
 def request_of(settings: RunSettings, charge: int | None, spin: int | None,
                ghosts: frozenset[int] = frozenset()) -> CalculationRequest:
-    if settings.xc is not None and settings.task == "gradient":
-        raise InputError("analytic gradients of double hybrids are not implemented; drop --xc "
-                         "for an MP2 (SCS, SOS) gradient")
+    if settings.xc is not None and settings.method != "mp2":
+        raise InputError(f"--method {settings.method} and --xc do not combine: a double hybrid "
+                         "scales its MP2 parts itself (custom scales: --mp2-os, --mp2-ss)")
     return CalculationRequest(basis=settings.basis, auxbasis=settings.auxbasis,
                               jk_auxbasis=settings.jk_auxbasis, ecp=settings.ecp,
                               charge=charge, spin=spin, reference=settings.reference,

@@ -18,6 +18,7 @@ from dfmp2.errors import RunFailure
 from dfmp2.grad import kernel as gradient
 from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
+from dfmp2.input.dispersion import dispersion_gradient
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs.preamble import Environment, make_plan
 from dfmp2.mp2 import kernel as mp2
@@ -177,12 +178,21 @@ def calculate(ctx: RunContext) -> CalculationOutcome:
 
 def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf,
                   scratch: ScratchArea) -> GradientResult:
-    """The relaxed gradient of the chosen method on the converged SCF ``mf``, within the
-    run's memory budget (its large tensors in ``scratch`` when they do not fit), spread over
-    the ranks of ``env.world`` (every rank calls this with its own ``mf``)."""
-    return gradient.kernel(mf, calc.nfrozen, calc.auxbasis, calc.jk_auxbasis, env.kernel_set,
-                           method_scales(settings.method, settings.scs_os, settings.scs_ss),
-                           settings.occ_block, env.budget, scratch, env.world)
+    """The relaxed gradient of the chosen method (or of the double hybrid, its dispersion
+    included) on the converged SCF ``mf``, within the run's memory budget (its large tensors
+    in ``scratch`` when they do not fit), spread over the ranks of ``env.world`` (every rank
+    calls this with its own ``mf``)."""
+    functional = calc.functional
+    scales = (method_scales(settings.method, settings.scs_os, settings.scs_ss)
+              if functional is None else (functional.os_scale, functional.ss_scale))
+    result = gradient.kernel(mf, calc.nfrozen, calc.auxbasis, calc.jk_auxbasis, env.kernel_set,
+                             scales, settings.occ_block, env.budget, scratch, env.world)
+    if functional is None or functional.dispersion is None:
+        return result
+    return dataclasses.replace(
+        result, e_tot=result.e_tot + calc.e_disp, e_disp=calc.e_disp,
+        gradient=result.gradient + dispersion_gradient(functional.dispersion, calc.mol,
+                                                       calc.ghosts))
 
 
 def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
@@ -198,11 +208,16 @@ def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
     ctx.timings["gradient"] = time.perf_counter() - t0
     ctx.timings.update({f"gradient_{k}": v for k, v in result.timings.items()})
     write_timings(node, ctx.timings)
-    mp2_section(Mp2Energies(result.e_os, result.e_ss), result.e_scf, settings).write(node)
+    energies = Mp2Energies(result.e_os, result.e_ss)
+    mp2_section(energies, result.e_scf, settings).write(node)
+    if ctx.calc.functional is not None:
+        double_hybrid_section(ctx.calc, scf_result, energies).write(node)
     if not np.all(np.isfinite(result.gradient)):
         raise RunFailure(f"the {settings.method} gradient overflowed to non-finite numbers; "
                          "give --scs-os/--scs-ss values of an ordinary size")
-    write_gradient(node, GradientSection(settings.method, result.e_tot, *result.scales,
+    functional = ctx.calc.functional
+    method = settings.method if functional is None else functional.name
+    write_gradient(node, GradientSection(method, result.e_tot, *result.scales,
                                          result.jk_builds,
                                          tensors="scratch" if result.out_of_core else "memory",
                                          response_solver=result.response.solver,

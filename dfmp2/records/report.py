@@ -16,10 +16,12 @@ from dfmp2.records.sections import (
     read_kernel_ledger,
     read_timings,
 )
+from dfmp2.records.properties_section import PropertiesSection, properties_lines
+from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
 from dfmp2.records.tree import Node, error, status
 
 TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "gradient",
-                "reference", "total")
+                "properties", "reference", "total")
 
 
 def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None,
@@ -92,6 +94,10 @@ def summary(root: Node) -> str:
     gradient = read_gradient(root)
     if gradient is not None:
         lines += ["", *gradient_table(root, *gradient)]
+    if PropertiesSection.group_name in root.groups:
+        lines += ["", *properties_lines(root, _symbols(root))]
+    if FrequenciesSection.group_name in root.groups:
+        lines += ["", *frequency_lines(root)]
     timings = read_timings(root)
     if timings:
         lines.append("")
@@ -110,10 +116,15 @@ def _check_line(check: CheckSection) -> str:
             f"{verdict}")
 
 
-def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
+def _symbols(root: Node, natoms: int = 0) -> list[str]:
+    """The atoms' symbols from the record's input, or blanks without one."""
     inputs = read_inputs(root)
-    symbols = (parse_xyz(inputs.xyz, inputs.source).symbols if inputs is not None
-               else [""] * len(gradient))
+    return (list(parse_xyz(inputs.xyz, inputs.source).symbols) if inputs is not None
+            else [""] * natoms)
+
+
+def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
+    symbols = _symbols(root, len(gradient))
     lines = [f"  {section.method.upper()} energy {section.e_tot:.10f} Eh; gradient dE/dR in "
              f"{section.units}:",
              f"  {'atom':>6} {'x':>16} {'y':>16} {'z':>16}"]

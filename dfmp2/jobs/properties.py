@@ -1,0 +1,155 @@
+"""``dfmp2 properties``: the MP2 one-particle density of one molecule (relaxed by default, the
+derivative of the method's energy) and what it gives: dipole, quadrupole, Mulliken and Löwdin
+charges, natural orbitals, each beside the SCF density's. Input -> reference -> MP2 density
+(the gradient's own stages, without its derivative integrals) -> properties -> record (and a
+Molden file of the natural orbitals).
+
+The job runs like ``dfmp2 gradient``: the same preamble, record session (lock, resume of the
+SCF, failure states) and stages; with a world of several ranks every rank joins the density,
+and rank 0 alone writes the record and the Molden file.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from dfmp2.df.store import ScratchArea
+from dfmp2.errors import InputError, RunFailure
+from dfmp2.grad import kernel as gradient
+from dfmp2.grad.density import Mp2Densities, mp2_densities
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import Geometry
+from dfmp2.jobs.preamble import active_sizes, make_plan, run_inputs, start_job
+from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded
+from dfmp2.jobs.stages import RunContext, mp2_section, reference_stage
+from dfmp2.mp2.methods import method_scales
+from dfmp2.mp2.pairs import Mp2Energies
+from dfmp2.props.analysis import analyse
+from dfmp2.props.molden import check_molden_path, write_molden
+from dfmp2.props.moments import nuclear_charge_centre
+from dfmp2.records.checkpoint import RESUME, PreviousRun, RecordSaver, examine_previous
+from dfmp2.records.properties_section import PropertiesSection, write_properties
+from dfmp2.records.sections import write_timings
+from dfmp2.records.tree import COMPLETE, SCHEMA, Node
+from dfmp2.scf.reference import ScfResult, release_integrals
+from dfmp2.system.distributed import World
+
+TASK = "properties"
+CENTRE = "centre of nuclear charge"
+
+
+@dataclass(frozen=True)
+class PropertiesRequest:
+    """Which density (``relaxed`` or not), about which origin (Bohr; None: the centre of
+    nuclear charge), and where to write its natural orbitals in Molden format (None: not)."""
+
+    relaxed: bool = True
+    origin: np.ndarray | None = None
+    molden: Path | None = None
+
+
+@dataclass
+class PropertiesOutcome:
+    record: Node
+    path: Path
+    exit_code: int
+
+
+def check_request(settings: RunSettings, request: PropertiesRequest) -> None:
+    """Refuse, before any work, what the properties cannot do."""
+    if request.origin is not None and not (np.shape(request.origin) == (3,)
+                                           and np.all(np.isfinite(request.origin))):
+        raise InputError("the origin must be three finite coordinates x,y,z")
+    if request.molden is not None:
+        check_molden_path(Path(request.molden))
+
+
+def run(settings: RunSettings, request: PropertiesRequest, world: World | None = None,
+        geometry: Geometry | None = None,
+        ghosts: frozenset[int] = frozenset()) -> PropertiesOutcome:
+    """The whole job on the XYZ file of ``settings`` (or ``geometry``, with ``ghosts``); the
+    settings' ``task`` is taken to be ``properties``."""
+    world = world or World()
+    check_request(settings, request)
+    settings = replace(settings, task=TASK)
+    job = start_job(settings, settings.output_path(), world, geometry)
+    path, env = job.path, job.env
+    calc = job.calculation(settings.charge, settings.spin, ghosts)
+    plan = make_plan(calc, settings, env)
+    sizes = active_sizes(calc)
+    gradient.check_budget(max(n for n, _ in sizes), max(v for _, v in sizes),
+                          calc.auxbasis_functions(), calc.mol.nao_nr(), env.budget)
+    inputs = run_inputs(calc, settings, env)
+    with RecordSession(path, env) as session:
+        previous = PreviousRun("fresh")
+        if world.is_root:
+            previous = examine_previous(path, SCHEMA, inputs, settings.resume, False)
+        action = world.broadcast(previous.action, "sharing the resume decision")
+        root = job.new_record()
+        inputs.write(root)
+        ctx = RunContext(calc, settings, env, root, ScratchArea(env.scratch_dir,
+                                                                f"{path.name}.run"),
+                         plan, RecordSaver(path, root) if world.is_root else None,
+                         previous.record if action == RESUME else None)
+
+        def work() -> int:
+            if ctx.saver is not None:
+                ctx.saver.save()
+            properties_stage(ctx, reference_stage(ctx, keep_integrals=True), request)
+            session.finish(root, COMPLETE)
+            return 0
+
+        exit_code = guarded(session, root, work)
+        if previous.superseded is not None and world.is_root:
+            drop_identical_copy(previous.superseded, inputs)
+    return PropertiesOutcome(root, path, exit_code)
+
+
+def density_of(ctx: RunContext, scf_result: ScfResult, relaxed: bool) -> Mp2Densities:
+    """The MP2 density of the run's method on its SCF, within its budget and ranks."""
+    settings, env = ctx.settings, ctx.env
+    try:
+        return mp2_densities(scf_result.mf, ctx.calc.nfrozen, ctx.calc.auxbasis,
+                             env.kernel_set,
+                             method_scales(settings.method, settings.scs_os, settings.scs_ss),
+                             settings.occ_block, env.budget, ctx.scratch, env.world, relaxed)
+    finally:
+        release_integrals(scf_result.mf)
+
+
+def properties_stage(ctx: RunContext, scf_result: ScfResult,
+                     request: PropertiesRequest) -> None:
+    """The density's properties and the SCF density's into the context's node (and the
+    natural orbitals into the Molden file, on rank 0)."""
+    settings, node, mol = ctx.settings, ctx.node, ctx.calc.mol
+    t0 = time.perf_counter()
+    densities = density_of(ctx, scf_result, request.relaxed)
+    ctx.timings["properties"] = time.perf_counter() - t0
+    ctx.timings.update({f"properties_{k}": v for k, v in densities.timings.items()})
+    write_timings(node, ctx.timings)
+    mp2_section(Mp2Energies(densities.e_os, densities.e_ss), densities.e_scf,
+                settings).write(node)
+    if not all(np.all(np.isfinite(d)) for d in densities.total):
+        raise RunFailure(f"the {settings.method} density overflowed to non-finite numbers; "
+                         "give --scs-os/--scs-ss values of an ordinary size")
+    given = request.origin is not None
+    origin = np.asarray(request.origin, dtype=float) if given else nuclear_charge_centre(mol)
+    mo_coeff = scf_result.mf.mo_coeff
+    mp2 = analyse(mol, densities.total, mo_coeff, origin)
+    scf = analyse(mol, densities.scf, mo_coeff, origin)
+    molden = ""
+    if request.molden is not None and ctx.env.world.is_root:
+        molden = str(write_molden(Path(request.molden), mol, mp2.natural_orbitals,
+                                  mp2.natural_occupations))
+    response = densities.response
+    section = PropertiesSection(
+        settings.method, "relaxed" if request.relaxed else "unrelaxed", densities.e_tot,
+        densities.e_scf, origin.tolist(), "given" if given else CENTRE,
+        response_solver=response.solver if response else "",
+        response_iterations=response.iterations if response else -1,
+        response_residual=response.residual if response else float("nan"),
+        response_jk_builds=densities.jk_builds, molden=molden)
+    write_properties(node, section, mp2, scf, densities.total)

@@ -1,0 +1,2 @@
+"""One-electron properties of a density: multipole moments, atomic charges, natural orbitals
+(and their Molden file)."""

@@ -1,0 +1,177 @@
+"""The sections of a frequencies record (schema ``dfmp2.frequencies/1``).
+
+Beside ``/input`` and the calculation at the input geometry (``/scf`` with its orbitals,
+``/mp2`` and ``/gradient``, as ``dfmp2 gradient`` writes them) it holds:
+
+- ``/displacements``: every finished point of the central differences, saved as it finishes
+  (datasets ``index``, ``coords`` in Bohr, ``energies``, ``gradients`` in Eh/Bohr, ``dipoles``
+  in e Bohr) and what they were computed for (attributes: the method, its scales, the step,
+  the number of points, the shard);
+- ``/frequencies``: the harmonic analysis (datasets ``hessian``, the symmetrised Cartesian
+  Hessian in Eh/Bohr^2, ``frequencies`` in cm^-1, ``ir_intensities`` in km/mol,
+  ``normal_modes``, ``reduced_masses``, ``force_constants``, ``dipole_derivatives``) and the
+  thermochemistry in its attributes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from dfmp2.records.sections import (GradientSection, Mp2Section, ScfSection, Section,
+                                    StoredOrbitals, write_gradient, write_scf)
+from dfmp2.records.tree import Node
+
+ANALYSIS_DATASETS = ("hessian", "frequencies", "ir_intensities", "normal_modes",
+                     "reduced_masses", "force_constants", "dipole_derivatives")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One finished point: its index (0 the input geometry; see
+    :mod:`dfmp2.vib.displacements`), coordinates (Bohr), the method's energy (Eh), gradient
+    (Eh/Bohr) and relaxed dipole (e Bohr)."""
+
+    index: int
+    coords: np.ndarray
+    energy: float
+    gradient: np.ndarray
+    dipole: np.ndarray
+
+
+@dataclass(frozen=True)
+class ReferenceSections:
+    """What the record keeps of the calculation at the input geometry."""
+
+    scf: ScfSection
+    orbitals: StoredOrbitals
+    mp2: Mp2Section
+    gradient: GradientSection
+    gradient_values: np.ndarray
+
+
+@dataclass(frozen=True)
+class DisplacementSection(Section):
+    """``/displacements`` attributes: what the points were computed for. Points are reused
+    only for the same scales; a point counts only where its geometry is the one the step
+    asks for."""
+
+    group_name: ClassVar[str] = "displacements"
+    method: str
+    os_scale: float
+    ss_scale: float
+    step: float
+    points: int
+    """Points of the whole Hessian: 1 + 6N."""
+    shard: str = "0/1"
+
+
+@dataclass(frozen=True)
+class FrequenciesSection(Section):
+    """``/frequencies`` attributes: the analysis and the thermochemistry (energies in Eh, the
+    entropy in Eh/K, at ``temperature`` K and ``pressure`` Pa)."""
+
+    group_name: ClassVar[str] = "frequencies"
+    method: str
+    e_tot: float
+    step: float
+    temperature: float
+    pressure: float
+    zpe: float
+    enthalpy: float
+    entropy: float
+    gibbs: float
+    imaginary: int
+    linear: bool
+    rigid_modes: int
+    hessian_asymmetry: float
+    """max |H - H^T| of the central differences before symmetrisation (Eh/Bohr^2)."""
+    max_gradient: float
+    """max |dE/dR| at the input geometry (Eh/Bohr)."""
+    molden: str = ""
+
+
+def write_points(node: Node, section: DisplacementSection, points: list[Point]) -> None:
+    """``/displacements`` with ``points`` in index order."""
+    section.write(node)
+    ordered = sorted(points, key=lambda p: p.index)
+    natm = (section.points - 1) // 6
+    node.group(DisplacementSection.group_name).datasets.update({
+        "index": np.array([p.index for p in ordered], dtype=np.int64),
+        "coords": np.array([p.coords for p in ordered]).reshape(-1, natm, 3),
+        "energies": np.array([p.energy for p in ordered], dtype=float),
+        "gradients": np.array([p.gradient for p in ordered]).reshape(-1, natm, 3),
+        "dipoles": np.array([p.dipole for p in ordered]).reshape(-1, 3)})
+
+
+def read_points(node: Node | None) -> tuple[DisplacementSection, list[Point]] | None:
+    section = None if node is None else DisplacementSection.read(node)
+    if section is None:
+        return None
+    data = node.groups[DisplacementSection.group_name].datasets
+    if "index" not in data:
+        return section, []
+    return section, [Point(int(i), np.asarray(c), float(e), np.asarray(g), np.asarray(d))
+                     for i, c, e, g, d in zip(data["index"], data["coords"], data["energies"],
+                                              data["gradients"], data["dipoles"])]
+
+
+def write_reference(node: Node, reference: ReferenceSections) -> None:
+    write_scf(node, reference.scf, reference.orbitals)
+    reference.mp2.write(node)
+    write_gradient(node, reference.gradient, reference.gradient_values)
+
+
+def has_reference(node: Node | None) -> bool:
+    return node is not None and GradientSection.group_name in node.groups
+
+
+def copy_reference(source: Node, target: Node) -> None:
+    """The input geometry's calculation of another record of the same inputs (an interrupted
+    run's, a shard's) into ``target``."""
+    for name in (ScfSection.group_name, Mp2Section.group_name, GradientSection.group_name):
+        target.groups[name] = source.groups[name]
+
+
+def write_frequencies(node: Node, section: FrequenciesSection,
+                      arrays: dict[str, np.ndarray]) -> None:
+    section.write(node)
+    node.group(FrequenciesSection.group_name).datasets.update(
+        {name: np.asarray(arrays[name]) for name in ANALYSIS_DATASETS})
+
+
+def read_frequencies(node: Node) -> tuple[FrequenciesSection, dict[str, np.ndarray]] | None:
+    section = FrequenciesSection.read(node)
+    if section is None:
+        return None
+    data = node.groups[FrequenciesSection.group_name].datasets
+    return section, {name: np.asarray(data[name]) for name in ANALYSIS_DATASETS if name in data}
+
+
+def frequency_lines(root: Node) -> list[str]:
+    """The frequency table and thermochemistry of a frequencies record, for `show` and
+    `dfmp2 frequencies`."""
+    stored = read_frequencies(root)
+    if stored is None:
+        return []
+    section, data = stored
+    lines = [f"  {section.method.upper()} harmonic frequencies: central differences of the "
+             f"analytic gradient, step {section.step:g} Bohr; {section.rigid_modes} "
+             "translations and rotations projected out",
+             f"  {'mode':>6} {'cm^-1':>12} {'IR km/mol':>12} {'mass amu':>10}"]
+    for number, (frequency, intensity, mass) in enumerate(
+            zip(data["frequencies"], data["ir_intensities"], data["reduced_masses"]), start=1):
+        lines.append(f"  {number:>6} {frequency:12.2f} {intensity:12.4f} {mass:10.4f}")
+    if section.imaginary:
+        lines.append(f"  Warning: {section.imaginary} imaginary (negative) frequenc"
+                     f"{'y' if section.imaginary == 1 else 'ies'}: the geometry is not a "
+                     "minimum")
+    lines += [f"  thermochemistry at {section.temperature:g} K and {section.pressure:g} Pa "
+              "(ideal gas, rigid rotor, harmonic oscillator):",
+              f"  {'E_tot':<8} {section.e_tot:20.10f} Eh",
+              f"  {'ZPE':<8} {section.zpe:20.10f} Eh",
+              f"  {'H':<8} {section.enthalpy:20.10f} Eh",
+              f"  {'S':<8} {section.entropy:20.10e} Eh/K",
+              f"  {'G':<8} {section.gibbs:20.10f} Eh"]
+    return lines

@@ -1,0 +1,140 @@
+"""Harmonic analysis of a Cartesian Hessian: translations and rotations projected out, normal
+modes and frequencies (PySCF's ``pyscf.hessian.thermo.harmonic_analysis``), IR intensities
+from dipole derivatives, and ideal-gas thermochemistry (``pyscf.hessian.thermo.thermo``).
+
+Masses are PySCF's isotope-averaged atomic masses, which its thermochemistry uses too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import scipy.constants as si
+from pyscf import gto
+from pyscf.hessian import thermo
+
+from dfmp2.errors import InputError, RunFailure
+
+# km/mol per (e^2 / amu): N_A pi / (3 c^2) / (4 pi eps0) (d mu / d Q)^2, the integrated
+# absorption coefficient of a harmonic band (974.88).
+KM_PER_MOL_PER_AU = si.N_A / (12.0 * si.epsilon_0 * si.c**2) * si.e**2 / si.atomic_mass / 1e3
+# PySCF's test for a linear rotor (thermo._get_rotor_type): the smallest moment of inertia is
+# zero (its rotational constant, in GHz, beyond 1e8) and the other two equal. Using it here
+# makes the projection remove exactly the modes harmonic_analysis and thermo leave out.
+LINEAR_ROTOR_GHZ = 1e8
+EQUAL_ROTOR_GHZ = 1e-3
+@dataclass(frozen=True)
+class Vibrations:
+    """The harmonic modes of a molecule, lowest first."""
+
+    frequencies: np.ndarray
+    """cm^-1; an imaginary frequency as a negative number."""
+    frequencies_au: np.ndarray
+    """The same in atomic units (Eh^1/2 Bohr^-1 amu^-1/2), as PySCF's thermo takes them."""
+    normal_modes: np.ndarray
+    """(modes, atoms, 3): the Cartesian displacement of each atom per unit mass-weighted
+    normal coordinate (amu^-1/2), PySCF's ``norm_mode``."""
+    reduced_masses: np.ndarray
+    """amu."""
+    force_constants: np.ndarray
+    """Eh / (Bohr^2 amu), the mass-weighted Hessian's eigenvalues."""
+    ir_intensities: np.ndarray
+    """km/mol."""
+    linear: bool
+    rigid_modes: int
+    """Translations and rotations projected out: 5 for a linear molecule, else 6."""
+
+    @property
+    def imaginary(self) -> int:
+        return int(np.count_nonzero(self.frequencies < 0))
+
+
+@dataclass(frozen=True)
+class Thermochemistry:
+    """Ideal gas, rigid rotor, harmonic oscillator at ``temperature`` (K) and ``pressure``
+    (Pa). Energies in Eh (the electronic energy included), the entropy in Eh/K."""
+
+    temperature: float
+    pressure: float
+    zpe: float
+    enthalpy: float
+    entropy: float
+    gibbs: float
+
+
+def atom_masses(mol: gto.Mole) -> np.ndarray:
+    return np.asarray(mol.atom_mass_list(isotope_avg=True), dtype=float)
+
+
+def is_linear(mol: gto.Mole) -> bool:
+    """Whether ``mol`` is a linear rotor by PySCF's test; a single atom is refused."""
+    if mol.natm < 2:
+        raise InputError("a single atom has no vibrations; give a molecule of two or more atoms")
+    constants = thermo.rotation_const(atom_masses(mol), mol.atom_coords())
+    return bool(constants[0] > LINEAR_ROTOR_GHZ
+                and constants[1] - constants[2] < EQUAL_ROTOR_GHZ)
+
+
+def rigid_motions(masses: np.ndarray, coords: np.ndarray, linear: bool) -> np.ndarray:
+    """Orthonormal columns (3N, 5 for a linear molecule, else 6) spanning the translations and
+    rotations in mass-weighted Cartesian coordinates. The rotation about a linear molecule's
+    axis moves no atom: its vector is the one with the smallest singular value, left out."""
+    centre = masses @ coords / masses.sum()
+    relative = coords - centre
+    root = np.sqrt(masses)[:, None]
+    axes = np.eye(3)
+    vectors = [(root * axis).ravel() for axis in axes]
+    vectors += [(root * np.cross(axis, relative)).ravel() for axis in axes]
+    basis, singular, _ = np.linalg.svd(np.array(vectors).T, full_matrices=False)
+    return basis[:, :5 if linear else 6]
+
+
+def project_rigid_motions(hessian: np.ndarray, masses: np.ndarray, coords: np.ndarray,
+                          linear: bool) -> np.ndarray:
+    """The Cartesian Hessian with translations and rotations projected out in mass-weighted
+    coordinates (P M^-1/2 H M^-1/2 P, back to Cartesian)."""
+    scale = np.repeat(np.sqrt(masses), 3)
+    rigid = rigid_motions(masses, coords, linear)
+    projector = np.eye(len(scale)) - rigid @ rigid.T
+    projected = projector @ (hessian / np.outer(scale, scale)) @ projector
+    return projected * np.outer(scale, scale)
+
+
+def ir_intensities(normal_modes: np.ndarray, dipole_derivatives: np.ndarray) -> np.ndarray:
+    """km/mol of each mode from d mu / d x (3N, 3) in atomic units: |d mu / d Q|^2 with
+    Q the mass-weighted normal coordinate."""
+    modes = normal_modes.reshape(normal_modes.shape[0], -1)
+    along_modes = modes @ np.asarray(dipole_derivatives, dtype=float)
+    return KM_PER_MOL_PER_AU * np.einsum("kx,kx->k", along_modes, along_modes)
+
+
+def harmonic(mol: gto.Mole, hessian: np.ndarray, dipole_derivatives: np.ndarray) -> Vibrations:
+    """The harmonic analysis of the symmetric Cartesian ``hessian`` (3N, 3N, Eh/Bohr^2) of
+    ``mol`` at its geometry, with IR intensities from ``dipole_derivatives`` (3N, 3)."""
+    linear = is_linear(mol)
+    masses, natm = atom_masses(mol), mol.natm
+    projected = project_rigid_motions(hessian, masses, mol.atom_coords(), linear)
+    expected = 5 if linear else 6
+    blocks = projected.reshape(natm, 3, natm, 3).transpose(0, 2, 1, 3)
+    results = thermo.harmonic_analysis(mol, blocks, imaginary_freq=False, mass=masses)
+    frequencies = np.asarray(results["freq_wavenumber"], dtype=float)
+    if len(frequencies) != 3 * natm - expected:
+        raise RunFailure(f"the harmonic analysis found {len(frequencies)} modes where "
+                         f"{3 * natm - expected} were expected")
+    modes = np.asarray(results["norm_mode"], dtype=float)
+    return Vibrations(frequencies, np.asarray(results["freq_au"], dtype=float), modes,
+                      np.asarray(results["reduced_mass"], dtype=float),
+                      np.asarray(results["force_const_au"], dtype=float),
+                      ir_intensities(modes, dipole_derivatives), linear, expected)
+
+
+def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, temperature: float,
+                    pressure: float) -> Thermochemistry:
+    """ZPE, H, S and G of ``mol`` at ``temperature`` and ``pressure`` from PySCF's thermo, on
+    the electronic energy ``e_tot`` and the real frequencies (imaginary ones are left out)."""
+    model = SimpleNamespace(mol=mol, e_tot=e_tot)
+    results = thermo.thermo(model, vibrations.frequencies_au, temperature, pressure)
+    return Thermochemistry(temperature, pressure, float(results["ZPE"][0]),
+                           float(results["H_tot"][0]), float(results["S_tot"][0]),
+                           float(results["G_tot"][0]))

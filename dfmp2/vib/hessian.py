@@ -1,0 +1,147 @@
+"""The points of a finite-difference Hessian: each one a relaxed analytic gradient and dipole
+at one geometry, dealt out over the ranks of a world.
+
+Each rank computes whole gradients alone (a world of one: no collective inside a gradient),
+the ranks taking the pending points in rounds of one point each; after every round the
+finished points are gathered, so rank 0 can save them in the record before the next round.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from dfmp2.df.store import ScratchArea
+from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
+from dfmp2.grad.kernel import GradientResult
+from dfmp2.input.calculation import Calculation
+from dfmp2.input.settings import RunSettings
+from dfmp2.jobs.optimize import geometry_at
+from dfmp2.jobs.preamble import Job
+from dfmp2.jobs.stages import differentiate, mp2_section
+from dfmp2.mp2.pairs import Mp2Energies
+from dfmp2.records.frequencies_section import Point, ReferenceSections
+from dfmp2.records.sections import GradientSection
+from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
+from dfmp2.system.distributed import World
+from dfmp2.system.progress import Progress
+from dfmp2.vib.dipole import dipole_moment
+from dfmp2.vib.displacements import REFERENCE_POINT
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A computed point, with the record's sections of the calculation when it is the input
+    geometry."""
+
+    point: Point
+    reference: ReferenceSections | None = None
+
+
+def reference_sections(settings: RunSettings, scf: ScfResult,
+                       result: GradientResult) -> ReferenceSections:
+    """The input geometry's SCF, MP2 energies and gradient as ``dfmp2 gradient`` records them."""
+    response = result.response
+    section = GradientSection(settings.method, result.e_tot, *result.scales, result.jk_builds,
+                              tensors="scratch" if result.out_of_core else "memory",
+                              response_solver=response.solver,
+                              response_iterations=response.iterations,
+                              response_residual=response.residual)
+    return ReferenceSections(scf.section, scf.orbitals,
+                             mp2_section(Mp2Energies(result.e_os, result.e_ss), result.e_scf,
+                                         settings),
+                             section, np.asarray(result.gradient))
+
+
+def _where(index: int) -> str:
+    return "the input geometry" if index == REFERENCE_POINT else f"displaced geometry {index}"
+
+
+class PointEvaluator:
+    """The steps of the optimiser's evaluator (:class:`dfmp2.jobs.optimize.AnalyticEvaluator`:
+    our SCF from a given density, then the relaxed gradient), keeping what frequencies need
+    beside the energy and gradient: the relaxed density's dipole, and at the input geometry
+    the SCF for the record. Every SCF starts from one density, the input geometry's
+    (:meth:`start_from`), not from the previous point's as in an optimisation: a point is then
+    the same whichever rank computes it, in whichever order, resumed or not, while an SCF
+    0.005 Bohr away still converges in a few cycles."""
+
+    def __init__(self, job: Job, scratch: ScratchArea) -> None:
+        self.job, self.scratch = job, scratch
+        self.density: np.ndarray | None = None
+
+    def _scf(self, calc: Calculation, keep_integrals: bool) -> ScfResult:
+        settings, env = self.job.settings, self.job.env
+        return run_scf(calc, ScfOptions(settings.scf_engine, env.scf_kernels, env.budget,
+                                        self.scratch, keep_integrals=keep_integrals,
+                                        initial_density=self.density,
+                                        stability=settings.stability))
+
+    def _calculation(self, coords: np.ndarray) -> Calculation:
+        settings = self.job.settings
+        return self.job.calculation(settings.charge, settings.spin,
+                                    geometry=geometry_at(self.job.geometry, coords))
+
+    def start_from(self, coords: np.ndarray) -> None:
+        """Converge the SCF at ``coords`` (the input geometry) for the first guess of every
+        later SCF."""
+        scf = self._scf(self._calculation(coords), keep_integrals=False)
+        if not scf.converged:
+            raise RunFailure("the SCF did not converge at the input geometry")
+        self.density = scf.mf.make_rdm1()
+
+    def evaluate(self, index: int, coords: np.ndarray) -> Finished:
+        settings, env = self.job.settings, self.job.env
+        calc = self._calculation(coords)
+        scf = self._scf(calc, keep_integrals=True)
+        try:
+            if not scf.converged:
+                raise RunFailure(f"the SCF did not converge at {_where(index)}")
+            result = differentiate(calc, settings, env, scf.mf, self.scratch)
+        finally:
+            release_integrals(scf.mf)
+        if not np.all(np.isfinite(result.gradient)):
+            raise RunFailure(f"the {settings.method} gradient overflowed to non-finite numbers "
+                             f"at {_where(index)}")
+        dipole = dipole_moment(calc.mol, sum(result.relaxed_densities))
+        point = Point(index, np.asarray(coords, dtype=float), float(result.e_tot),
+                      np.asarray(result.gradient), dipole)
+        log.info("point %d: E = %.10f Eh, dipole %s a.u.", index, point.energy,
+                 np.array2string(dipole, precision=6))
+        if index == REFERENCE_POINT:
+            return Finished(point, reference_sections(settings, scf, result))
+        return Finished(point)
+
+
+def compute_points(pending: list[int], evaluate: Callable[[int], Finished], world: World,
+                   keep: Callable[[list[Finished]], None], progress: Progress) -> None:
+    """Compute the ``pending`` points, each rank one point per round; after each round every
+    rank hands the finished ones to ``keep`` (rank 0 saves them). A point that fails on one
+    rank fails the job on every rank, after the points that did finish are kept."""
+    for start in range(0, len(pending), world.size):
+        batch = pending[start:start + world.size]
+        mine, failure = None, None
+        if world.rank < len(batch):
+            try:
+                mine = evaluate(batch[world.rank])
+            except Interrupted:
+                raise
+            except Dfmp2Error as exc:
+                if world.size == 1:
+                    raise
+                failure = exc
+        shared = world.gather((mine, None if failure is None else str(failure)),
+                              "gathering the displaced gradients")
+        finished = [done for done, _ in shared if done is not None]
+        if finished:
+            keep(finished)
+        progress.advance(len(finished))
+        if failure is not None:
+            raise failure
+        for rank, (_, message) in enumerate(shared):
+            if message is not None:
+                raise RunFailure(f"rank {rank}: {message}")

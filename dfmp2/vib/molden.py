@@ -1,0 +1,53 @@
+"""The normal modes as a Molden vibration file ([FREQ], [FR-COORD], [FR-NORM-COORD], [INT]),
+which Molden, Jmol, Avogadro and Chemcraft animate. Imaginary frequencies are negative, as
+Molden writes them; the geometry is in Bohr; each mode is the Cartesian displacement of the
+atoms, normalised to unit length."""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from dfmp2.errors import InputError, RunFailure
+from dfmp2.system.files import create_exclusive, disk_reason, refuse_unless_regular, shown
+
+REMEDY = "choose another --molden"
+
+
+def check_molden_path(path: Path) -> None:
+    """Refuse, before any work, a --molden path that is a link, a folder or anything but a
+    regular file, or whose folder does not exist."""
+    refuse_unless_regular(path, REMEDY)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"--molden {shown(path)}: the folder {shown(folder)} does not exist")
+
+
+def molden_text(symbols: Sequence[str], coords_bohr: np.ndarray, frequencies: np.ndarray,
+                normal_modes: np.ndarray, intensities: np.ndarray) -> str:
+    lines = ["[Molden Format]", "[FREQ]"]
+    lines += [f"{value:12.4f}" for value in frequencies]
+    lines.append("[FR-COORD]")
+    lines += [f"{symbol:<3} {x:16.10f} {y:16.10f} {z:16.10f}"
+              for symbol, (x, y, z) in zip(symbols, np.asarray(coords_bohr))]
+    lines.append("[FR-NORM-COORD]")
+    for number, mode in enumerate(np.asarray(normal_modes), start=1):
+        unit = mode / np.linalg.norm(mode)
+        lines.append(f"vibration {number:5d}")
+        lines += [f"{x:12.6f} {y:12.6f} {z:12.6f}" for x, y, z in unit]
+    lines.append("[INT]")
+    lines += [f"{value:14.6f}" for value in intensities]
+    return "\n".join(lines) + "\n"
+
+
+def write_molden(path: Path, text: str) -> None:
+    """``text`` at ``path``, created so that no link planted there redirects it."""
+    fd = create_exclusive(path, REMEDY, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise RunFailure(f"cannot write {shown(path)}: "
+                         f"{disk_reason(exc, 'free some space')}") from None

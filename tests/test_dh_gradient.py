@@ -1,0 +1,131 @@
+"""Analytic gradients of double hybrids (RKS and UKS, frozen core, D3(BJ) and D4 dispersion)
+against central differences of our own energies along a random direction of every atom, so
+that one pair of energies checks all the atoms' components together."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyscf.lib import param
+
+from conftest import molecule_path
+from dfmp2.input.settings import RunSettings
+from dfmp2.jobs import run as run_job
+from dfmp2.records.report import json_summary
+
+# Central-difference step (Bohr) along the unit direction; its truncation error is ~1e-8.
+STEP = 1e-3
+# The goal for analytic against numerical gradients; the grid's own contribution (the
+# quadrature weights move with the atoms) is not differentiated, which costs ~5e-6 on grid 3.
+AGREEMENT = 2e-5
+
+
+def _xyz(symbols: list[str], coords_bohr: np.ndarray, comment: str, path: Path) -> Path:
+    lines = [str(len(symbols)), comment]
+    lines += [f"{s} {x:.10f} {y:.10f} {z:.10f}" for s, (x, y, z)
+              in zip(symbols, coords_bohr * param.BOHR)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _read(path: Path) -> tuple[list[str], np.ndarray, str]:
+    lines = path.read_text().splitlines()
+    natoms = int(lines[0])
+    rows = [line.split() for line in lines[2:2 + natoms]]
+    coords = np.array([[float(v) for v in row[1:4]] for row in rows]) / param.BOHR
+    return [row[0] for row in rows], coords, lines[1]
+
+
+def _job(path: Path, tmp_path: Path, task: str, **options) -> dict:
+    settings = RunSettings(molecule=path, output=tmp_path / f"{path.stem}-{task}.h5",
+                           show_progress=False, task=task, **options)
+    outcome = run_job.run(settings)
+    return json_summary(outcome.record, str(outcome.path))
+
+
+@pytest.mark.parametrize("name, options", [
+    ("water", dict(xc="B2PLYP-D3BJ", basis="6-31g", frozen_core=True)),
+    ("hydroxyl", dict(xc="revDSD-PBEP86-D4", basis="6-31g", frozen_core=True)),
+])
+def test_double_hybrid_gradient_matches_central_differences(name, options, tmp_path):
+    analytic = _job(molecule_path(name), tmp_path, "gradient", **options)
+    gradient = np.array(analytic["gradient"])
+    assert analytic["method"] == options["xc"] and analytic["e_disp"] < 0
+    symbols, coords, comment = _read(molecule_path(name))
+    direction = np.random.default_rng(7).normal(size=coords.shape)
+    direction /= np.linalg.norm(direction)
+    energies = [_job(_xyz(symbols, coords + sign * STEP * direction, comment,
+                          tmp_path / f"{name}{sign:+d}.xyz"), tmp_path, "energy",
+                     **options)["e_tot"] for sign in (1, -1)]
+    numerical = (energies[0] - energies[1]) / (2 * STEP)
+    assert abs(float(np.sum(gradient * direction)) - numerical) < AGREEMENT
+    assert np.abs(gradient.sum(axis=0)).max() < 1e-5
+    assert abs(analytic["e_tot"] - 0.5 * sum(energies)) < 1e-5
+
+
+def test_method_and_double_hybrid_do_not_combine(run_cli, tmp_path):
+    result = run_cli("gradient", str(molecule_path("water")), "--xc", "b2plyp", "--method",
+                     "scs-mp2", "-o", str(tmp_path / "g.h5"))
+    assert result.code == 2 and "do not combine" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+
+
+def test_double_hybrid_gradient_cli_json(run_cli, tmp_path):
+    result = run_cli("gradient", str(molecule_path("water")), "--basis", "sto-3g", "--xc",
+                     "b2plyp", "--json", "-o", str(tmp_path / "g.h5"))
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["method"] == "B2PLYP" and summary["e_disp"] == 0.0
+    assert np.array(summary["gradient"]).shape == (3, 3)
+    # The differentiated energy is the one `dfmp2 run` reports.
+    energy = _job(molecule_path("water"), tmp_path, "energy", basis="sto-3g", xc="b2plyp")
+    assert abs(summary["e_tot"] - energy["e_tot"]) < 1e-9
+
+
+def test_qcengine_gradient_and_properties_of_a_double_hybrid(run_cli, tmp_path):
+    """QCEngine's gradient driver gives the command's gradient; `properties --xc` the relaxed
+    density of the same response (its electrons all there, its dipole moved off the SCF's)."""
+    import qcengine
+    from test_qcschema import water_molecule
+
+    result = qcengine.compute({"molecule": water_molecule(), "driver": "gradient",
+                               "model": {"method": "b2plyp", "basis": "sto-3g"}}, "dfmp2")
+    assert result.success, getattr(result, "error", None)
+    ours = _job(molecule_path("water"), tmp_path, "gradient", basis="sto-3g", xc="b2plyp")
+    assert np.abs(np.asarray(result.return_result).reshape(-1, 3)
+                  - np.array(ours["gradient"])).max() < 1e-7
+    props = run_cli("properties", str(molecule_path("water")), "--basis", "sto-3g", "--xc",
+                    "b2plyp", "--json", "-o", str(tmp_path / "p.h5"))
+    assert props.code == 0, props.err
+    summary = json.loads(props.out)
+    assert sum(summary["natural_occupations"]) == pytest.approx(10, abs=1e-10)
+    assert abs(np.linalg.norm(summary["dipole"]) - np.linalg.norm(summary["scf"]["dipole"])) > 1e-3
+
+
+def test_double_hybrid_frequency_matches_energy_second_differences(run_cli, tmp_path):
+    """HF's one mode at B2PLYP-D3BJ/STO-3G: `frequencies` (differences of analytic gradients)
+    against the force constant from three energies along the bond."""
+    from pyscf.data.elements import MASSES
+    from pyscf.data.nist import AMU2AU, HARTREE2WAVENUMBER
+
+    options = dict(xc="B2PLYP-D3BJ", basis="sto-3g")
+    result = run_cli("frequencies", str(molecule_path("hydrogen_fluoride")), "--basis", "sto-3g",
+                     "--xc", "B2PLYP-D3BJ", "--json", "-o", str(tmp_path / "f.h5"))
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert len(summary["frequencies"]) == 1 and summary["linear"]
+    symbols, coords, comment = _read(molecule_path("hydrogen_fluoride"))
+    bond = (coords[1] - coords[0]) / np.linalg.norm(coords[1] - coords[0])
+    delta = 0.01
+    energies = []
+    for sign in (1, 0, -1):
+        moved = coords.copy()
+        moved[1] += sign * delta * bond
+        path = _xyz(symbols, moved, comment, tmp_path / f"hf{sign:+d}.xyz")
+        energies.append(_job(path, tmp_path, "energy", **options)["e_tot"])
+    force_constant = (energies[0] - 2 * energies[1] + energies[2]) / delta**2
+    reduced_mass = MASSES[9] * MASSES[1] / (MASSES[9] + MASSES[1])
+    wavenumber = np.sqrt(force_constant / (reduced_mass * AMU2AU)) * HARTREE2WAVENUMBER
+    assert summary["frequencies"][0] == pytest.approx(wavenumber, abs=1.0)

@@ -1,0 +1,323 @@
+"""`dfmp2 frequencies`: the finite-difference Hessian of the analytic gradient against second
+differences of PySCF's DF-MP2 energies, IR intensities against PySCF's relaxed DF-MP2 dipole,
+a saddle point, a linear molecule, thermochemistry, resume, shards, two ranks and bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+
+import h5py
+import numpy as np
+import pytest
+import scipy.constants as si
+from pyscf import gto, scf
+from pyscf.lib import param
+from pyscf.mp import dfmp2_native, dfump2_native
+
+from conftest import molecule_path
+from dfmp2.cli.frequencies import parse_shard
+from dfmp2.errors import InputError, RunFailure
+from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import read_xyz
+from dfmp2.jobs import frequencies
+from dfmp2.jobs.frequencies import FrequencyOptions
+from dfmp2.records.tree import read_record
+from dfmp2.vib.hessian import PointEvaluator
+from test_distributed import environment, torchrun
+
+# cm^-1 per sqrt(Eh / (Bohr^2 amu)), and Eh per cm^-1, from CODATA (scipy), not PySCF.
+HARTREE = si.physical_constants["Hartree energy"][0]
+BOHR_M = si.physical_constants["Bohr radius"][0]
+WAVENUMBER_PER_AU = np.sqrt(HARTREE / (si.atomic_mass * BOHR_M**2)) / (2 * np.pi * si.c * 100)
+HARTREE_PER_WAVENUMBER = si.h * si.c * 100 / HARTREE
+KM_PER_MOL_PER_AU = 974.88011
+PLANAR_AMMONIA = ("4\nD3h saddle point of the umbrella inversion\nN 0 0 0\nH 1.0 0 0\n"
+                  "H -0.5 0.8660254038 0\nH -0.5 -0.8660254038 0\n")
+# MP2/STO-3G equilibrium (dfmp2 optimize): r(CO) = 1.2307 Angstrom.
+CO2 = "3\nlinear\nO 0 0 -1.2307\nC 0 0 0\nO 0 0 1.2307\n"
+
+
+def _settings(tmp_path, name: str, basis: str = "sto-3g", molecule=None) -> RunSettings:
+    return RunSettings(molecule=molecule or molecule_path("water"), basis=basis,
+                       backend="torch", threads=1, show_progress=False,
+                       output=tmp_path / f"{name}.h5")
+
+
+@pytest.fixture(scope="module")
+def water(tmp_path_factory) -> frequencies.FrequencyOutcome:
+    """Water in STO-3G, uninterrupted: what resumed, sharded and distributed runs must give."""
+    folder = tmp_path_factory.mktemp("water")
+    return frequencies.run(_settings(folder, "whole"))
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every point computed, by index; ``stop_after[0]`` points later a run fails."""
+    calls: list[int] = []
+    stop_after: list[int | None] = [None]
+    original = PointEvaluator.evaluate
+
+    def evaluate(self, index, coords):
+        if stop_after[0] is not None and len(calls) >= stop_after[0]:
+            raise RunFailure("stopped by the test")
+        calls.append(index)
+        return original(self, index, coords)
+
+    monkeypatch.setattr(PointEvaluator, "evaluate", evaluate)
+    return calls, stop_after
+
+
+def _pyscf_dfmp2(symbols, coords_bohr, basis: str, spin: int = 0, frozen: int = 0):
+    """PySCF's DF-SCF, converged as tightly as ours, and its native DF-MP2 (RI basis: PySCF's
+    mp2fit default, as ours) at one geometry."""
+    mol = gto.M(atom=[(s, tuple(c)) for s, c in zip(symbols, coords_bohr)], unit="Bohr",
+                basis=basis, spin=spin, verbose=0)
+    mf = (scf.UHF if spin else scf.RHF)(mol).density_fit()
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    mf.kernel()
+    assert mf.converged
+    mp = (dfump2_native.DFUMP2 if spin else dfmp2_native.DFMP2)(mf, frozen=frozen or None)
+    mp.kernel()
+    return mol, mf, mp
+
+
+def _energy_frequencies(symbols, x0, modes, basis: str, spin: int, frozen: int,
+                        delta: float = 0.01) -> np.ndarray:
+    """Frequencies (cm^-1) from second differences of PySCF energies in the space the modes
+    span: the mass-weighted Hessian there, d2E/dq_i dq_j, diagonalised."""
+    def energy(shift):
+        return _pyscf_dfmp2(symbols, x0 + delta * shift, basis, spin, frozen)[2].e_tot
+
+    n = len(modes)
+    e0 = energy(0.0)
+    curvature = np.zeros((n, n))
+    for i in range(n):
+        curvature[i, i] = (energy(modes[i]) - 2 * e0 + energy(-modes[i])) / delta**2
+        for j in range(i):
+            plus, minus = modes[i] + modes[j], modes[i] - modes[j]
+            curvature[i, j] = curvature[j, i] = (energy(plus) - energy(minus) - energy(-minus)
+                                                 + energy(-plus)) / (4 * delta**2)
+    return np.sqrt(np.linalg.eigvalsh(curvature)) * WAVENUMBER_PER_AU
+
+
+def _dipole_intensities(symbols, x0, modes, basis: str, spin: int, frozen: int,
+                        delta: float = 0.01) -> np.ndarray:
+    """km/mol of each mode from central differences, along it, of PySCF's relaxed DF-MP2
+    dipole (make_rdm1(relaxed=True))."""
+    def dipole(shift):
+        mol, mf, mp = _pyscf_dfmp2(symbols, x0 + delta * shift, basis, spin, frozen)
+        return mf.dip_moment(mol, mp.make_rdm1(relaxed=True, ao_repr=True), unit="AU",
+                             verbose=0)
+
+    derivatives = [(dipole(mode) - dipole(-mode)) / (2 * delta) for mode in modes]
+    return np.array([KM_PER_MOL_PER_AU * d @ d for d in derivatives])
+
+
+def _check_against_pyscf(outcome, name: str, basis: str, spin: int = 0, frozen: int = 0):
+    geometry = read_xyz(molecule_path(name))
+    x0, vibrations = geometry.coords / param.BOHR, outcome.vibrations
+    modes = vibrations.normal_modes
+    reference = _energy_frequencies(geometry.symbols, x0, modes, basis, spin, frozen)
+    assert np.abs(reference - vibrations.frequencies).max() <= 1.0
+    intensities = _dipole_intensities(geometry.symbols, x0, modes, basis, spin, frozen)
+    assert vibrations.ir_intensities == pytest.approx(intensities, rel=1e-3, abs=5e-3)
+    thermo = outcome.thermochemistry
+    assert thermo.zpe == pytest.approx(0.5 * vibrations.frequencies.sum()
+                                       * HARTREE_PER_WAVENUMBER, rel=1e-8)
+    assert thermo.gibbs == pytest.approx(thermo.enthalpy - 298.15 * thermo.entropy, abs=1e-10)
+    assert 0 < thermo.enthalpy - outcome.e_tot - thermo.zpe < 0.01
+
+
+def test_water_frequencies_match_pyscf_energies_and_dipoles(tmp_path):
+    """Measured: the frequencies 0.05-0.09 cm^-1 below those of energy second differences
+    (delta 0.01), the intensities (74.916, 0.790, 12.017 km/mol) within 2.6e-4 of PySCF's,
+    max |H - H^T| 8.1e-6 Eh/Bohr^2."""
+    outcome = frequencies.run(_settings(tmp_path, "w631g", "6-31g"))
+    assert outcome.hessian.shape == (9, 9)
+    assert np.array_equal(outcome.hessian, outcome.hessian.T)
+    stored = read_record(outcome.path).groups["frequencies"]
+    assert 0 < stored.attrs["hessian_asymmetry"] <= 3e-5
+    assert np.abs(outcome.hessian).max() > 0.3
+    _check_against_pyscf(outcome, "water", "6-31g")
+
+
+def test_open_shell_frozen_core_frequencies_match_pyscf(tmp_path):
+    """Triplet methylene (UHF), frozen core. Measured: 0.02-0.03 cm^-1 from energy second
+    differences; intensities (0.614, 0.193, 0.656 km/mol) within 1.6e-3 km/mol."""
+    settings = replace(_settings(tmp_path, "ch2", molecule=molecule_path("methylene")),
+                       frozen_core=True)
+    outcome = frequencies.run(settings)
+    assert len(outcome.vibrations.frequencies) == 3
+    _check_against_pyscf(outcome, "methylene", "sto-3g", spin=2, frozen=1)
+
+
+def test_planar_ammonia_is_a_saddle_point_with_one_imaginary_mode(tmp_path, caplog):
+    xyz = tmp_path / "planar.xyz"
+    xyz.write_text(PLANAR_AMMONIA)
+    outcome = frequencies.run(_settings(tmp_path, "nh3", molecule=xyz))
+    vibrations = outcome.vibrations
+    assert len(vibrations.frequencies) == 6 and vibrations.rigid_modes == 6
+    assert vibrations.imaginary == 1 and vibrations.frequencies[0] < -300
+    assert vibrations.ir_intensities[0] > 1.0, "the umbrella mode (A2'') is IR active"
+    real = vibrations.frequencies[1:]
+    lonely = [n for n, f in enumerate(real, 1) if np.sum(np.abs(real - f) < 0.5) == 1]
+    assert len(lonely) == 1, "one non-degenerate real mode: the symmetric stretch (A1')"
+    assert vibrations.ir_intensities[lonely[0]] < 1e-4
+    assert outcome.thermochemistry.zpe == pytest.approx(
+        0.5 * real.sum() * HARTREE_PER_WAVENUMBER, rel=1e-8)
+    assert "not a minimum" in caplog.text
+
+
+def test_linear_co2_has_3n_minus_5_modes_and_the_cli_reports_them(run_cli, tmp_path):
+    xyz, record, molden = tmp_path / "co2.xyz", tmp_path / "co2.h5", tmp_path / "co2.molden"
+    xyz.write_text(CO2)
+    result = run_cli("frequencies", xyz, "--basis", "sto-3g", "--backend", "torch",
+                     "--threads", "1", "--temperature", "500", "--pressure", "2e5",
+                     "--molden", molden, "--json", "-o", record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert {"frequencies", "ir_intensities", "zpe", "enthalpy", "entropy", "gibbs", "e_tot",
+            "record", "temperature", "pressure", "imaginary"} <= set(summary)
+    assert summary["temperature"] == 500 and summary["pressure"] == 2e5
+    bend_a, bend_b, symmetric, asymmetric = summary["frequencies"]
+    assert abs(bend_a - bend_b) < 0.5 and bend_a > 300 and summary["imaginary"] == 0
+    intensities = summary["ir_intensities"]
+    assert intensities[2] < 1e-4 < 1.0 < intensities[0] and intensities[3] > 1.0
+    assert symmetric < asymmetric
+    text = molden.read_text()
+    for section in ("[FREQ]", "[FR-COORD]", "[FR-NORM-COORD]", "[INT]"):
+        assert section in text
+    assert text.count("vibration") == 4
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["schema"] == "dfmp2.frequencies/1" and h5.attrs["status"] == "complete"
+        assert h5["frequencies"].attrs["rigid_modes"] == 5 and h5["frequencies"].attrs["linear"]
+        assert h5["displacements/index"].shape == (19,)
+        assert h5["frequencies/hessian"].shape == (9, 9)
+    shown = run_cli("show", record)
+    assert shown.code == 0 and "harmonic frequencies" in shown.out and "ZPE" in shown.out
+
+
+def test_a_killed_run_resumes_without_recomputing_finished_points(run_cli, tmp_path, water,
+                                                                  counted):
+    calls, stop_after = counted
+    record = tmp_path / "resume.h5"
+    args = ("frequencies", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "--json", "-o", record)
+    stop_after[0] = 5
+    stopped = run_cli(*args)
+    assert stopped.code == 1 and "stopped by the test" in stopped.err
+    failed = read_record(record)
+    assert failed.attrs["status"] == "failed"
+    assert list(failed.groups["displacements"].datasets["index"]) == [0, 1, 2, 3, 4]
+    stop_after[0], first = None, list(calls)
+    resumed = run_cli(*args)
+    assert resumed.code == 0, resumed.err
+    assert calls[len(first):] == list(range(5, 19)), "only the missing points were computed"
+    summary = json.loads(resumed.out)
+    assert np.abs(np.array(summary["frequencies"])
+                  - water.vibrations.frequencies).max() <= 1e-6
+    assert summary["zpe"] == pytest.approx(water.thermochemistry.zpe, abs=1e-9)
+    assert read_record(record).attrs["resumed"]
+    again = run_cli(*args, "--temperature", "400")
+    assert again.code == 0 and len(calls) == 19, "a complete record's points are reused"
+    assert json.loads(again.out)["gibbs"] < summary["gibbs"]
+
+
+def test_shards_assemble_the_hessian_of_one_run(tmp_path, water, counted):
+    calls, _ = counted
+    settings = _settings(tmp_path, "sharded")
+    for k in (0, 1):
+        shard = frequencies.run(settings, FrequencyOptions(shard=(k, 2)))
+        assert shard.vibrations is None and shard.path.name == f"sharded.shard-{k}-of-2.h5"
+        assert shard.points == [0] + list(range(1 + k, 19, 2))
+    assert len(calls) == 20
+    hessian, energy = frequencies.hessian(settings)
+    assert len(calls) == 20, "the assembling run took every point from the shards"
+    assert np.abs(hessian - water.hessian).max() <= 1e-9
+    assert energy == pytest.approx(water.e_tot, abs=1e-9)
+    assert np.array_equal(hessian, hessian.T) and hessian.shape == (9, 9)
+
+
+def test_two_ranks_share_the_points(tmp_path, water):
+    record = tmp_path / "ranks.h5"
+    args = [molecule_path("water"), "--basis", "sto-3g", "--backend", "torch", "--threads",
+            "1", "--json", "-o", record]
+    job = subprocess.run(torchrun(2, *args, command="frequencies"), capture_output=True,
+                         text=True, timeout=240, env=environment())
+    assert job.returncode == 0, job.stderr
+    lines = [line for line in job.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, "only rank 0 prints"
+    summary = json.loads(lines[0])
+    assert np.abs(np.array(summary["frequencies"])
+                  - water.vibrations.frequencies).max() <= 1e-6
+    with h5py.File(record, "r") as h5:
+        assert list(h5["displacements/index"][()]) == list(range(19))
+    assert not list(tmp_path.glob(".ranks.h5.*")), "no scratch file is left"
+
+
+@pytest.mark.parametrize("options, message", [
+    (("--temperature", "0"), "--temperature"),
+    (("--temperature", "nan"), "--temperature"),
+    (("--pressure", "-1"), "--pressure"),
+    (("--step", "0"), "--step"),
+    (("--step", "inf"), "--step"),
+    (("--shard", "2/2"), "--shard"),
+])
+def test_bad_options_are_one_line_and_exit_2(run_cli, tmp_path, options, message):
+    record = tmp_path / "bad.h5"
+    result = run_cli("frequencies", molecule_path("water"), "--basis", "sto-3g", *options,
+                     "-o", record)
+    assert result.code == 2 and message in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    assert not record.exists()
+
+
+def test_a_single_atom_and_a_linked_molden_file_are_refused(run_cli, tmp_path):
+    atom = tmp_path / "ne.xyz"
+    atom.write_text("1\n\nNe 0 0 0\n")
+    result = run_cli("frequencies", atom, "--basis", "sto-3g", "-o", tmp_path / "ne.h5")
+    assert result.code == 2 and "single atom has no vibrations" in result.err
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("keep me")
+    (tmp_path / "link.molden").symlink_to(target)
+    result = run_cli("frequencies", molecule_path("water"), "--basis", "sto-3g", "--molden",
+                     tmp_path / "link.molden", "-o", tmp_path / "w.h5")
+    assert result.code == 2 and "symbolic link" in result.err
+    assert target.read_text() == "keep me"
+
+
+def test_shard_array_comes_from_the_slurm_array():
+    environ = {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "4",
+               "SLURM_ARRAY_TASK_COUNT": "3"}
+    assert parse_shard("array", environ) == (1, 3)
+    assert parse_shard("1/4", {}) == (1, 4) and parse_shard(None, environ) == (0, 1)
+    with pytest.raises(InputError, match="not a task of a Slurm array"):
+        parse_shard("array", {})
+
+
+
+def test_qcengine_hessian_driver_and_ase_vibrations_agree_with_the_command(tmp_path, water):
+    """QCEngine's hessian driver returns the Hessian `dfmp2 frequencies` computes; ASE's
+    Vibrations, on our forces with its own step and no projection, finds the same modes."""
+    import qcengine
+    from ase import Atoms
+    from ase.vibrations import Vibrations
+
+    from dfmp2.ase import DFMP2
+    from test_qcschema import water_molecule
+
+    result = qcengine.compute({"molecule": water_molecule(), "driver": "hessian",
+                               "model": {"method": "mp2", "basis": "sto-3g"}}, "dfmp2")
+    assert result.success, getattr(result, "error", None)
+    hessian = np.asarray(result.return_result).reshape(9, 9)
+    # Both are central differences of gradients reproducible to ~2e-8 Eh/Bohr (the SCF's
+    # convergence): ~2e-6 Eh/Bohr^2 apart at most.
+    assert np.abs(hessian - water.hessian).max() < 1e-5
+    geometry = read_xyz(molecule_path("water"))
+    atoms = Atoms(geometry.symbols, positions=geometry.coords)
+    atoms.calc = DFMP2(basis="sto-3g", threads=1)
+    vibrations = Vibrations(atoms, name=str(tmp_path / "vib"), delta=0.005 * param.BOHR)
+    vibrations.run()
+    theirs = np.sort(np.real(vibrations.get_frequencies()))[-3:]
+    assert np.abs(theirs - water.vibrations.frequencies).max() < 1.0
