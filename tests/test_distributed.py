@@ -99,23 +99,41 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in handle.read().split()]
 
 
+def _rank_of(pid: int) -> int:
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        variables = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if item)
+    return int(variables[b"RANK"])
+
+
+def kill_ranks_when(command: list[str], ready, ranks=(1,), poll: float = 0.02,
+                    settle: float = 0.0) -> tuple[str, float]:
+    """Start the 2-rank torchrun job ``command``; once ``ready()`` holds (then ``settle``
+    seconds more), SIGKILL the workers of ``ranks`` in that order and wait for the job, which
+    must fail. Its stderr, and the seconds it took to end after the kill."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=environment())
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(poll)
+    assert proc.poll() is None, "the job ended before a rank could be killed"
+    time.sleep(settle)
+    workers = sorted(_children(proc.pid), key=_rank_of)
+    assert len(workers) == 2
+    for rank in ranks:
+        os.kill(workers[rank], signal.SIGKILL)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=JOB_TIMEOUT_SECONDS)
+    assert proc.returncode != 0
+    return stderr, time.monotonic() - start
+
+
 def test_a_dead_rank_ends_the_job_and_resume_works_with_one_rank(tmp_path):
     record = tmp_path / "benzene.h5"
     args = [molecule_path("benzene"), "--basis", "cc-pvdz", "--backend", "torch",
             "--occ-block", "1", "--threads", "1", "--json", "-o", record]
-    proc = subprocess.Popen(torchrun(2, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=environment())
-    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-    while _pairs_done(record) < 4 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the job ended before a rank could be killed"
-    workers = _children(proc.pid)
-    assert len(workers) == 2
-    os.kill(workers[1], signal.SIGKILL)
-    start = time.monotonic()
-    _, stderr = proc.communicate(timeout=JOB_TIMEOUT_SECONDS)
-    assert proc.returncode != 0
-    assert time.monotonic() - start < 120, "the job did not end promptly"
+    stderr, seconds = kill_ranks_when(torchrun(2, *args), lambda: _pairs_done(record) >= 4,
+                                      poll=0.05)
+    assert seconds < 120, "the job did not end promptly"
     killed = read_record(record)
     # Rank 0 either notices the dead rank first (failed) or is stopped by torchrun's SIGTERM
     # to the surviving ranks (interrupted); both leave a resumable record.

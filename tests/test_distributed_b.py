@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from functools import cache
 from pathlib import Path
 from unittest import mock
@@ -32,7 +30,7 @@ from dfmp2.df.store import ScratchArea
 from dfmp2.mp2.kernel import FitBasis, fit_basis
 from dfmp2.records.tree import read_record
 from dfmp2.system.distributed import init_world, launch_from
-from test_distributed import (environment, JOB_TIMEOUT_SECONDS, rank_reports,
+from test_distributed import (environment, JOB_TIMEOUT_SECONDS, kill_ranks_when, rank_reports,
                               stored_orbitals_e_corr, torchrun)
 
 # About 40 auxiliary functions per integral block: several blocks in every rank's share.
@@ -154,12 +152,6 @@ def _children(pid: int) -> list[int]:
         return [int(p) for p in handle.read().split()]
 
 
-def _rank_of(pid: int) -> int:
-    with open(f"/proc/{pid}/environ", "rb") as handle:
-        variables = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if item)
-    return int(variables[b"RANK"])
-
-
 def _signature(path: Path) -> str | None:
     """The orbital signature in a scratch file's header (None when it has none yet: a file
     killed so early that even its header is unwritten has none either)."""
@@ -177,19 +169,9 @@ def test_a_build_killed_halfway_is_rebuilt_on_resume(tmp_path, killed, resume_ra
     args = [molecule_path("benzene"), "--basis", "cc-pvdz", "--backend", "torch", "--threads",
             "1", "--json", "-o", record]
     scratch = tmp_path / ".benzene.h5.run.b0.bin"
-    proc = subprocess.Popen(torchrun(2, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=environment())
-    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-    while not scratch.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
-    assert proc.poll() is None, "the job ended before B was being built"
-    workers = sorted(_children(proc.pid), key=_rank_of)
-    assert len(workers) == 2
     # Rank 0 first when every rank goes: it would remove the file on noticing rank 1's death.
-    for pid in workers if killed == "every" else workers[1:]:
-        os.kill(pid, signal.SIGKILL)
-    proc.communicate(timeout=JOB_TIMEOUT_SECONDS)
-    assert proc.returncode != 0
+    kill_ranks_when(torchrun(2, *args), scratch.exists, (0, 1) if killed == "every" else (1,),
+                    poll=0.002)
     killed_record = read_record(record)
     assert killed_record.attrs["status"] != "complete"
     checkpoint = killed_record.groups.get("checkpoint")

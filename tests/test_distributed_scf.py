@@ -14,10 +14,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from unittest import mock
 
@@ -32,17 +30,15 @@ from conftest import molecule_path, pyscf_molecule, python_exe
 from dfmp2.df.store import ScratchArea
 from dfmp2.records.tree import read_record
 from dfmp2.scf.jk import JkEngine, factorize
-from dfmp2.scf import jk_tensor_ranks
-from dfmp2.scf.jk_tensor import build_jk_tensor
+from dfmp2.scf import jk_tensor_build
 from dfmp2.system.distributed import init_world, launch_from
-from test_distributed import environment, rank_reports, torchrun
+from test_distributed import environment, kill_ranks_when, rank_reports, torchrun
 
 JOB_TIMEOUT_SECONDS = 240
 TOLERANCE = 1e-9
 COMMON = ("--backend", "torch", "--threads", "1", "--json")
-# About 30 fit functions per integral block of the one-process build, and units of a few AO
-# rows per round of the ranks' exchange (the water dimer has 48 AOs and 280 fit functions).
-SMALL_BLOCK_BYTES = 30 * 8 * (48 * 49 // 2 + 2304)
+# Units of a few AO rows, so that the ranks exchange over several rounds (the water dimer
+# has 48 AOs and 280 fit functions).
 SMALL_UNIT_BYTES = 4 * 48 * 280 * 8
 # Budgets that keep every rank's slice in memory, and none.
 BUDGETS = {"memory": 10**9, "file": 10**6}
@@ -66,7 +62,7 @@ def metric_as(kind: str):
 def build_jk_on_every_rank(out: Path) -> None:
     """The script: each case built by all ranks; rank 0 writes the summed J and K, each rank
     its slices and where it keeps them."""
-    jk_tensor_ranks.UNIT_BYTES = SMALL_UNIT_BYTES
+    jk_tensor_build.UNIT_BYTES = SMALL_UNIT_BYTES
     world = init_world(launch_from(os.environ))
     fp64 = kernels.load("torch", "fp64")
     report = {}
@@ -75,8 +71,8 @@ def build_jk_on_every_rank(out: Path) -> None:
             mol, auxmol, dm, factors = jk_problem()
             for where, budget in BUDGETS.items():
                 with metric_as(kind):
-                    tensor = jk_tensor_ranks.build_ranked_jk_tensor(
-                        mol, auxmol, fp64, ScratchArea(out, f"{kind}.{where}"), world, budget)
+                    tensor = jk_tensor_build.build_jk_tensor(
+                        mol, auxmol, fp64, budget, ScratchArea(out, f"{kind}.{where}"), world)
                 vj, vk = JkEngine(tensor, fp64).build(dm[None], [factors])
                 total = world.allreduce_sum(np.stack([vj[0], vk[0]]), "adding up J/K")
                 if world.is_root:
@@ -98,8 +94,9 @@ def test_every_rank_builds_its_slice_of_the_jk_tensor(tmp_path, nranks):
     fp64 = kernels.load("torch", "fp64")
     for kind in ("cholesky", "eigen"):
         mol, auxmol, dm, factors = jk_problem()
-        with metric_as(kind):
-            single = build_jk_tensor(mol, auxmol, fp64, SMALL_BLOCK_BYTES, None)
+        with metric_as(kind), mock.patch.object(jk_tensor_build, "UNIT_BYTES",
+                                                SMALL_UNIT_BYTES):
+            single = jk_tensor_build.build_jk_tensor(mol, auxmol, fp64, 10**9, None)
         vj, vk = JkEngine(single, fp64).build(dm[None], [factors])
         for where in BUDGETS:
             summed = np.load(tmp_path / f"{kind}.{where}.npy")
@@ -188,36 +185,19 @@ def test_double_hybrid_on_two_ranks(tmp_path):
     assert scf_facts(tmp_path / "two.h5") == scf_facts(tmp_path / "one.h5")
 
 
-def _children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
-        return [int(p) for p in handle.read().split()]
-
-
 def test_a_rank_killed_during_the_scf_ends_the_job_and_three_ranks_rerun_it(tmp_path):
     record = tmp_path / "benzene.h5"
     options = ("--basis", "cc-pvdz")
     # A budget too small for the tensor's slices in memory: each rank's slice goes to its own
     # file, which appears when the SCF starts building the tensor.
-    proc = subprocess.Popen(torchrun(2, molecule_path("benzene"), *options, "--memory", "20MB",
-                                     *COMMON, "-o", record),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=environment())
-    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
-    while (not (tmp_path / ".benzene.h5.run.jk.slice1.bin").exists() and proc.poll() is None
-           and time.monotonic() < deadline):
-        time.sleep(0.01)
-    assert proc.poll() is None, "the job ended before a rank could be killed"
-    time.sleep(0.3)
-    workers = _children(proc.pid)
-    assert len(workers) == 2
-    os.kill(workers[1], signal.SIGKILL)
-    start = time.monotonic()
-    _, stderr = proc.communicate(timeout=JOB_TIMEOUT_SECONDS)
-    assert proc.returncode != 0
+    slice_file = tmp_path / ".benzene.h5.run.jk.slice1.bin"
+    stderr, seconds = kill_ranks_when(
+        torchrun(2, molecule_path("benzene"), *options, "--memory", "20MB", *COMMON, "-o",
+                 record), slice_file.exists, poll=0.01, settle=0.3)
     # torchrun stops the survivor at once (SIGTERM); one blocked inside a collective with the
     # dead rank only sees it when its 30 s grace ends (SIGKILL), measured at 30.6 s under
     # load, and the collectives' own timeout (60 s here) bounds it anyway.
-    assert time.monotonic() - start < 60, "the job did not end within the 60 s timeout"
+    assert seconds < 60, "the job did not end within the 60 s timeout"
     killed = read_record(record)
     assert "scf" not in killed.groups, "the rank was killed during the SCF"
     assert killed.attrs["status"] in ("running", "failed", "interrupted")
@@ -231,7 +211,9 @@ def test_a_rank_killed_during_the_scf_ends_the_job_and_three_ranks_rerun_it(tmp_
     assert_same_energies(rerun, single)
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"
-        assert int(h5["scf"].attrs["cycles"]) == scf_facts(tmp_path / "one.h5")[0]
+        # A whole SCF ran again. Three ranks add J and K from three parts, so the last
+        # digits, and PySCF's stop near its 1e-12 Eh test, may move by a cycle.
+        assert abs(int(h5["scf"].attrs["cycles"]) - scf_facts(tmp_path / "one.h5")[0]) <= 1
     assert not list(tmp_path.glob(".benzene.h5.*"))
 
 

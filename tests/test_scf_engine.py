@@ -17,7 +17,7 @@ from dfmp2.df.auxbasis import AuxBasis
 from dfmp2.df.store import ScratchArea
 from dfmp2.scf import jk
 from dfmp2.scf.jk import JkEngine, factorize
-from dfmp2.scf.jk_tensor import build_jk_tensor
+from dfmp2.scf.jk_tensor_build import build_jk_tensor
 from dfmp2.scf.engine import KernelDF, ScfKernels, use_kernel_engine
 
 

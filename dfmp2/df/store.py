@@ -40,7 +40,7 @@ def _disk_error(path: Path, exc: OSError) -> ScratchError:
 
 class ScratchArea:
     """The scratch files of one calculation: ``<folder>/.<prefix>.b<channel>[.raw].bin`` for
-    MP2's B, ``<folder>/.<prefix>.jk[.raw].bin`` for the SCF's JK-fit tensor and
+    MP2's B, ``<folder>/.<prefix>.jk.bin`` for the SCF's JK-fit tensor and
     ``<folder>/.<prefix>.<name>.bin`` for any other tensor."""
 
     def __init__(self, folder: Path, prefix: str) -> None:
@@ -53,8 +53,8 @@ class ScratchArea:
     def named(self, name: str) -> Path:
         return self.folder / f".{self.prefix}.{name}.bin"
 
-    def jk_path(self, raw: bool = False) -> Path:
-        return self.folder / f".{self.prefix}.jk{'.raw' if raw else ''}.bin"
+    def jk_path(self) -> Path:
+        return self.folder / f".{self.prefix}.jk.bin"
 
     def area(self, name: str) -> "ScratchArea":
         """The files of one stage (e.g. the gradient's): their own prefix, so that stage's

@@ -34,11 +34,10 @@ from dfmp2.df.auxbasis import AuxBasis, make_auxmol
 from dfmp2.df.store import ScratchArea
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.scf.jk import JkEngine, factorize
-from dfmp2.scf.jk_tensor import build_jk_tensor, jk_tensor_bytes
-from dfmp2.scf.jk_tensor_ranks import build_ranked_jk_tensor
+from dfmp2.scf.jk_tensor_build import build_jk_tensor
 from dfmp2.records.sections import ScfEngineSection
 from dfmp2.system.distributed import World
-from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_memory
+from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +49,6 @@ FP32_PHASE_ENERGY = 1e-6
 FP32_PHASE_GRADIENT = 1e-4
 # Exact (fp64) builds that must agree before convergence can be declared.
 EXACT_BUILDS_TO_CONVERGE = 2
-# Rows of the JK-fit tensor fitted per triangular solve (2048 x naux fp64 numbers and their
-# integrals at once: 61 MB for (H2O)16).
-FIT_ROWS = 2048
 
 
 @dataclass
@@ -192,22 +188,12 @@ class KernelDF(df.DF):
         if self.engine is not None:
             return self
         self.auxmol = make_auxmol(self.mol, self.aux)
-        nao, naux = self.mol.nao_nr(), self.auxmol.nao_nr()
+        nao = self.mol.nao_nr()
         work = max(FP64_BYTES * nao * nao * 8, (1 - JK_TENSOR_IN_MEMORY_SHARE) * self.budget / 2)
-        # The tensor's fit solves FIT_ROWS rows at a time whatever the budget: a triangular
-        # solve's rounding depends on how many rows it is given.
-        fit_block = 2 * FP64_BYTES * naux * FIT_ROWS
-        if self.world.size > 1:
-            if self.scratch is None:
-                raise ValueError("a JK-fit tensor spread over ranks needs a scratch area")
-            tensor = build_ranked_jk_tensor(self.mol, self.auxmol, self.kernels.exact,
-                                            self.scratch, self.world, self.budget,
-                                            self.timings)
-        else:
-            out_of_core = not fits_in_memory(jk_tensor_bytes(nao, naux), self.budget,
-                                             JK_TENSOR_IN_MEMORY_SHARE)
-            tensor = build_jk_tensor(self.mol, self.auxmol, self.kernels.exact, fit_block,
-                                     self.scratch if out_of_core else None, self.timings)
+        if self.world.size > 1 and self.scratch is None:
+            raise ValueError("a JK-fit tensor spread over ranks needs a scratch area")
+        tensor = build_jk_tensor(self.mol, self.auxmol, self.kernels.exact, self.budget,
+                                 self.scratch, self.world, self.timings)
         # After the SCF (a tensor rebuilt for the gradient's response once the SCF's was
         # released) every build is fp64.
         finished = self.ladder is not None and self.ladder.exact

@@ -12,14 +12,16 @@ The rows are a 2-D store (:mod:`dfmp2.df.store`), in memory or in a scratch file
 The fit is PySCF's (``pyscf.df.incore.cholesky_eri``): a Cholesky factor of the metric, or,
 when the metric is not positive definite, its eigenvectors above 1e-7.
 
-Several ranks build it together (:mod:`dfmp2.scf.jk_tensor_ranks`), each keeping only its
-slice of the fit functions, which is all its share of every J/K build needs.
+The tensor is computed in units of a few AO rows (:class:`RowUnit`): the three-index
+integrals of the unit's pairs nu <= mu only (PySCF's packed triangle of those rows), fitted at
+once, then placed in the layout. The zero-padded pairs are never computed or fitted. The
+builder (:mod:`dfmp2.scf.jk_tensor_build`) deals the units to one process or to several ranks,
+each rank then keeping only its slice of the fit functions, which is all its share of every
+J/K build needs.
 """
 from __future__ import annotations
 
-import logging
 import math
-import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -28,13 +30,10 @@ import torch
 from pyscf import gto
 from pyscf.df import incore
 
-from dfmp2.df.store import ScratchArea, open_store
-from dfmp2.system.disk import check_space
+from dfmp2.df.metric import FitMetric
 from dfmp2.errors import RunFailure
-from dfmp2.df.metric import JK_LINDEP_THRESHOLD, FitMetric, build_metric
 from dfmp2.system.memory import FP64_BYTES
 
-log = logging.getLogger(__name__)
 ROW_BLOCK = 64
 
 
@@ -74,15 +73,6 @@ class PairLayout:
         """Row index of every (mu, mu) pair."""
         return np.concatenate([block.offset + np.arange(block.m1 - block.m0) * block.m1
                                + np.arange(block.m0, block.m1) for block in self.blocks])
-
-    def scatter_packed(self, packed: np.ndarray, out: np.ndarray) -> None:
-        """PySCF's packed lower triangle (npair, n) -> rows of this layout (nrows, n); the
-        zero-padded rows of ``out`` must already be zero."""
-        for block in self.blocks:
-            for mu in range(block.m0, block.m1):
-                start = block.offset + (mu - block.m0) * block.m1
-                first = mu * (mu + 1) // 2
-                out[start:start + mu + 1] = packed[first:first + mu + 1]
 
     def gather_packed(self, rows: np.ndarray) -> np.ndarray:
         """Rows of this layout (nrows, n) -> PySCF's packed lower triangle (npair, n)."""
@@ -133,104 +123,78 @@ def jk_tensor_bytes(nao: int, naux: int, row_block: int = ROW_BLOCK) -> int:
     return FP64_BYTES * PairLayout(nao, row_block).nrows * naux
 
 
-def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, max_block_bytes: int,
-                    scratch: ScratchArea | None,
-                    timings: dict[str, float] | None = None) -> JkTensor:
-    """Integrals over blocks of auxiliary shells, scattered into the layout, then fitted in
-    place (column by column of the metric) through the kernel set's trsm."""
-    timings = timings if timings is not None else {}
-    clock = time.perf_counter
-    t0 = clock()
-    metric = build_metric(auxmol, JK_LINDEP_THRESHOLD)
-    layout = PairLayout(mol.nao_nr(), ROW_BLOCK)
-    nrows, naux = layout.nrows, metric.naux
-    path = None
-    if scratch is not None:
-        path = scratch.jk_path(raw=metric.kind != "cholesky")
-        copies = 1 if metric.kind == "cholesky" else 2
-        check_space(path.parent, copies * FP64_BYTES * nrows * naux, "the SCF's JK-fit tensor")
-    raw = open_store(nrows, naux, path, zeroed=True)
-    fitted = raw
-    try:
-        t1 = clock()
-        _fill_integrals(mol, auxmol, layout, raw, max_block_bytes, range(naux))
-        t2 = clock()
-        if metric.kind != "cholesky":
-            fitted = open_store(nrows, metric.naux_fit,
-                                None if scratch is None else scratch.jk_path())
-        _fit(raw, fitted, metric, layout, kernel_set, max_block_bytes, range(nrows))
-    except BaseException:
-        _close_both(raw, fitted)
-        raise
-    if fitted is not raw:
-        raw.close()
-    timings.update({"jk_metric": t1 - t0, "jk_integrals": t2 - t1, "jk_fit": clock() - t2})
-    log.info("JK tensor: %d AO pairs x %d fit functions (%s), %.2f GB %s", nrows, naux,
-             metric.kind, FP64_BYTES * nrows * metric.naux_fit / 1e9,
-             "in memory" if scratch is None else f"in {path}")
-    return JkTensor(layout, fitted, metric)
+@dataclass(frozen=True)
+class RowUnit:
+    """AO rows [mu0, mu1) of the row block ending at m1: the tensor's rows [offset, offset +
+    rows), of which the pairs nu <= mu (``packed`` of them) are computed and the rest are
+    the layout's zeros."""
+
+    mu0: int
+    mu1: int
+    m1: int
+    offset: int
+
+    @property
+    def rows(self) -> int:
+        return (self.mu1 - self.mu0) * self.m1
+
+    @property
+    def packed(self) -> int:
+        return _triangle(self.mu1) - _triangle(self.mu0)
+
+    def lower_rows(self) -> torch.Tensor:
+        """Where the unit's packed rows (PySCF's order: mu, then nu <= mu) go among its
+        layout rows."""
+        return torch.from_numpy(np.concatenate(
+            [(mu - self.mu0) * self.m1 + np.arange(mu + 1) for mu in range(self.mu0, self.mu1)]))
+
+    def diagonal(self) -> torch.Tensor:
+        """Where the pairs (mu, mu) are among the unit's packed rows."""
+        mu = np.arange(self.mu0, self.mu1)
+        return torch.from_numpy(_triangle(mu) + mu - _triangle(self.mu0))
 
 
-def _close_both(raw, fitted) -> None:
-    if fitted is not raw:
-        fitted.close()
-    raw.close()
+def _triangle(n):
+    return n * (n + 1) // 2
 
 
-def _shell_blocks(auxmol: gto.Mole, columns: range,
-                  max_functions: int) -> list[tuple[int, int, int, int]]:
-    """Consecutive auxiliary shell ranges (shell0, shell1, p0, p1) of at most max_functions
-    (a single larger shell stays whole), covering fit functions ``columns``; the first and
-    last may reach past them (a shell is computed whole)."""
-    ao_loc = auxmol.ao_loc_nr()
-    if not columns:
-        return []
-    first = int(np.searchsorted(ao_loc, columns.start, side="right")) - 1
-    stop = int(np.searchsorted(ao_loc, columns.stop - 1, side="right"))
-    blocks, start = [], first
-    for shell in range(first, stop):
-        if ao_loc[shell + 1] - ao_loc[start] > max_functions and shell > start:
-            blocks.append((start, shell, int(ao_loc[start]), int(ao_loc[shell])))
-            start = shell
-    blocks.append((start, stop, int(ao_loc[start]), int(ao_loc[stop])))
-    return blocks
+def row_units(layout: PairLayout, naux: int, unit_bytes: int) -> list[RowUnit]:
+    """The layout's rows cut into units of about ``unit_bytes`` of fitted values (at least
+    one AO row each). The cut follows only the sizes, so every world size fits the same
+    units and gets the same bits."""
+    units = []
+    for block in layout.blocks:
+        width = max(1, unit_bytes // (FP64_BYTES * naux * block.m1))
+        for mu0 in range(block.m0, block.m1, width):
+            mu1 = min(block.m1, mu0 + width)
+            units.append(RowUnit(mu0, mu1, block.m1,
+                                 block.offset + (mu0 - block.m0) * block.m1))
+    return units
 
 
-def _fill_integrals(mol: gto.Mole, auxmol: gto.Mole, layout: PairLayout, store,
-                    max_block_bytes: int, columns: range) -> None:
-    """The integrals of fit functions ``columns`` into the store's same columns."""
-    npair = layout.nao * (layout.nao + 1) // 2
-    per_function = FP64_BYTES * (npair + layout.nrows)
-    max_functions = max(1, max_block_bytes // per_function)
-    for shell0, shell1, p0, p1 in _shell_blocks(auxmol, columns, max_functions):
-        packed = incore.aux_e2(mol, auxmol, "int3c2e", aosym="s2ij",
-                               shls_slice=(0, mol.nbas, 0, mol.nbas, shell0, shell1))
-        c0, c1 = max(p0, columns.start), min(p1, columns.stop)
-        # In memory, the store's own columns (a view) are filled; a file is new, so its
-        # columns are zeros that need not be read back.
-        values = (store.read_columns(c0, c1) if store.location == "memory" else
-                  torch.zeros((layout.nrows, c1 - c0), dtype=torch.float64))
-        layout.scatter_packed(packed.reshape(npair, p1 - p0)[:, c0 - p0:c1 - p0],
-                              values.numpy())
-        store.write_columns(c0, c1, values)
+def unit_integrals(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit) -> np.ndarray:
+    """(mu nu|P) of the unit's pairs nu <= mu, (packed, naux): the shells that hold its AO
+    rows, computed whole (``aosym='s2ij'``), then cut to the unit's rows."""
+    ao_loc = mol.ao_loc_nr()
+    first = int(np.searchsorted(ao_loc, unit.mu0, side="right")) - 1
+    last = int(np.searchsorted(ao_loc, unit.mu1, side="left"))
+    shells = incore.aux_e2(mol, auxmol, "int3c2e", aosym="s2ij",
+                           shls_slice=(first, last, 0, last, 0, auxmol.nbas))
+    start = _triangle(int(ao_loc[first]))
+    return shells[_triangle(unit.mu0) - start:_triangle(unit.mu1) - start]
 
 
-def _fit(raw, fitted, metric: FitMetric, layout: PairLayout, kernel_set, max_block_bytes: int,
-         rows: range) -> None:
-    """B = Y L^-T (in place in ``raw``, which is then ``fitted``), or B = Y U e^-1/2 for an
-    eigen metric, for ``rows`` row chunk by row chunk, then the diagonal pairs halved."""
-    in_place = metric.kind == "cholesky"
-    diagonal = layout.diagonal_rows()
-    chunk = max(1, max_block_bytes // (2 * FP64_BYTES * metric.naux))
-    for r0 in range(rows.start, rows.stop, chunk):
-        r1 = min(rows.stop, r0 + chunk)
-        values = raw.read_rows(r0, r1)
-        if in_place:
-            kernel_set.trsm(metric.factor, values.T, out=values.T)
-        else:
-            values = kernel_set.gemm(values, metric.factor)
-        if not math.isfinite(float(values.sum())):
-            raise RunFailure(f"non-finite values in the SCF's JK-fit tensor (rows {r0}:{r1})")
-        local = diagonal[(diagonal >= r0) & (diagonal < r1)] - r0
-        values[local] *= 0.5
-        fitted.write_rows(r0, r1, values)
+def fitted_unit(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit, metric: FitMetric,
+                kernel_set) -> torch.Tensor:
+    """The unit's packed rows of B (packed, naux_fit), the diagonal pairs halved (so that
+    B_P = X_P + X_P^T)."""
+    values = torch.from_numpy(np.ascontiguousarray(unit_integrals(mol, auxmol, unit)))
+    if metric.kind == "cholesky":
+        kernel_set.trsm(metric.factor, values.T, out=values.T)
+    else:
+        values = kernel_set.gemm(values, metric.factor)
+    if not math.isfinite(float(values.sum())):
+        raise RunFailure(f"non-finite values in the SCF's JK-fit tensor (AO rows "
+                         f"{unit.mu0}:{unit.mu1})")
+    values[unit.diagonal()] *= 0.5
+    return values

@@ -142,19 +142,26 @@ class World:
                  what: str) -> list[np.ndarray]:
         """All-to-all: ``outgoing[r]`` (float64, any shape) goes to rank r, and this rank gets
         from each rank r ``incoming_sizes[r]`` numbers, flat, in rank order."""
+        return self.start_exchange(outgoing, incoming_sizes, what).result()
+
+    def start_exchange(self, outgoing: list[np.ndarray], incoming_sizes: list[int],
+                       what: str) -> "PendingExchange":
+        """:meth:`exchange` started in the background; its ``result()`` waits for it, so a
+        rank computes its next piece while this one travels."""
         if self.size == 1:
-            return [np.ascontiguousarray(outgoing[0], dtype=np.float64).ravel()]
+            return PendingExchange(
+                None, np.ascontiguousarray(outgoing[0], dtype=np.float64).ravel(),
+                list(incoming_sizes), what)
         send = torch.from_numpy(np.concatenate(
             [np.ascontiguousarray(part, dtype=np.float64).ravel() for part in outgoing]))
         receive = torch.empty(sum(incoming_sizes), dtype=torch.float64)
         if self.backend == "nccl":
             send, receive = send.cuda(), receive.cuda()
-        _guard(lambda: torch_dist.all_to_all_single(
+        box = []
+        _guard(lambda: box.append(torch_dist.all_to_all_single(
             receive, send, output_split_sizes=list(incoming_sizes),
-            input_split_sizes=[int(part.size) for part in outgoing]), what)
-        received = receive.cpu().numpy()
-        bounds = np.cumsum([0, *incoming_sizes])
-        return [received[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
+            input_split_sizes=[int(part.size) for part in outgoing], async_op=True)), what)
+        return PendingExchange(box[0], receive, list(incoming_sizes), what, send)
 
     def _buffer(self, array: np.ndarray) -> torch.Tensor:
         """``array`` as a tensor where the process group can reach it: NCCL moves only CUDA
@@ -178,6 +185,25 @@ class World:
     def close(self) -> None:
         if self.size > 1 and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
+
+
+@dataclass
+class PendingExchange:
+    """An all-to-all under way: ``result()`` waits for it and splits what came in by rank."""
+
+    work: object
+    receive: object
+    incoming_sizes: list[int]
+    what: str
+    send: object = None
+
+    def result(self) -> list[np.ndarray]:
+        if self.work is not None:
+            _guard(self.work.wait, self.what)
+        received = (self.receive.cpu().numpy() if isinstance(self.receive, torch.Tensor)
+                    else self.receive)
+        bounds = np.cumsum([0, *self.incoming_sizes])
+        return [received[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
 
 
 def _guard(call, what: str) -> None:
