@@ -10,6 +10,7 @@ commands and ``views`` what they print; ``main`` here runs the group.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import shlex
@@ -39,6 +40,11 @@ def _raise_interrupted(signum: int, frame) -> None:
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures,
     128 + N after signal N."""
+    if argv is None:
+        # The program's own process (callers in Python pass argv): the objects imported so far
+        # (torch's and PySCF's, about 200,000) live to the end, so leave them out of every
+        # garbage collection, the ones at exit included: 0.3-0.4 s less per command (measured).
+        gc.freeze()
     args = sys.argv[1:] if argv is None else list(argv)
     logging.basicConfig(level=logging.WARNING, format="dfmp2: %(levelname)s: %(message)s",
                         stream=sys.stderr)

@@ -50,7 +50,7 @@ from dfmp2.mp2.pairs import BlockReader, OccRange, occupied_blocks, orbital_deno
 from dfmp2.system.distributed import World, deal_pairs
 
 # A slab (nocc nvir x |K| nvir) of this size keeps the five slabs of one step (the integrals,
-# t, t with a and b swapped, A and a permuted copy) within about 160 MB.
+# t, A, t with a and b swapped, later t permuted, and A permuted) within about 160 MB.
 MAX_SLAB_BYTES = 32 * 2**20
 
 
@@ -106,14 +106,44 @@ def gradient_occ_block(nocc: int, nvir: int, itemsize: int,
     return -(-max(nocc, 1) // nblocks)
 
 
-def _swap_virtuals(t: torch.Tensor, ni: int, nvir: int, nj: int) -> torch.Tensor:
-    """t_ij^ba laid out as t_ij^ab: [i, a, j, b] <- [i, b, j, a]."""
-    return t.view(ni, nvir, nj, nvir).permute(0, 3, 2, 1).reshape(ni * nvir, nj * nvir)
+def _swap_virtuals(t: torch.Tensor, ni: int, nvir: int, nj: int,
+                   out: torch.Tensor) -> torch.Tensor:
+    """t_ij^ba laid out as t_ij^ab: [i, a, j, b] <- [i, b, j, a], written into ``out``."""
+    out.view(ni, nvir, nj, nvir).copy_(t.view(ni, nvir, nj, nvir).permute(0, 3, 2, 1))
+    return out
 
 
-def _row_virtual_major(t: torch.Tensor, ni: int, nvir_i: int) -> torch.Tensor:
-    """[i, a, (j, b)] -> rows a, columns (i, j, b): the row virtual's view of a slab."""
-    return t.view(ni, nvir_i, -1).permute(1, 0, 2).reshape(nvir_i, -1)
+def _row_virtual_major(t: torch.Tensor, ni: int, nvir_i: int,
+                       out: torch.Tensor) -> torch.Tensor:
+    """[i, a, (j, b)] -> rows a, columns (i, j, b): the row virtual's view of a slab, written
+    into ``out``."""
+    out.view(nvir_i, ni, -1).copy_(t.view(ni, nvir_i, -1).permute(1, 0, 2))
+    return out.view(nvir_i, -1)
+
+
+def _sum64(x: torch.Tensor, y: torch.Tensor) -> float:
+    """sum(x * y) accumulated in fp64 (a dot product, without an fp64 product slab)."""
+    if x.dtype == torch.float64:
+        return float(torch.dot(x.reshape(-1), y.reshape(-1)))
+    return float(torch.sum(x * y, dtype=torch.float64))
+
+
+class _Buffers:
+    """The slab-sized arrays of the sweep, allocated once and reused for every slab: a fresh
+    30 MB array per step costs its page faults again, and two ranks faulting at once take
+    longer than the arithmetic (measured on (H2O)8)."""
+
+    def __init__(self, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self.flat: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, rows: int, cols: int) -> torch.Tensor:
+        """A (rows, cols) contiguous array (contents undefined) in buffer ``name``."""
+        flat = self.flat.get(name)
+        if flat is None or flat.numel() < rows * cols:
+            flat = self.flat[name] = torch.empty(rows * cols, dtype=self.dtype,
+                                                 device=self.device)
+        return flat[:rows * cols].view(rows, cols)
 
 
 @dataclass
@@ -129,44 +159,50 @@ class _Slab:
 
 
 def _amplitudes(ovov: torch.Tensor, denom_rows: torch.Tensor, d_cols: torch.Tensor,
-                sweep: Sweep, scales: Scales) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+                sweep: Sweep, scales: Scales, t: torch.Tensor, amp: torch.Tensor,
+                swapped: torch.Tensor) -> tuple[float, float]:
     """t and A of the row orbitals of ``ovov`` (whole rows i: the virtual swap stays inside
-    them) and their (direct, exchange) sums."""
-    t = ovov / (denom_rows.reshape(-1)[:, None] + d_cols[None, :])
-    direct = float(torch.sum(ovov * t, dtype=torch.float64))
+    them) into ``t`` and ``amp`` (``swapped`` is work space of their shape); returns their
+    (direct, exchange) sums."""
+    torch.add(denom_rows.reshape(-1)[:, None], d_cols[None, :], out=t)
+    torch.div(ovov, t, out=t)
+    direct = _sum64(ovov, t)
     if sweep.kind == "opposite":
-        return t, scales.os * t, direct, 0.0
+        torch.mul(t, scales.os, out=amp)
+        return direct, 0.0
     ni, nvir = denom_rows.shape
-    swapped = _swap_virtuals(t, ni, nvir, d_cols.shape[0] // nvir)
-    exchange = float(torch.sum(ovov * swapped, dtype=torch.float64))
+    _swap_virtuals(t, ni, nvir, d_cols.shape[0] // nvir, swapped)
+    exchange = _sum64(ovov, swapped)
     if sweep.kind == "closed":
-        amp = (scales.os + scales.ss) * t - scales.ss * swapped
+        torch.mul(t, scales.os + scales.ss, out=amp)
+        amp.add_(swapped, alpha=-scales.ss)
     else:
-        amp = scales.ss * (t - swapped)
-    return t, amp, direct, exchange
+        torch.sub(t, swapped, out=amp)
+        amp.mul_(scales.ss)
+    return direct, exchange
 
 
 def _slab(kernel_set, sweep: Sweep, scales: Scales, row_reader: BlockReader,
           row_blocks: list[OccRange], b_cols: torch.Tensor, denom_rows: torch.Tensor,
-          d_cols: torch.Tensor) -> _Slab:
+          d_cols: torch.Tensor, buffers: _Buffers) -> _Slab:
     """t, A, the column channel's Gamma_K = sum_ia A_ia,kb B_ia and the energy sums of one
     slab, row block by row block of B."""
     gemm = kernel_set.gemm
     nocc, nvir_i = denom_rows.shape
     ncols = b_cols.shape[1]
-    slab = _Slab(torch.empty((nocc * nvir_i, ncols), dtype=b_cols.dtype, device=b_cols.device),
-                 torch.empty((nocc * nvir_i, ncols), dtype=b_cols.dtype, device=b_cols.device),
+    slab = _Slab(buffers.take("t", nocc * nvir_i, ncols),
+                 buffers.take("amp", nocc * nvir_i, ncols),
                  torch.zeros((b_cols.shape[0], ncols), dtype=torch.float64,
                              device=b_cols.device))
     for i0, i1 in row_blocks:
         b_rows = row_reader.columns((i0, i1))
         rows = slice(i0 * nvir_i, i1 * nvir_i)
-        t, amp, direct, exchange = _amplitudes(gemm(b_rows.T, b_cols), denom_rows[i0:i1],
-                                               d_cols, sweep, scales)
-        slab.t[rows], slab.amp[rows] = t, amp
+        swapped = buffers.take("swapped", (i1 - i0) * nvir_i, ncols)
+        direct, exchange = _amplitudes(gemm(b_rows.T, b_cols), denom_rows[i0:i1], d_cols,
+                                       sweep, scales, slab.t[rows], slab.amp[rows], swapped)
         slab.direct += direct
         slab.exchange += exchange
-        slab.gamma += gemm(b_rows, amp).to(torch.float64)
+        slab.gamma += gemm(b_rows, slab.amp[rows]).to(torch.float64)
     return slab
 
 
@@ -237,6 +273,7 @@ def amplitude_intermediates(readers: list[BlockReader], gamma_stores: list,
     sums: list[tuple[str, float, float]] = []
     gemm = kernel_set.gemm
     by_column = _by_column_channel(_sweeps_of(len(readers)), len(readers))
+    buffers = _Buffers(readers[0].dtype, device)
     start = time.perf_counter()
     for col, block in mine:
         b_cols = readers[col].columns(block)
@@ -246,15 +283,16 @@ def amplitude_intermediates(readers: list[BlockReader], gamma_stores: list,
             row = sweep.row_channel
             slab = _slab(kernel_set, sweep, scales, readers[row],
                          occupied_blocks(nocc[row], row_block or nocc[row]), b_cols,
-                         denoms[row], d_cols)
+                         denoms[row], d_cols, buffers)
             gamma = slab.gamma if gamma is None else gamma.add_(slab.gamma)
             density_factor = 2.0 if sweep.kind == "closed" else 1.0
             p_occ[row] -= density_factor * gemm(slab.t.reshape(nocc[row], -1),
                                                 slab.amp.reshape(nocc[row], -1).T
                                                 ).to(torch.float64)
-            p_vir[row] += density_factor * gemm(
-                _row_virtual_major(slab.t, nocc[row], nvir[row]),
-                _row_virtual_major(slab.amp, nocc[row], nvir[row]).T).to(torch.float64)
+            t_major, amp_major = (
+                _row_virtual_major(x, nocc[row], nvir[row], buffers.take(name, *x.shape))
+                for x, name in ((slab.t, "swapped"), (slab.amp, "amp_major")))
+            p_vir[row] += density_factor * gemm(t_major, amp_major.T).to(torch.float64)
             if sweep.energy:
                 sums.append((sweep.kind, slab.direct, slab.exchange))
             del slab
