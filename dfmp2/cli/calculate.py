@@ -13,7 +13,7 @@ import click
 from dfmp2.cli import views
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, with_options)
+                               XYZ_FILE, environment_settings, record_options, with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import interaction, optimize, run
 from dfmp2.system import distributed
@@ -27,11 +27,8 @@ Outcome = TypeVar("Outcome")
 @click.option("--allow-unconverged", is_flag=True, help="Accept an unconverged SCF.")
 @click.option("--check", is_flag=True,
               help="Also run PySCF's DFMP2 on the same orbitals; exit 1 if they disagree.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Run record path (default: runs/<molecule>-<basis>.h5).")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in -o (also done whenever -o holds one).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@with_options(*record_options("Run record path (default: runs/<molecule>-<basis>.h5).",
+                              "Print one JSON object instead of text."))
 @click.option("--qcschema", "as_qcschema", is_flag=True,
               help="Print the QCSchema AtomicResult as JSON (needs dfmp2[qcschema]).")
 @click.option("--qcschema-version", type=click.Choice(["1", "2"]), default=None,
@@ -79,12 +76,9 @@ def on_every_rank(job: Callable[..., Outcome], settings: RunSettings,
 @click.argument("molecule", type=XYZ_FILE)
 @with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS, *XC_OPTIONS)
 @METHOD
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Record path (default: runs/<molecule>-<basis>-gradient.h5).")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in -o (also done whenever -o holds one).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: e_tot (the method's energy) and gradient.")
+@with_options(*record_options(
+    "Record path (default: runs/<molecule>-<basis>-gradient.h5).",
+    "Print one JSON object: e_tot (the method's energy) and gradient."))
 @click.pass_obj
 def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int:
     """The relaxed analytic DF-MP2 (SCS, SOS) or double-hybrid gradient of MOLECULE, in
@@ -110,14 +104,9 @@ def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int
                                 case_sensitive=False),
               help="geomeTRIC's convergence criteria.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Record (default: runs/<molecule>-<basis>-opt.h5); the final geometry goes "
-                   "beside it as .xyz.")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted optimisation in -o (also done whenever -o holds "
-                   "one).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: the final energy and geometry.")
+@with_options(*record_options(
+    "Record (default: runs/<molecule>-<basis>-opt.h5); the final geometry goes beside it as "
+    ".xyz.", "Print one JSON object: the final energy and geometry.", resumed="optimisation"))
 @click.pass_obj
 def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int,
                      as_json: bool, **options) -> int:

@@ -11,7 +11,7 @@ import click
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, with_options)
+                               XYZ_FILE, environment_settings, record_options, with_options)
 from dfmp2.errors import InputError
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, frequencies
@@ -52,12 +52,9 @@ def parse_shard(text: str | None, environ: Mapping[str, str]) -> tuple[int, int]
               help="Compute only shard K of N of the displacements (K/N), or 'array' for this "
                    "task's position in a Slurm array; then run without --shard on the same -o "
                    "to assemble the Hessian.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Record (default: runs/<molecule>-<basis>-freq.h5).")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in -o (also done whenever -o holds one).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: frequencies, IR intensities and thermochemistry.")
+@with_options(*record_options(
+    "Record (default: runs/<molecule>-<basis>-freq.h5).",
+    "Print one JSON object: frequencies, IR intensities and thermochemistry."))
 @click.pass_obj
 def frequencies_command(obj: dict, molecule: Path, step: float, temperature: float,
                         pressure: float, molden: Path | None, shard: str | None, as_json: bool,

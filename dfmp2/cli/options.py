@@ -156,6 +156,20 @@ def with_options(*options: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return decorate
 
 
+def record_options(output_help: str, json_help: str,
+                   resumed: str = "run") -> tuple[Callable[[Any], Any], ...]:
+    """``-o/--output``, ``--resume`` and ``--json`` of a command that writes a resumable record
+    (``resumed`` names what ``--resume`` continues)."""
+    return (
+        click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
+                     help=output_help),
+        click.option("--resume", is_flag=True,
+                     help=f"Continue the interrupted {resumed} in -o (also done whenever -o "
+                          "holds one)."),
+        click.option("--json", "as_json", is_flag=True, help=json_help),
+    )
+
+
 def environment_settings() -> dict:
     """The RunSettings fields that come from environment variables."""
     mode = os.environ.get(NKI_MODE_ENV, "").strip().lower() or None

@@ -15,7 +15,7 @@ from dfmp2.cli import views
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, XC_OPTIONS, XYZ_FILE,
-                               environment_settings, with_options)
+                               environment_settings, record_options, with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import properties
 from dfmp2.mp2.methods import METHODS
@@ -54,13 +54,10 @@ class Origin(click.ParamType):
                    "charge).")
 @click.option("--molden", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the natural orbitals with their occupations to this Molden file.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Record path (default: runs/<molecule>-<basis>-properties.h5).")
-@click.option("--resume", is_flag=True,
-              help="Continue the interrupted run in -o (also done whenever -o holds one).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: e_tot, density, dipole (Debye), dipole_au, "
-                   "quadrupole, charges, natural occupations, and the SCF's under scf.")
+@with_options(*record_options(
+    "Record path (default: runs/<molecule>-<basis>-properties.h5).",
+    "Print one JSON object: e_tot, density, dipole (Debye), dipole_au, quadrupole, charges, "
+    "natural occupations, and the SCF's under scf."))
 @click.pass_obj
 def properties_command(obj: dict, molecule: Path, density_kind: str, origin: np.ndarray | None,
                        molden: Path | None, as_json: bool, **options) -> int:

@@ -242,13 +242,6 @@ class ScratchB:
                 torch.from_numpy(piece).view(p1 - p0, width)[:, lo:hi])
         return out
 
-    def _staging(self, count: int) -> np.ndarray:
-        """A read buffer kept between reads: a fresh one per chunk would be paid again in
-        page faults on every read (the tensor of an SCF is read twice per cycle)."""
-        if self._buffer is None or self._buffer.size < count:
-            self._buffer = np.empty(count)
-        return self._buffer
-
     def write_columns(self, c0: int, c1: int, values: torch.Tensor) -> None:
         values = values.numpy()
         for start, width, lo, hi in self._chunks(c0, c1):
@@ -261,11 +254,7 @@ class ScratchB:
                 self._pwrite(chunk, self._offset(start))
 
     def read_columns(self, c0: int, c1: int) -> torch.Tensor:
-        out = np.empty((self.naux, c1 - c0))
-        for start, width, lo, hi in self._chunks(c0, c1):
-            chunk = self._read_chunk(start, width)
-            out[:, start + lo - c0:start + hi - c0] = chunk[:, lo:hi]
-        return torch.from_numpy(out)
+        return self.read_rows(0, self.naux, c0, c1)
 
     def _read_chunk(self, start: int, width: int) -> np.ndarray:
         data = self._pread(FP64_BYTES * self.naux * width, self._offset(start))

@@ -277,11 +277,10 @@ def _analyse(calc: Calculation, method: str, points: dict[int, Point],
                              options.pressure)
     max_gradient = float(np.abs(ordered[REFERENCE_POINT].gradient).max())
     _warn(vibrations, max_gradient)
-    section = FrequenciesSection(method, outcome.e_tot, options.step, options.temperature,
-                                 options.pressure, thermo.zpe, thermo.enthalpy, thermo.entropy,
-                                 thermo.gibbs, vibrations.imaginary, vibrations.linear,
-                                 vibrations.rigid_modes, float(np.abs(raw - raw.T).max()),
-                                 max_gradient, str(options.molden or ""))
+    section = FrequenciesSection(method, outcome.e_tot, options.step, thermo,
+                                 vibrations.imaginary, vibrations.linear, vibrations.rigid_modes,
+                                 float(np.abs(raw - raw.T).max()), max_gradient,
+                                 str(options.molden or ""))
     write_frequencies(outcome.record, section, {
         "hessian": hessian, "frequencies": vibrations.frequencies,
         "ir_intensities": vibrations.ir_intensities, "normal_modes": vibrations.normal_modes,

@@ -24,13 +24,15 @@ from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded
 from dfmp2.jobs.stages import differentiate
 from dfmp2.df.store import ScratchArea
+from dfmp2.grad.kernel import GradientResult
+from dfmp2.input.calculation import Calculation
 from dfmp2.records.checkpoint import RESUME, examine_previous
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import COMPLETE, OPTIMIZE_SCHEMA, Node, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
 from dfmp2.records.sections import write_timings
-from dfmp2.scf.reference import ScfOptions, release_integrals, run_scf
+from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 
@@ -57,6 +59,33 @@ def geometry_at(start: Geometry, coords_bohr: np.ndarray) -> Geometry:
                     text, start.source)
 
 
+def job_scf(job: Job, calc: Calculation, scratch: ScratchArea,
+            initial_density: np.ndarray | None, keep_integrals: bool) -> ScfResult:
+    """Our SCF of ``calc`` with the job's engine, kernels and budget, from ``initial_density``
+    (None: PySCF's guess)."""
+    settings, env = job.settings, job.env
+    return run_scf(calc, ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, scratch,
+                                    keep_integrals=keep_integrals,
+                                    initial_density=initial_density,
+                                    stability=settings.stability))
+
+
+def scf_and_gradient(job: Job, calc: Calculation, scratch: ScratchArea,
+                     initial_density: np.ndarray | None,
+                     where: str) -> tuple[ScfResult, GradientResult]:
+    """Our SCF of ``calc`` from ``initial_density``, then the relaxed gradient of the job's
+    method on it; an SCF that does not converge fails the run, naming ``where``. The SCF's
+    JK-fit integrals are released either way: the gradient was their last use."""
+    reference = job_scf(job, calc, scratch, initial_density, keep_integrals=True)
+    try:
+        if not reference.converged:
+            raise RunFailure(f"the SCF did not converge at {where}")
+        result = differentiate(calc, job.settings, job.env, reference.mf, scratch)
+    finally:
+        release_integrals(reference.mf)
+    return reference, result
+
+
 class AnalyticEvaluator:
     """Energy and analytic gradient of the settings' method at a geometry: our SCF (from the
     previous step's density) and the relaxed DF-MP2 gradient."""
@@ -66,19 +95,11 @@ class AnalyticEvaluator:
         self.density: np.ndarray | None = None
 
     def __call__(self, geometry: Geometry) -> Evaluation:
-        settings, env = self.job.settings, self.job.env
+        settings = self.job.settings
         calc = self.job.calculation(settings.charge, settings.spin, geometry=geometry)
-        options = ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, self.scratch,
-                             keep_integrals=True, initial_density=self.density,
-                             stability=settings.stability)
-        reference = run_scf(calc, options)
-        try:
-            if not reference.converged:
-                raise RunFailure("the SCF did not converge at an optimisation step")
-            self.density = reference.mf.make_rdm1()
-            result = differentiate(calc, settings, env, reference.mf, self.scratch)
-        finally:
-            release_integrals(reference.mf)
+        reference, result = scf_and_gradient(self.job, calc, self.scratch, self.density,
+                                             "an optimisation step")
+        self.density = reference.mf.make_rdm1()
         return result.e_tot, result.gradient
 
 

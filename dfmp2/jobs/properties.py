@@ -23,17 +23,17 @@ from dfmp2.grad.density import Mp2Densities, mp2_densities
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.preamble import active_sizes, make_plan, run_inputs, start_job
-from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded
+from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded, shared_previous_run
 from dfmp2.jobs.stages import RunContext, mp2_section, reference_stage
 from dfmp2.mp2.methods import method_scales
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.props.analysis import analyse
 from dfmp2.props.molden import check_molden_path, write_molden
 from dfmp2.props.moments import nuclear_charge_centre
-from dfmp2.records.checkpoint import RESUME, PreviousRun, RecordSaver, examine_previous
+from dfmp2.records.checkpoint import RESUME, RecordSaver
 from dfmp2.records.properties_section import PropertiesSection, write_properties
 from dfmp2.records.sections import write_timings
-from dfmp2.records.tree import COMPLETE, SCHEMA, Node
+from dfmp2.records.tree import COMPLETE, Node
 from dfmp2.scf.reference import ScfResult, release_integrals
 from dfmp2.system.distributed import World
 
@@ -84,16 +84,13 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
                           calc.auxbasis_functions(), calc.mol.nao_nr(), env.budget)
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env) as session:
-        previous = PreviousRun("fresh")
-        if world.is_root:
-            previous = examine_previous(path, SCHEMA, inputs, settings.resume, False)
-        action = world.broadcast(previous.action, "sharing the resume decision")
+        previous = shared_previous_run(session, inputs, settings.resume, reuse_complete=False)
         root = job.new_record()
         inputs.write(root)
         ctx = RunContext(calc, settings, env, root, ScratchArea(env.scratch_dir,
                                                                 f"{path.name}.run"),
                          plan, RecordSaver(path, root) if world.is_root else None,
-                         previous.record if action == RESUME else None)
+                         previous.record if previous.action == RESUME else None)
 
         def work() -> int:
             if ctx.saver is not None:

@@ -15,11 +15,11 @@ from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.check import run_check
 from dfmp2.jobs.preamble import make_plan, run_inputs, start_job
-from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded
+from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded, shared_previous_run
 from dfmp2.jobs.stages import RunContext, calculate, gradient_stage, reference_stage
-from dfmp2.records.checkpoint import RESUME, REUSE, PreviousRun, RecordSaver, examine_previous
+from dfmp2.records.checkpoint import RESUME, REUSE, RecordSaver
 from dfmp2.records.sections import write_rank_stages
-from dfmp2.records.tree import COMPLETE, SCHEMA, Node
+from dfmp2.records.tree import COMPLETE, Node
 from dfmp2.system.distributed import World
 from dfmp2.system.memory import peak_resident_megabytes
 
@@ -44,18 +44,15 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
     plan = make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env) as session:
-        previous = PreviousRun("fresh")
-        if world.is_root:
-            previous = examine_previous(path, SCHEMA, inputs, settings.resume, reuse_complete)
-        action = world.broadcast(previous.action, "sharing the resume decision")
-        if action == REUSE:
+        previous = shared_previous_run(session, inputs, settings.resume, reuse_complete)
+        if previous.action == REUSE:
             return RunOutcome(previous.record, path, 0, reused=True)
         root = job.new_record()
         inputs.write(root)
         scratch = ScratchArea(env.scratch_dir, f"{path.name}.run")
         ctx = RunContext(calc, settings, env, root, scratch, plan,
                          RecordSaver(path, root) if world.is_root else None,
-                         previous.record if action == RESUME else None)
+                         previous.record if previous.action == RESUME else None)
 
         def work() -> int:
             if ctx.saver is not None:

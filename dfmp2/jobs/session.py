@@ -7,15 +7,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
+from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
 from dfmp2.records.lock import RecordLock
 from dfmp2.records.sections import (CalculationInputs, read_inputs, write_kernel_ledger,
                                     write_timings)
-from dfmp2.records.tree import (FAILED, INTERRUPTED, Node, RecordWriteError, read_record,
-                                set_status, write_record)
+from dfmp2.records.tree import (FAILED, INTERRUPTED, SCHEMA, Node, RecordWriteError,
+                                read_record, set_status, write_record)
 from dfmp2.system.files import refuse_links_named_after
 
 log = logging.getLogger(__name__)
@@ -121,3 +123,16 @@ def drop_identical_copy(superseded: Path, inputs: CalculationInputs) -> None:
         if stored is not None and not stored.differing(inputs, CalculationInputs.REUSE_FIELDS):
             superseded.unlink()
             log.info("removed %s: the new record holds the same calculation", superseded)
+
+
+def shared_previous_run(session: RecordSession, inputs: CalculationInputs, resume: bool,
+                        reuse_complete: bool) -> PreviousRun:
+    """What to do with the run record at the session's path, decided by rank 0 alone (the one
+    that writes records) and its action shared with every rank; the other ranks know nothing
+    of the record itself."""
+    world = session.env.world
+    previous = PreviousRun(FRESH)
+    if world.is_root:
+        previous = examine_previous(session.path, SCHEMA, inputs, resume, reuse_complete)
+    return replace(previous,
+                   action=world.broadcast(previous.action, "sharing the resume decision"))

@@ -129,7 +129,8 @@ def plan_for(sizes: list[tuple[int, int]], naux: int, nao: int, kernel_set, budg
     itemsize = torch.tensor([], dtype=kernel_set.dtype).element_size()
     return plan_blocks(sizes, naux, nao, itemsize, budget, fused, occ_block,
                        force_out_of_core=force_out_of_core or world_size > 1,
-                       min_pairs=PAIRS_PER_RANK * world_size if world_size > 1 else 1)
+                       min_pairs=PAIRS_PER_RANK * world_size if world_size > 1 else 1,
+                       ranks=world_size)
 
 
 @torch_owns_the_cores()

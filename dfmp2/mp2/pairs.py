@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dfmp2.system.distributed import DIAGONAL_COST, World, deal_pairs
@@ -26,6 +28,12 @@ log = logging.getLogger(__name__)
 
 OccRange = tuple[int, int]
 PairKey = tuple[int, int, int, int, int]
+# A finished pair as the ranks exchange it: a flag, its key and its (direct, exchange) sums.
+PAIR_MESSAGE = 8
+# Rounds a rank may finish before the other ranks' results of the oldest one have arrived:
+# pairs of unequal cost then even out over a few rounds instead of every rank waiting for
+# the slowest at each one, and rank 0 still checkpoints each pair soon after it is done.
+ROUNDS_AHEAD = 4
 
 
 @dataclass
@@ -193,8 +201,10 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
     added to it as it finishes.
 
     With a ``world`` of several ranks, each rank computes the pairs dealt to it, and after every
-    round all ranks gather what was finished (the ledger then sees every rank's pairs). Returns
-    the energies and, per rank, its pairs and busy seconds.
+    round all ranks send what they finished to every rank, in the background: a rank goes on
+    with its next pairs while the round travels, up to ``ROUNDS_AHEAD`` rounds ahead of the
+    slowest rank, and the ledger sees every rank's pairs as they arrive. Returns the energies
+    and, per rank, its pairs and busy seconds.
     """
     cases = CLOSED_SHELL_CASES if len(readers) == 1 else OPEN_SHELL_CASES
     denoms = [orbital_denominators(o, v, readers[0].dtype) for o, v in zip(e_occ, e_vir)]
@@ -210,6 +220,13 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
     progress = Progress(len(work), "energy blocks", show_progress if world.is_root else False)
     busy = 0.0
     row_key, row_data = None, None
+    in_flight: deque = deque()
+
+    def record(pending) -> None:
+        for key, direct, exchange in _finished_pairs(pending.result()):
+            ledger.add(key, direct, exchange)
+            progress.advance()
+
     with ThreadPoolExecutor(max_workers=1) as pool:
         def read(item):
             return readers[item[1].col_channel].columns(item[3])
@@ -232,16 +249,34 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
                                  fused)
                 done = (pair_key(mine[n]), d, x)
                 busy += time.perf_counter() - start
-            for result in world.gather(done, "exchanging finished block pairs"):
-                if result is not None:
-                    ledger.add(*result)
-                    progress.advance()
+            in_flight.append(world.start_exchange([_pair_message(done)] * world.size,
+                                                  [PAIR_MESSAGE] * world.size,
+                                                  "exchanging finished block pairs"))
+            while in_flight and (in_flight[0].ready() or len(in_flight) > ROUNDS_AHEAD):
+                record(in_flight.popleft())
+        while in_flight:
+            record(in_flight.popleft())
     logs = world.gather(([list(item[2]) + list(item[3]) + [item[0]] for item in mine], busy),
                         "collecting per-rank timings")
     log.info("energy step: %d block pairs of up to %d occupied orbitals (%d resumed)",
              len(every_pair), occ_block, len(every_pair) - len(work))
     sums = {pair_key(item): ledger.finished[pair_key(item)] for item in every_pair}
     return combine(cases, sums), dict(enumerate(logs))
+
+
+def _pair_message(done: tuple | None) -> np.ndarray:
+    """A finished pair (key, direct, exchange), or none this round, as PAIR_MESSAGE numbers
+    (the key's small integers are exact in float64)."""
+    if done is None:
+        return np.zeros(PAIR_MESSAGE)
+    key, direct, exchange = done
+    return np.array([1.0, *key, direct, exchange])
+
+
+def _finished_pairs(messages: list[np.ndarray]) -> list[tuple[PairKey, float, float]]:
+    """The pairs in one round's messages, in rank order."""
+    return [(tuple(int(k) for k in message[1:6]), float(message[6]), float(message[7]))
+            for message in messages if message[0] == 1.0]
 
 
 def pair_key(item: tuple) -> PairKey:

@@ -14,6 +14,7 @@ Beside ``/input`` and the calculation at the input geometry (``/scf`` with its o
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,9 +23,11 @@ import numpy as np
 from dfmp2.records.sections import (GradientSection, Mp2Section, ScfSection, Section,
                                     StoredOrbitals, write_gradient, write_scf)
 from dfmp2.records.tree import Node
+from dfmp2.vib.analysis import Thermochemistry
 
 ANALYSIS_DATASETS = ("hessian", "frequencies", "ir_intensities", "normal_modes",
                      "reduced_masses", "force_constants", "dipole_derivatives")
+THERMOCHEMISTRY_FIELDS = tuple(item.name for item in dataclasses.fields(Thermochemistry))
 
 
 @dataclass(frozen=True)
@@ -69,19 +72,15 @@ class DisplacementSection(Section):
 
 @dataclass(frozen=True)
 class FrequenciesSection(Section):
-    """``/frequencies`` attributes: the analysis and the thermochemistry (energies in Eh, the
-    entropy in Eh/K, at ``temperature`` K and ``pressure`` Pa)."""
+    """``/frequencies`` attributes: the analysis and the thermochemistry. The thermochemistry's
+    fields are attributes of the group itself, beside the others, as records have always held
+    them."""
 
     group_name: ClassVar[str] = "frequencies"
     method: str
     e_tot: float
     step: float
-    temperature: float
-    pressure: float
-    zpe: float
-    enthalpy: float
-    entropy: float
-    gibbs: float
+    thermochemistry: Thermochemistry
     imaginary: int
     linear: bool
     rigid_modes: int
@@ -90,6 +89,26 @@ class FrequenciesSection(Section):
     max_gradient: float
     """max |dE/dR| at the input geometry (Eh/Bohr)."""
     molden: str = ""
+
+    def write(self, node: Node) -> None:
+        """The fields as attributes, the thermochemistry's among them in its place."""
+        attrs = {}
+        for name, value in dataclasses.asdict(self).items():
+            attrs.update(value if name == "thermochemistry" else {name: value})
+        node.group(self.group_name).attrs.update(attrs)
+
+    @classmethod
+    def read(cls, node: Node) -> FrequenciesSection | None:
+        """The section in ``node``, or None when the group or a field without default is
+        absent."""
+        group = node.groups.get(cls.group_name)
+        if group is None or any(name not in group.attrs for name in THERMOCHEMISTRY_FIELDS):
+            return None
+        thermochemistry = Thermochemistry(
+            **{name: float(group.attrs[name]) for name in THERMOCHEMISTRY_FIELDS})
+        # Section.read takes each field from the attribute of its name: give it one.
+        nested = Node(attrs={**group.attrs, "thermochemistry": thermochemistry})
+        return super().read(Node(groups={cls.group_name: nested}))
 
 
 def write_points(node: Node, section: DisplacementSection, points: list[Point]) -> None:
@@ -163,15 +182,16 @@ def frequency_lines(root: Node) -> list[str]:
     for number, (frequency, intensity, mass) in enumerate(
             zip(data["frequencies"], data["ir_intensities"], data["reduced_masses"]), start=1):
         lines.append(f"  {number:>6} {frequency:12.2f} {intensity:12.4f} {mass:10.4f}")
+    thermo = section.thermochemistry
     if section.imaginary:
         lines.append(f"  Warning: {section.imaginary} imaginary (negative) frequenc"
                      f"{'y' if section.imaginary == 1 else 'ies'}: the geometry is not a "
                      "minimum")
-    lines += [f"  thermochemistry at {section.temperature:g} K and {section.pressure:g} Pa "
+    lines += [f"  thermochemistry at {thermo.temperature:g} K and {thermo.pressure:g} Pa "
               "(ideal gas, rigid rotor, harmonic oscillator):",
               f"  {'E_tot':<8} {section.e_tot:20.10f} Eh",
-              f"  {'ZPE':<8} {section.zpe:20.10f} Eh",
-              f"  {'H':<8} {section.enthalpy:20.10f} Eh",
-              f"  {'S':<8} {section.entropy:20.10e} Eh/K",
-              f"  {'G':<8} {section.gibbs:20.10f} Eh"]
+              f"  {'ZPE':<8} {thermo.zpe:20.10f} Eh",
+              f"  {'H':<8} {thermo.enthalpy:20.10f} Eh",
+              f"  {'S':<8} {thermo.entropy:20.10e} Eh/K",
+              f"  {'G':<8} {thermo.gibbs:20.10f} Eh"]
     return lines

@@ -5,8 +5,9 @@ rank with each J/K build split over the fit functions and summed (``allreduce_su
 built by all ranks into the shared scratch file (integrals by auxiliary shells, the fit by
 columns), the energy's block pairs are dealt out by cost, longest first, to the least loaded
 rank, and the gradient splits its sweeps the same way. After every round of pairs the ranks
-gather what they finished, so rank 0 can checkpoint each pair in the record (a resumed run
-skips them, whatever the world size) and the fp64 sums are combined in a fixed order.
+send each other what they finished (in the background, a few rounds at most in flight), so
+rank 0 can checkpoint each pair in the record (a resumed run skips them, whatever the world
+size) and the fp64 sums are combined in a fixed order.
 Collectives time out, so a lost rank ends the job with an error instead of a hang.
 """
 from __future__ import annotations
@@ -196,6 +197,10 @@ class PendingExchange:
     incoming_sizes: list[int]
     what: str
     send: object = None
+
+    def ready(self) -> bool:
+        """Whether ``result()`` would return without waiting."""
+        return self.work is None or self.work.is_completed()
 
     def result(self) -> list[np.ndarray]:
         if self.work is not None:

@@ -18,13 +18,13 @@ from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
 from dfmp2.input.settings import RunSettings
-from dfmp2.jobs.optimize import geometry_at
+from dfmp2.jobs.optimize import geometry_at, job_scf, scf_and_gradient
 from dfmp2.jobs.preamble import Job
-from dfmp2.jobs.stages import differentiate, mp2_section
+from dfmp2.jobs.stages import mp2_section
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.records.frequencies_section import Point, ReferenceSections
 from dfmp2.records.sections import GradientSection
-from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
+from dfmp2.scf.reference import ScfResult
 from dfmp2.system.distributed import World
 from dfmp2.system.progress import Progress
 from dfmp2.vib.dipole import dipole_moment
@@ -62,10 +62,10 @@ def _where(index: int) -> str:
 
 
 class PointEvaluator:
-    """The steps of the optimiser's evaluator (:class:`dfmp2.jobs.optimize.AnalyticEvaluator`:
-    our SCF from a given density, then the relaxed gradient), keeping what frequencies need
-    beside the energy and gradient: the relaxed density's dipole, and at the input geometry
-    the SCF for the record. Every SCF starts from one density, the input geometry's
+    """The optimiser's SCF and relaxed gradient at a geometry
+    (:func:`dfmp2.jobs.optimize.scf_and_gradient`, from a given density), keeping what
+    frequencies need beside the energy and gradient: the relaxed density's dipole, and at the
+    input geometry the SCF for the record. Every SCF starts from one density, the input geometry's
     (:meth:`start_from`), not from the previous point's as in an optimisation: a point is then
     the same whichever rank computes it, in whichever order, resumed or not, while an SCF
     0.005 Bohr away still converges in a few cycles."""
@@ -73,13 +73,6 @@ class PointEvaluator:
     def __init__(self, job: Job, scratch: ScratchArea) -> None:
         self.job, self.scratch = job, scratch
         self.density: np.ndarray | None = None
-
-    def _scf(self, calc: Calculation, keep_integrals: bool) -> ScfResult:
-        settings, env = self.job.settings, self.job.env
-        return run_scf(calc, ScfOptions(settings.scf_engine, env.scf_kernels, env.budget,
-                                        self.scratch, keep_integrals=keep_integrals,
-                                        initial_density=self.density,
-                                        stability=settings.stability))
 
     def _calculation(self, coords: np.ndarray) -> Calculation:
         settings = self.job.settings
@@ -89,21 +82,17 @@ class PointEvaluator:
     def start_from(self, coords: np.ndarray) -> None:
         """Converge the SCF at ``coords`` (the input geometry) for the first guess of every
         later SCF."""
-        scf = self._scf(self._calculation(coords), keep_integrals=False)
+        scf = job_scf(self.job, self._calculation(coords), self.scratch, self.density,
+                      keep_integrals=False)
         if not scf.converged:
             raise RunFailure("the SCF did not converge at the input geometry")
         self.density = scf.mf.make_rdm1()
 
     def evaluate(self, index: int, coords: np.ndarray) -> Finished:
-        settings, env = self.job.settings, self.job.env
+        settings = self.job.settings
         calc = self._calculation(coords)
-        scf = self._scf(calc, keep_integrals=True)
-        try:
-            if not scf.converged:
-                raise RunFailure(f"the SCF did not converge at {_where(index)}")
-            result = differentiate(calc, settings, env, scf.mf, self.scratch)
-        finally:
-            release_integrals(scf.mf)
+        scf, result = scf_and_gradient(self.job, calc, self.scratch, self.density,
+                                       _where(index))
         if not np.all(np.isfinite(result.gradient)):
             raise RunFailure(f"the {settings.method} gradient overflowed to non-finite numbers "
                              f"at {_where(index)}")
