@@ -15,8 +15,9 @@ MAX_PAIR_BLOCK_BYTES = 256 * 2**20
 OUT_OF_CORE_BLOCKS = 3
 # Integral blocks beyond this size make no build step faster, only the peak memory higher.
 MAX_BUILD_BLOCK_BYTES = 512 * 2**20
-# On several ranks, the blocks are made smaller until the largest rank's share of the block
-# pairs is within this fraction of the mean: every rank waits for the slowest at the end.
+# On several ranks, the blocks are made smaller (up to twice as many) until the largest
+# rank's share of the block pairs is within this fraction of the mean: every rank waits for
+# the slowest at the end.
 # (H2O)16's 80 orbitals in 5 blocks deal out 6.5 : 6 over 2 ranks (8% idle), in 6 blocks
 # within 0.3%.
 BALANCE_TOLERANCE = 0.02
@@ -64,6 +65,18 @@ def dealt_imbalance(nocc: int, occ_block: int, ranks: int) -> float:
     return max(loads) * ranks / sum(loads)
 
 
+def _balanced_block(nocc: int, fewest: int, ranks: int) -> int:
+    """The largest even block, from ``fewest`` blocks up to twice as many, whose pairs deal
+    out within BALANCE_TOLERANCE over ``ranks``; else the best dealt of them (more blocks
+    than that only add pairs, each with its own round and checkpoint)."""
+    candidates = sorted({-(-nocc // nblocks) for nblocks in range(fewest, 2 * fewest + 1)},
+                        reverse=True)
+    for occ_block in candidates:
+        if dealt_imbalance(nocc, occ_block, ranks) <= 1.0 + BALANCE_TOLERANCE:
+            return occ_block
+    return min(candidates, key=lambda block: (dealt_imbalance(nocc, block, ranks), -block))
+
+
 def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int, budget: int,
                 fused: bool, requested: int | None = None,
                 force_out_of_core: bool = False, min_pairs: int = 1,
@@ -103,12 +116,10 @@ def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int
             occ_block += 1
         # As many blocks, evened out: 80 orbitals in blocks of 19 would leave a block of 4,
         # whose pairs run at a lower rate and leave the ranks' shares uneven.
-        nblocks = -(-max(nocc, 1) // occ_block)
-        occ_block = -(-max(nocc, 1) // nblocks)
-        while (ranks > 1 and occ_block > 1
-               and dealt_imbalance(nocc, occ_block, ranks) > 1.0 + BALANCE_TOLERANCE):
-            nblocks += 1
-            occ_block = -(-nocc // nblocks)
+        fewest = -(-max(nocc, 1) // occ_block)
+        occ_block = -(-max(nocc, 1) // fewest)
+        if ranks > 1:
+            occ_block = _balanced_block(nocc, fewest, ranks)
     return BlockPlan(occ_block, -(-max(nocc, 1) // occ_block), out_of_core, fused, b_bytes,
                      energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core),
                      max(build_minimum, min(MAX_BUILD_BLOCK_BYTES, budget - resident)), budget)
