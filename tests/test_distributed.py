@@ -105,6 +105,11 @@ def _rank_of(pid: int) -> int:
     return int(variables[b"RANK"])
 
 
+# A killed rank's job must end well before torchrun's 30 s grace for the survivors (SIGTERM,
+# then SIGKILL): a survivor waiting on the dead rank in a collective must handle the SIGTERM.
+PROMPT_END_SECONDS = 15
+
+
 def kill_ranks_when(command: list[str], ready, ranks=(1,), poll: float = 0.02,
                     settle: float = 0.0) -> tuple[str, float]:
     """Start the 2-rank torchrun job ``command``; once ``ready()`` holds (then ``settle``
@@ -133,7 +138,7 @@ def test_a_dead_rank_ends_the_job_and_resume_works_with_one_rank(tmp_path):
             "--occ-block", "1", "--threads", "1", "--json", "-o", record]
     stderr, seconds = kill_ranks_when(torchrun(2, *args), lambda: _pairs_done(record) >= 4,
                                       poll=0.05)
-    assert seconds < 120, "the job did not end promptly"
+    assert seconds < PROMPT_END_SECONDS, "the job did not end promptly"
     killed = read_record(record)
     # Rank 0 either notices the dead rank first (failed) or is stopped by torchrun's SIGTERM
     # to the surviving ranks (interrupted); both leave a resumable record.
@@ -198,3 +203,53 @@ def test_two_ranks_resume_with_a_new_block_size(tmp_path):
         assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
         assert h5["checkpoint"].attrs["occ_block"] == 2
         assert len(h5["checkpoint/pairs"]) == 5 * 6 // 2
+
+
+# Rank 0 waits in a sum that rank 1 never joins, and turns a SIGTERM into an exit at once.
+_ABSENT_PEER_SCRIPT = """
+import os, signal, sys, time
+from pathlib import Path
+import numpy as np
+from dfmp2.system.distributed import init_world, launch_from
+
+world = init_world(launch_from(os.environ))
+if world.rank == 1:
+    time.sleep(120)
+    sys.exit(0)
+
+
+def stop(signum, frame):
+    print(f"handled after {time.monotonic() - start:.2f} s", flush=True)
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, stop)
+start = time.monotonic()
+Path(sys.argv[1]).touch()
+world.allreduce_sum(np.ones(4), "waiting for a rank that never comes")
+"""
+
+
+def test_a_rank_waiting_in_a_collective_handles_sigterm_at_once(tmp_path):
+    """torchrun stops the survivors of a dead rank with SIGTERM; a wait inside a collective
+    must not hold the handler off until the collective's timeout (60 s here)."""
+    waiting = tmp_path / "waiting"
+    port = str(free_port())
+    ranks = [subprocess.Popen([python_exe(), "-c", _ABSENT_PEER_SCRIPT, str(waiting)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**environment(), "RANK": str(rank), "WORLD_SIZE": "2",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+             for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+        while not waiting.exists() and ranks[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        ranks[0].send_signal(signal.SIGTERM)
+        out, err = ranks[0].communicate(timeout=PROMPT_END_SECONDS)
+        assert ranks[0].returncode == 0, err
+        assert out.startswith("handled after")
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.communicate()

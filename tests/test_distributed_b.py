@@ -91,8 +91,9 @@ def build_on_every_rank(out: Path) -> None:
         world.close()
 
 
-@pytest.mark.parametrize("nranks", [2, 3])
-def test_every_rank_builds_its_share_of_b(tmp_path, nranks):
+def test_every_rank_builds_its_share_of_b(tmp_path):
+    # Three ranks: shares of unequal size (two ranks run it in the command-line tests).
+    nranks = 3
     reports = rank_reports(__file__, tmp_path, nranks)
     for kind, (sizes, _) in CASES.items():
         mol, fit, orbitals = problem(kind)
@@ -129,8 +130,9 @@ def cli_args(molecule: str) -> list:
             "1", "--json"]
 
 
-@pytest.mark.parametrize("molecule,nranks", [("water_dimer", 2), ("water_dimer", 3),
-                                             ("hydroxyl", 2), ("hydroxyl", 3)])
+# Closed shell on three ranks, open shell on two: the deal of B's columns and pairs is uneven
+# on three (2 ranks are the in-core and killed-build tests' case).
+@pytest.mark.parametrize("molecule,nranks", [("water_dimer", 3), ("hydroxyl", 2)])
 def test_energies_on_several_ranks_match_one_process(tmp_path, tmp_path_factory, molecule,
                                                      nranks):
     reference = single_process_energy(molecule, tmp_path_factory.getbasetemp())

@@ -17,7 +17,7 @@ from dfmp2.grad.amplitudes import deal_column_blocks
 from dfmp2.grad.sharing import ColumnSplit, RowSplit, deal_ranges, spans
 from dfmp2.records.tree import read_record
 from dfmp2.system.distributed import World
-from test_distributed import environment, kill_ranks_when, torchrun
+from test_distributed import PROMPT_END_SECONDS, environment, kill_ranks_when, torchrun
 
 JOB_TIMEOUT_SECONDS = 240
 
@@ -53,16 +53,15 @@ def _compare(tmp_path, nproc: int, name: str, *options: str) -> None:
     assert not list(tmp_path.glob(".many.h5.*")), "no scratch file is left"
 
 
-@pytest.mark.parametrize("frozen", [False, True], ids=["all-electron", "frozen-core"])
-def test_rhf_gradient_on_two_ranks_matches_one_process(tmp_path, frozen):
-    _compare(tmp_path, 2, "water", *(["--frozen-core"] if frozen else []))
+def test_rhf_frozen_core_gradient_on_two_ranks_matches_one_process(tmp_path):
+    _compare(tmp_path, 2, "water", "--frozen-core")
 
 
 def test_uhf_gradient_on_two_ranks_matches_one_process(tmp_path):
     _compare(tmp_path, 2, "methylene", "--frozen-core")
 
 
-def test_rhf_gradient_on_three_ranks_matches_one_process(tmp_path):
+def test_rhf_all_electron_gradient_on_three_ranks_matches_one_process(tmp_path):
     _compare(tmp_path, 3, "water_dimer")
 
 
@@ -79,8 +78,8 @@ def test_a_killed_rank_ends_the_gradient_with_an_error(tmp_path):
             "1", "--json", "-o", record]
     stderr, seconds = kill_ranks_when(torchrun(2, *args, command="gradient"),
                                       lambda: _scf_saved(record), poll=0.05)
-    # DFMP2_DIST_TIMEOUT is 60 s: the survivor's next collective fails well within it.
-    assert seconds < 90, "the job did not end promptly"
+    # The survivor fails in its next collective, or stops at torchrun's SIGTERM.
+    assert seconds < PROMPT_END_SECONDS, "the job did not end promptly"
     assert "Error: distributed run broken" in stderr or "failed" in stderr
     assert read_record(record).attrs["status"] in ("running", "failed", "interrupted")
 

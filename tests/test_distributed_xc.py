@@ -15,7 +15,7 @@ from dfmp2.input.xyz import read_xyz
 from dfmp2.scf.numint import SharedGridNumInt
 from dfmp2.scf.reference import ScfOptions, new_scf
 from dfmp2.system.distributed import World
-from test_distributed_scf import assert_same_energies, run_job
+from test_distributed_scf import assert_same_energies, run_job, scf_facts
 
 RANKS = 3
 
@@ -79,6 +79,7 @@ def test_rks_double_hybrid_on_two_ranks(tmp_path):
     single = run_job(tmp_path / "one.h5", "water_dimer", *options)
     ours = run_job(tmp_path / "two.h5", "water_dimer", *options, ranks=2)
     assert_same_energies(ours, single, "e_tot")
+    assert scf_facts(tmp_path / "two.h5") == scf_facts(tmp_path / "one.h5")
 
 
 def test_uks_double_hybrid_and_its_stability_check_on_two_ranks(tmp_path):

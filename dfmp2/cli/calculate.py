@@ -67,8 +67,10 @@ def on_every_rank(job: Callable[..., Outcome], settings: RunSettings,
             logging.getLogger().setLevel(logging.ERROR)
             settings = replace(settings, show_progress=False)
         outcome = job(settings, *arguments, world)
-    finally:
-        world.close()
+    except BaseException:
+        world.close(failed=True)
+        raise
+    world.close()
     return outcome if world.is_root else None
 
 

@@ -8,13 +8,16 @@ rank, and the gradient splits its sweeps the same way. After every round of pair
 send each other what they finished (in the background, a few rounds at most in flight), so
 rank 0 can checkpoint each pair in the record (a resumed run skips them, whatever the world
 size) and the fp64 sums are combined in a fixed order.
-Collectives time out, so a lost rank ends the job with an error instead of a hang.
+Collectives time out, so a lost rank ends the job with an error instead of a hang, and a
+rank waits for its tensor collectives in Python (:func:`_wait`), so that a signal (torchrun's
+SIGTERM to the survivors of a dead rank) is handled at once, not when gloo gives up.
 """
 from __future__ import annotations
 
 import datetime as dt
 import logging
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,6 +32,9 @@ DEFAULT_TIMEOUT_SECONDS = 300
 DEFAULT_MASTER_PORT = "29500"
 # A diagonal (syrk) block pair costs about half an off-diagonal one.
 DIAGONAL_COST = 0.5
+# Longest pause between two looks at an unfinished collective: a bound on the latency a wait
+# adds, and on how soon a signal is handled while waiting.
+LONGEST_POLL_SECONDS = 0.002
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class World:
     rank: int = 0
     backend: str = "none"
     hosts: int = 1
+    timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
 
     @property
     def is_root(self) -> bool:
@@ -102,7 +109,13 @@ class World:
 
     def barrier(self, what: str) -> None:
         if self.size > 1:
-            _guard(lambda: torch_dist.barrier(), what)
+            self._wait(what, torch_dist.barrier, async_op=True)
+
+    def _wait(self, what: str, collective, *args, **kwargs) -> None:
+        """Start ``collective(*args, async_op=True, **kwargs)`` and wait for it."""
+        box = []
+        _guard(lambda: box.append(collective(*args, **kwargs)), what)
+        _wait(box[0], what, self.timeout_seconds)
 
     def publish(self, stores: list, what: str) -> None:
         """Make this rank's writes to shared scratch files visible to every rank, then wait
@@ -128,7 +141,8 @@ class World:
         if self.size == 1:
             return array
         buffer = self._buffer(array)
-        _guard(lambda: torch_dist.all_reduce(buffer, op=torch_dist.ReduceOp.SUM), what)
+        self._wait(what, torch_dist.all_reduce, buffer, op=torch_dist.ReduceOp.SUM,
+                   async_op=True)
         return buffer.cpu().numpy()
 
     def broadcast_array(self, array: np.ndarray, what: str) -> np.ndarray:
@@ -136,7 +150,7 @@ class World:
         if self.size == 1:
             return array
         buffer = self._buffer(array)
-        _guard(lambda: torch_dist.broadcast(buffer, src=0), what)
+        self._wait(what, torch_dist.broadcast, buffer, src=0, async_op=True)
         return buffer.cpu().numpy()
 
     def exchange(self, outgoing: list[np.ndarray], incoming_sizes: list[int],
@@ -162,7 +176,8 @@ class World:
         _guard(lambda: box.append(torch_dist.all_to_all_single(
             receive, send, output_split_sizes=list(incoming_sizes),
             input_split_sizes=[int(part.size) for part in outgoing], async_op=True)), what)
-        return PendingExchange(box[0], receive, list(incoming_sizes), what, send)
+        return PendingExchange(box[0], receive, list(incoming_sizes), what, send,
+                               self.timeout_seconds)
 
     def _buffer(self, array: np.ndarray) -> torch.Tensor:
         """``array`` as a tensor where the process group can reach it: NCCL moves only CUDA
@@ -183,8 +198,11 @@ class World:
         _guard(lambda: torch_dist.all_gather_object(out, value), what)
         return out
 
-    def close(self) -> None:
-        if self.size > 1 and torch_dist.is_initialized():
+    def close(self, failed: bool = False) -> None:
+        """Leave the process group. After a failure a collective may still be waiting on a
+        dead rank, and destroying the group would wait for it (until torchrun's SIGKILL):
+        the group is then left to the process's exit."""
+        if self.size > 1 and torch_dist.is_initialized() and not failed:
             torch_dist.destroy_process_group()
 
 
@@ -197,6 +215,7 @@ class PendingExchange:
     incoming_sizes: list[int]
     what: str
     send: object = None
+    timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
 
     def ready(self) -> bool:
         """Whether ``result()`` would return without waiting."""
@@ -204,11 +223,24 @@ class PendingExchange:
 
     def result(self) -> list[np.ndarray]:
         if self.work is not None:
-            _guard(self.work.wait, self.what)
+            _wait(self.work, self.what, self.timeout_seconds)
         received = (self.receive.cpu().numpy() if isinstance(self.receive, torch.Tensor)
                     else self.receive)
         bounds = np.cumsum([0, *self.incoming_sizes])
         return [received[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
+def _wait(work, what: str, timeout_seconds: float) -> None:
+    """Wait for a collective started with ``async_op=True``. A blocking ``work.wait()`` holds
+    off Python's signal handlers until it returns, and gloo may not notice a dead peer of an
+    all-to-all before the collective's timeout: torchrun's SIGTERM to the surviving ranks
+    then waited 30 s for its SIGKILL. Looking every few milliseconds lets the handler run."""
+    deadline = time.monotonic() + timeout_seconds
+    pause = 1e-5
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(2 * pause, LONGEST_POLL_SECONDS)
+    _guard(work.wait, what)
 
 
 def _guard(call, what: str) -> None:
@@ -233,7 +265,8 @@ def init_world(launch: Launch) -> World:
     except (RuntimeError, ValueError) as exc:
         raise RunFailure(f"cannot join the distributed job ({exc}); launch with torchrun or "
                          "srun, with MASTER_ADDR/MASTER_PORT reachable") from None
-    world = World(launch.size, torch_dist.get_rank(), backend)
+    world = World(launch.size, torch_dist.get_rank(), backend,
+                  timeout_seconds=launch.timeout_seconds)
     world.hosts = len(set(world.gather(socket.gethostname(), "meeting the other ranks")))
     log.info("rank %d of %d (%s) on %d host(s)", world.rank, world.size, backend, world.hosts)
     return world
