@@ -45,10 +45,13 @@ class KernelSet(Protocol):
     accounting: KernelAccounting
     """Calls per (kernel, executor) and fallbacks to torch, for the run record."""
 
-    def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def gemm(self, a: torch.Tensor, b: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
         """``a @ b`` for ``a`` (..., m, k) and ``b`` (k, n), or for ``a`` (m, k) and a batch
         ``b`` (p, k, n) (then the result is (p, m, n)). Used by the energy step, where fp32
-        contraction is accurate enough."""
+        contraction is accurate enough. ``out`` (the result's shape, the set's dtype and
+        device), when given, receives the result: a caller reusing it saves a fresh array's
+        page faults per call."""
         ...
 
     def transform_gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -58,10 +61,11 @@ class KernelSet(Protocol):
         fp64 (kernels/nki_host/gemm_split.py); on torch it is the plain product in ``dtype``."""
         ...
 
-    def syrk(self, a: torch.Tensor, row_unit: int) -> torch.Tensor:
+    def syrk(self, a: torch.Tensor, row_unit: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
         """``a @ a.T`` (n, n) for ``a`` (n, k). Rows of ``a`` come in units of ``row_unit``
         rows; only blocks on and below the diagonal, in those units, are guaranteed, the
-        others are unspecified."""
+        others are unspecified. ``out`` as for :meth:`gemm`."""
         ...
 
     def trsm(self, l: torch.Tensor, b: torch.Tensor,

@@ -132,9 +132,10 @@ class TorchKernels:
         """Backend-specific facts for the run record (none beyond the call counts here)."""
         return {}
 
-    def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def gemm(self, a: torch.Tensor, b: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
         self.accounting.record("gemm", self.executor)
-        return torch.matmul(a, b)
+        return torch.matmul(a, b) if out is None else torch.matmul(a, b, out=out)
 
     def transform_gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         # torch accumulates in the operands' precision: fp64 needs no split, and fp32 torch is
@@ -142,10 +143,12 @@ class TorchKernels:
         self.accounting.record("transform_gemm", self.executor)
         return torch.matmul(a, b)
 
-    def syrk(self, a: torch.Tensor, row_unit: int) -> torch.Tensor:
+    def syrk(self, a: torch.Tensor, row_unit: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
         self.accounting.record("syrk", self.executor)
         n = a.shape[0]
-        out = torch.empty((n, n), dtype=a.dtype, device=a.device)
+        if out is None:
+            out = torch.empty((n, n), dtype=a.dtype, device=a.device)
         stripe = _stripe(row_unit, n)
         for r0 in range(0, n, stripe):
             r1 = min(n, r0 + stripe)

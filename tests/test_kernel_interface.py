@@ -89,6 +89,22 @@ def test_half_transform_builds_g_on_both_kernel_sets(kernel_sets):
         assert kernel_set.accounting.calls[("half_transform", kernel_set.executor)] == 3
 
 
+def test_gemm_and_syrk_write_into_a_given_output(kernel_sets):
+    """The energy step hands every pair the same storage: the result lands in it, equal to
+    the freshly allocated one (syrk: its lower triangle)."""
+    rng = np.random.default_rng(3)
+    a = torch.from_numpy(rng.standard_normal((6, 4)))
+    b = torch.from_numpy(rng.standard_normal((4, 5)))
+    for kernel_set in kernel_sets:
+        storage = torch.full((64,), np.nan, dtype=kernel_set.dtype)
+        product = kernel_set.gemm(a, b, out=storage[:30].view(6, 5))
+        assert product.data_ptr() == storage.data_ptr()
+        assert torch.equal(storage[:30].view(6, 5), kernel_set.gemm(a, b))
+        square = kernel_set.syrk(a, 2, out=storage[:36].view(6, 6))
+        assert square.data_ptr() == storage.data_ptr()
+        assert torch.equal(torch.tril(storage[:36].view(6, 6)), torch.tril(kernel_set.syrk(a, 2)))
+
+
 def test_transform_gemm_is_recorded_under_its_own_name(kernel_sets):
     a = torch.randn(3, 4, dtype=torch.float64)
     b = torch.randn(4, 5, dtype=torch.float64)

@@ -60,10 +60,11 @@ class NkiKernels:
         return torch.from_numpy(np.ascontiguousarray(array)).to(self.device)
 
     # ---- contractions ---------------------------------------------------------------------
-    def gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return self.policy.run(
+    def gemm(self, a: torch.Tensor, b: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        return _into(out, self.policy.run(
             "gemm", lambda: self._tensor(gemm_host.gemm(self.launcher, np32(a), np32(b))),
-            lambda: self._torch.gemm(a.to(torch.float32), b.to(torch.float32)))
+            lambda: self._torch.gemm(a.to(torch.float32), b.to(torch.float32))))
 
     def transform_gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.policy.run(
@@ -88,10 +89,11 @@ class NkiKernels:
         self.policy.run("half_transform", nki_call,
                         lambda: self._torch.half_transform(rows, factor, first_row, out))
 
-    def syrk(self, a: torch.Tensor, row_unit: int) -> torch.Tensor:
-        return self.policy.run(
+    def syrk(self, a: torch.Tensor, row_unit: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+        return _into(out, self.policy.run(
             "syrk", lambda: self._tensor(gemm_host.syrk(self.launcher, np32(a))),
-            lambda: self._torch.syrk(a.to(torch.float32), row_unit))
+            lambda: self._torch.syrk(a.to(torch.float32), row_unit)))
 
     def trsm(self, l: torch.Tensor, b: torch.Tensor,
              out: torch.Tensor | None = None) -> torch.Tensor:
@@ -185,3 +187,9 @@ class NkiKernels:
             out["dma_bytes"] = int(profile.dma_bytes)
             out["matmul_flops"] = int(profile.matmul_flops)
         return out
+
+
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    """``result``, copied into ``out`` when the caller gave one (the kernels return host
+    arrays of their own)."""
+    return result if out is None else out.copy_(result)
