@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import h5py
 import pytest
 
 # Shared assertion helpers of the kernel tests report like asserts written in the tests.
@@ -54,6 +55,17 @@ def pyscf_dfmp2_reference(mf, frozen: int) -> pyscf_dfmp2.DFMP2:
     pt.verbose = 0
     pt.kernel(with_t2=False)
     return pt
+
+
+def stored_orbitals_e_corr(record, molecule: str = "benzene") -> float:
+    """PySCF's DF-MP2 correlation energy (cc-pVDZ, RI basis) on the orbitals the record's SCF
+    stored: the exact answer of a run resumed from them."""
+    mf = scf.RHF(pyscf_molecule(molecule, "cc-pvdz"))
+    with h5py.File(record, "r") as h5:
+        mf.mo_coeff, mf.mo_energy, mf.mo_occ = (h5[f"scf/{name}"][()] for name in
+                                                ("mo_coeff", "mo_energy", "mo_occ"))
+        mf.e_tot, mf.converged = float(h5["scf"].attrs["e_tot"]), True
+    return pyscf_dfmp2_reference(mf, 0).e_corr
 
 
 class CliResult:

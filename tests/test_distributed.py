@@ -10,9 +10,8 @@ import subprocess
 import time
 
 import h5py
-from pyscf import scf
 
-from conftest import molecule_path, pyscf_dfmp2_reference, pyscf_molecule, python_exe
+from conftest import molecule_path, python_exe, stored_orbitals_e_corr
 from dfmp2.errors import InputError
 from dfmp2.records.tree import read_record
 
@@ -41,17 +40,6 @@ def rank_reports(script: str, folder, nranks: int) -> list[dict]:
                          env=environment())
     assert job.returncode == 0, job.stderr
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(nranks)]
-
-
-def stored_orbitals_e_corr(record, molecule: str = "benzene") -> float:
-    """PySCF's DF-MP2 correlation energy (cc-pVDZ, RI basis) on the orbitals the record's SCF
-    stored: the exact answer of a run resumed from them."""
-    mf = scf.RHF(pyscf_molecule(molecule, "cc-pvdz"))
-    with h5py.File(record, "r") as h5:
-        mf.mo_coeff, mf.mo_energy, mf.mo_occ = (h5[f"scf/{name}"][()] for name in
-                                                ("mo_coeff", "mo_energy", "mo_occ"))
-        mf.e_tot, mf.converged = float(h5["scf"].attrs["e_tot"]), True
-    return pyscf_dfmp2_reference(mf, 0).e_corr
 
 
 def environment() -> dict:

@@ -30,8 +30,9 @@ from dfmp2.df.store import ScratchArea
 from dfmp2.mp2.kernel import FitBasis, fit_basis
 from dfmp2.records.tree import read_record
 from dfmp2.system.distributed import init_world, launch_from
+from conftest import stored_orbitals_e_corr
 from test_distributed import (environment, JOB_TIMEOUT_SECONDS, kill_ranks_when, rank_reports,
-                              stored_orbitals_e_corr, torchrun)
+                              torchrun)
 
 # About 40 auxiliary functions per integral block: several blocks in every rank's share.
 SMALL_BLOCK_BYTES = 40 * 8 * (48 * 49 // 2 + 48 * 48 + 48 * 5 + 5 * 30)
