@@ -109,12 +109,12 @@ class World:
 
     def barrier(self, what: str) -> None:
         if self.size > 1:
-            self._wait(what, torch_dist.barrier, async_op=True)
+            self._collective(what, torch_dist.barrier)
 
-    def _wait(self, what: str, collective, *args, **kwargs) -> None:
+    def _collective(self, what: str, collective, *args, **kwargs) -> None:
         """Start ``collective(*args, async_op=True, **kwargs)`` and wait for it."""
         box = []
-        _guard(lambda: box.append(collective(*args, **kwargs)), what)
+        _guard(lambda: box.append(collective(*args, async_op=True, **kwargs)), what)
         _wait(box[0], what, self.timeout_seconds)
 
     def publish(self, stores: list, what: str) -> None:
@@ -141,8 +141,7 @@ class World:
         if self.size == 1:
             return array
         buffer = self._buffer(array)
-        self._wait(what, torch_dist.all_reduce, buffer, op=torch_dist.ReduceOp.SUM,
-                   async_op=True)
+        self._collective(what, torch_dist.all_reduce, buffer, op=torch_dist.ReduceOp.SUM)
         return buffer.cpu().numpy()
 
     def broadcast_array(self, array: np.ndarray, what: str) -> np.ndarray:
@@ -150,7 +149,7 @@ class World:
         if self.size == 1:
             return array
         buffer = self._buffer(array)
-        self._wait(what, torch_dist.broadcast, buffer, src=0, async_op=True)
+        self._collective(what, torch_dist.broadcast, buffer, src=0)
         return buffer.cpu().numpy()
 
     def exchange(self, outgoing: list[np.ndarray], incoming_sizes: list[int],
