@@ -25,6 +25,7 @@ from dfmp2.cli import calculate, frequencies, manage, properties  # noqa: F401
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import NKI_PLATFORM_ENV
 from dfmp2.errors import Dfmp2Error, Interrupted
+from dfmp2.system import interrupts
 
 __all__ = ["main", "cli"]
 
@@ -32,9 +33,9 @@ EXIT_SIGINT = 128 + signal.SIGINT
 
 
 def _raise_interrupted(signum: int, frame) -> None:
-    raise Interrupted(f"terminated by signal {signal.Signals(signum).name}; what was finished "
-                      "is in the record, and rerunning the same command resumes it",
-                      128 + signum)
+    raise interrupts.request(Interrupted(
+        f"terminated by signal {signal.Signals(signum).name}; what was finished is in the "
+        "record, and rerunning the same command resumes it", 128 + signum))
 
 
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         sys.stdout.reconfigure(errors="backslashreplace")
     os.environ.setdefault(NKI_PLATFORM_ENV, "trn1")
     handled = (signal.SIGTERM, signal.SIGINT)
+    interrupts.clear()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, _raise_interrupted) for s in handled} if in_main_thread else {}
     try:

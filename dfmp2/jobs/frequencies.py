@@ -27,6 +27,7 @@ import numpy as np
 
 from dfmp2.df.store import ScratchArea
 from dfmp2.errors import Dfmp2Error, InputError
+from dfmp2.system import interrupts
 from dfmp2.grad import kernel as gradient
 from dfmp2.input.calculation import Calculation
 from dfmp2.input.settings import RunSettings
@@ -255,6 +256,7 @@ def _compute(job: Job, world: World, options: FrequencyOptions, points: dict[int
                 write_reference(root, done.reference)
         write_points(root, expected, list(points.values()))
         write_record(job.path, root)
+        interrupts.raise_if_requested()
 
     show = job.settings.show_progress if world.is_root else False
     progress = Progress(len(pending), "displaced gradients", show)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dfmp2.errors import InputError
+from dfmp2.system import interrupts
 from dfmp2.mp2.pairs import PairKey
 from dfmp2.mp2.plan import BlockPlan
 from dfmp2.records.job_sections import read_steps
@@ -152,7 +153,10 @@ class RecordSaver:
         self.checkpoint = Checkpoint(None, {})
 
     def save(self) -> None:
+        """Write the record; then stop if a signal asked to (its exception may have been
+        swallowed where it landed, see :mod:`dfmp2.system.interrupts`)."""
         write_record(self.path, self.root)
+        interrupts.raise_if_requested()
 
     def start_pairs(self, occ_block: int, finished: dict[PairKey, tuple[float, float]]) -> None:
         """The checkpoint of the energy step; saved at once only when it carries pairs of an
