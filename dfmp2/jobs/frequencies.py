@@ -27,7 +27,6 @@ import numpy as np
 
 from dfmp2.df.store import ScratchArea
 from dfmp2.errors import Dfmp2Error, InputError
-from dfmp2.system import interrupts
 from dfmp2.grad import kernel as gradient
 from dfmp2.input.calculation import Calculation
 from dfmp2.input.settings import RunSettings
@@ -36,7 +35,7 @@ from dfmp2.jobs.optimize import SAME_GEOMETRY_BOHR
 from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded
 from dfmp2.mp2.methods import method_scales
-from dfmp2.records.checkpoint import RESUME, REUSE, examine_previous
+from dfmp2.records.checkpoint import RESUME, REUSE, examine_previous, save_checkpoint
 from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesSection, Point,
                                                copy_reference, has_reference, read_points,
                                                write_frequencies, write_points,
@@ -255,8 +254,7 @@ def _compute(job: Job, world: World, options: FrequencyOptions, points: dict[int
             if done.reference is not None:
                 write_reference(root, done.reference)
         write_points(root, expected, list(points.values()))
-        write_record(job.path, root)
-        interrupts.raise_if_requested()
+        save_checkpoint(job.path, root)
 
     show = job.settings.show_progress if world.is_root else False
     progress = Progress(len(pending), "displaced gradients", show)

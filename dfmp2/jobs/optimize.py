@@ -26,9 +26,8 @@ from dfmp2.jobs.stages import differentiate
 from dfmp2.df.store import ScratchArea
 from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
-from dfmp2.records.checkpoint import RESUME, examine_previous
+from dfmp2.records.checkpoint import RESUME, examine_previous, save_checkpoint
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.system import interrupts
 from dfmp2.records.tree import COMPLETE, OPTIMIZE_SCHEMA, Node, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
@@ -233,8 +232,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
 
         def save(steps: Steps) -> None:
             write_steps(root, steps)
-            write_record(path, root)
-            interrupts.raise_if_requested()
+            save_checkpoint(path, root)
 
         log_steps = StepLog(recorded or Steps.empty(start.natoms), save)
         evaluate = evaluator or AnalyticEvaluator(

@@ -144,6 +144,13 @@ def stored_occ_block(previous: Node | None) -> int | None:
     return None if stored is None else stored.occ_block
 
 
+def save_checkpoint(path: Path, root: Node) -> None:
+    """Write the record of a run under way; then stop if a signal asked to (its exception
+    may have been swallowed where it landed, see :mod:`dfmp2.system.interrupts`)."""
+    write_record(path, root)
+    interrupts.raise_if_requested()
+
+
 class RecordSaver:
     """Rewrites the run record as the run progresses."""
 
@@ -153,10 +160,7 @@ class RecordSaver:
         self.checkpoint = Checkpoint(None, {})
 
     def save(self) -> None:
-        """Write the record; then stop if a signal asked to (its exception may have been
-        swallowed where it landed, see :mod:`dfmp2.system.interrupts`)."""
-        write_record(self.path, self.root)
-        interrupts.raise_if_requested()
+        save_checkpoint(self.path, self.root)
 
     def start_pairs(self, occ_block: int, finished: dict[PairKey, tuple[float, float]]) -> None:
         """The checkpoint of the energy step; saved at once only when it carries pairs of an

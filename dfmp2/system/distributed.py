@@ -113,9 +113,7 @@ class World:
 
     def _collective(self, what: str, collective, *args, **kwargs) -> None:
         """Start ``collective(*args, async_op=True, **kwargs)`` and wait for it."""
-        box = []
-        _guard(lambda: box.append(collective(*args, async_op=True, **kwargs)), what)
-        _wait(box[0], what, self.timeout_seconds)
+        _wait(_started(what, collective, *args, **kwargs), what, self.timeout_seconds)
 
     def publish(self, stores: list, what: str) -> None:
         """Make this rank's writes to shared scratch files visible to every rank, then wait
@@ -171,11 +169,10 @@ class World:
         receive = torch.empty(sum(incoming_sizes), dtype=torch.float64)
         if self.backend == "nccl":
             send, receive = send.cuda(), receive.cuda()
-        box = []
-        _guard(lambda: box.append(torch_dist.all_to_all_single(
-            receive, send, output_split_sizes=list(incoming_sizes),
-            input_split_sizes=[int(part.size) for part in outgoing], async_op=True)), what)
-        return PendingExchange(box[0], receive, list(incoming_sizes), what, send,
+        work = _started(what, torch_dist.all_to_all_single, receive, send,
+                        output_split_sizes=list(incoming_sizes),
+                        input_split_sizes=[int(part.size) for part in outgoing])
+        return PendingExchange(work, receive, list(incoming_sizes), what, send,
                                self.timeout_seconds)
 
     def _buffer(self, array: np.ndarray) -> torch.Tensor:
@@ -227,6 +224,13 @@ class PendingExchange:
                     else self.receive)
         bounds = np.cumsum([0, *self.incoming_sizes])
         return [received[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
+def _started(what: str, collective, *args, **kwargs):
+    """The work handle of ``collective(*args, async_op=True, **kwargs)``."""
+    box = []
+    _guard(lambda: box.append(collective(*args, async_op=True, **kwargs)), what)
+    return box[0]
 
 
 def _wait(work, what: str, timeout_seconds: float) -> None:
