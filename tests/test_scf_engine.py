@@ -9,13 +9,13 @@ import json
 import h5py
 import numpy as np
 import pytest
-from pyscf import df, dft, scf
+from pyscf import df, dft, gto, scf
 
 import kernels
 from conftest import molecule_path, pyscf_molecule
 from dfmp2.df.auxbasis import AuxBasis
 from dfmp2.df.store import ScratchArea
-from dfmp2.scf import jk
+from dfmp2.scf import jk, jk_tensor
 from dfmp2.scf.jk import JkEngine, factorize
 from dfmp2.scf.jk_tensor_build import build_jk_tensor
 from dfmp2.scf.engine import KernelDF, ScfKernels, use_kernel_engine
@@ -174,3 +174,33 @@ def test_nki_scf_runs_its_fp32_phase_on_nki(run_cli, tmp_path, monkeypatch):
         assert executors[0] == "nki-interpreter" and executors[-1] == "torch-cpu"
         assert engine["calls.syrk.nki-interpreter"] >= 1
         assert engine["calls.half_transform.nki-interpreter"] >= 1
+
+
+def test_screened_pairs_are_negligible_and_leave_the_energy(monkeypatch):
+    """Pairs whose fitted row is bounded below FIT_SCREEN are zero in the tensor and never
+    fitted (issue 21): PySCF's fitted row of each is below the bound, every other row is
+    PySCF's, and E(SCF) moves by far less than the 1e-10 Eh the issue allows."""
+    mol = gto.M(atom="O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59; O 9 0 0; H 9 0.76 0.59; "
+                     "H 9 -0.76 0.59", basis="cc-pvdz", verbose=0)
+    spec = df.make_auxbasis(mol)
+    auxmol = df.addons.make_auxmol(mol, spec)
+    tensor = build_jk_tensor(mol, auxmol, kernels.load("torch", "fp64"), 2**28, None)
+    ours = tensor.layout.gather_packed(tensor.store.read_rows(0, tensor.layout.nrows).numpy())
+    diagonal = np.cumsum(np.arange(1, mol.nao + 1)) - 1
+    ours[diagonal] *= 2
+    reference = df.incore.cholesky_eri(mol, auxmol=auxmol).T
+    screened = ~ours.any(axis=1)
+    assert screened.sum() == tensor.screened_pairs > 0.3 * len(ours)
+    assert np.linalg.norm(reference[screened], axis=1).max() < jk_tensor.FIT_SCREEN
+    assert np.abs(ours[~screened] - reference[~screened]).max() < 1e-12
+    energies = []
+    for threshold in (jk_tensor.FIT_SCREEN, 0.0):
+        monkeypatch.setattr(jk_tensor, "FIT_SCREEN", threshold)
+        mf = scf.RHF(mol).density_fit(auxbasis=spec)
+        mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+        fp64 = kernels.load("torch", "fp64")
+        engine_df = use_kernel_engine(mf, AuxBasis(spec, "jk", "default"),
+                                      ScfKernels(fp64, fp64), 2**28, None)
+        energies.append(mf.kernel())
+        assert engine_df.engine.tensor.screened_pairs == (screened.sum() if threshold else 0)
+    assert abs(energies[0] - energies[1]) < 1e-11

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.linalg
@@ -31,6 +32,17 @@ class FitMetric:
     naux: int
     naux_fit: int
     condition: float
+
+    @cached_property
+    def fit_gain(self) -> float:
+        """An upper bound on |B row| / |Y row|, the norm of the fit's operator: the Frobenius
+        norm of L^-1 (one triangular inverse, naux^3 / 3 flops, about 1% of the fit of
+        (H2O)16's tensor) or the largest column norm of U e^-1/2, e_min^-1/2, exactly."""
+        if self.kind == "cholesky":
+            # A Cholesky factor's diagonal is positive, so dtrtri cannot fail on it.
+            inverse, _ = scipy.linalg.lapack.dtrtri(self.factor.numpy(), lower=1)
+            return float(np.linalg.norm(np.tril(inverse)))
+        return float(torch.linalg.vector_norm(self.factor, dim=0).max())
 
 
 def build_metric(auxmol: gto.Mole, lindep: float = MP2_LINDEP_THRESHOLD) -> FitMetric:

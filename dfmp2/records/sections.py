@@ -226,8 +226,9 @@ def read_scf(node: Node) -> tuple[ScfSection, StoredOrbitals | None] | None:
 
 @dataclass(frozen=True)
 class ScfEngineSection(Section):
-    """``/scf_engine``: our J/K engine's tensor and every build (seconds, precision and
-    executor, in order); the call counts of its kernels go beside them."""
+    """``/scf_engine``: our J/K engine's tensor (with the AO pairs screened from its fit)
+    and every build (seconds, precision and executor, in order); the call counts of its
+    kernels go beside them."""
 
     group_name: ClassVar[str] = "scf_engine"
     engine: str
@@ -241,6 +242,7 @@ class ScfEngineSection(Section):
     out_of_core: bool
     tensor_seconds: float
     mixed_precision: bool
+    screened_pairs: int = 0
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,7 @@ def scf_engine_section(engine_df: KernelDF) -> ScfEngineSection:
         [b.precision for b in builds], [b.executor for b in builds],
         [b.factor_columns for b in builds], engine_df.engine.tensor.naux,
         engine_df.engine.tensor.nbytes, engine_df.out_of_core, sum(engine_df.timings.values()),
-        engine_df.kernels.mixed)
+        engine_df.kernels.mixed, engine_df.engine.tensor.screened_pairs)
 
 
 def use_kernel_engine(mf, aux: AuxBasis, kernels: ScfKernels, budget: int,

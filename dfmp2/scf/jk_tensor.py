@@ -14,7 +14,9 @@ when the metric is not positive definite, its eigenvectors above 1e-7.
 
 The tensor is computed in units of a few AO rows (:class:`RowUnit`): the three-index
 integrals of the unit's pairs nu <= mu only (PySCF's packed triangle of those rows), fitted at
-once, then placed in the layout. The zero-padded pairs are never computed or fitted. The
+once, then placed in the layout. The zero-padded pairs are never computed or fitted, nor are
+the screened ones: pairs whose fitted row is bounded below ``FIT_SCREEN`` (the norm of their
+integrals times a bound on the fit's norm, so no row above it is ever dropped); they are zero. The
 builder (:mod:`dfmp2.scf.jk_tensor_build`) deals the units to one process or to several ranks,
 each rank then keeping only its slice of the fit functions, which is all its share of every
 J/K build needs.
@@ -35,6 +37,13 @@ from dfmp2.errors import RunFailure
 from dfmp2.system.memory import FP64_BYTES
 
 ROW_BLOCK = 64
+# A fitted pair whose row norm is bounded below this is zero in the tensor and never fitted.
+# The bound (the integrals' row norm times the fit's norm) skips 26% of the fit of (H2O)16 /
+# cc-pVDZ; E(SCF) moved by 2e-12 Eh or less in every case measured (docs/performance.md),
+# where issue 21 allows 1e-10.
+FIT_SCREEN = 1e-12
+# Below this share of screened pairs a unit is fitted whole and its screened rows zeroed after.
+GATHER_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,11 @@ class PairLayout:
         return blocks
 
     @property
+    def npacked(self) -> int:
+        """The pairs nu <= mu, PySCF's packed triangle."""
+        return self.nao * (self.nao + 1) // 2
+
+    @property
     def nrows(self) -> int:
         last = self.blocks[-1]
         return last.offset + last.rows
@@ -76,7 +90,7 @@ class PairLayout:
 
     def gather_packed(self, rows: np.ndarray) -> np.ndarray:
         """Rows of this layout (nrows, n) -> PySCF's packed lower triangle (npair, n)."""
-        packed = np.empty((self.nao * (self.nao + 1) // 2, rows.shape[1]), dtype=rows.dtype)
+        packed = np.empty((self.npacked, rows.shape[1]), dtype=rows.dtype)
         for block in self.blocks:
             for mu in range(block.m0, block.m1):
                 start = block.offset + (mu - block.m0) * block.m1
@@ -94,6 +108,7 @@ class JkTensor:
     store: object
     metric: FitMetric
     columns: range | None = None
+    screened_pairs: int = 0
 
     @property
     def naux(self) -> int:
@@ -185,16 +200,33 @@ def unit_integrals(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit) -> np.ndarray
 
 
 def fitted_unit(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit, metric: FitMetric,
-                kernel_set) -> torch.Tensor:
+                kernel_set) -> tuple[torch.Tensor, int]:
     """The unit's packed rows of B (packed, naux_fit), the diagonal pairs halved (so that
-    B_P = X_P + X_P^T)."""
+    B_P = X_P + X_P^T), and how many of its pairs were screened: a pair whose fitted row
+    is bounded below ``FIT_SCREEN`` (its integrals' norm times the fit's gain) is zero.
+    Only when they are many are the others gathered and fitted alone: copying rows costs
+    more than fitting a few more."""
     values = torch.from_numpy(np.ascontiguousarray(unit_integrals(mol, auxmol, unit)))
-    if metric.kind == "cholesky":
-        kernel_set.trsm(metric.factor, values.T, out=values.T)
+    kept = torch.linalg.vector_norm(values, dim=1) * metric.fit_gain >= FIT_SCREEN
+    screened = int(values.shape[0] - kept.sum())
+    if screened < GATHER_SHARE * values.shape[0]:
+        values = _fitted(values, metric, kernel_set)
     else:
-        values = kernel_set.gemm(values, metric.factor)
+        significant = _fitted(values[kept], metric, kernel_set)
+        if significant.shape[1] != values.shape[1]:
+            values = torch.empty((values.shape[0], metric.naux_fit), dtype=torch.float64)
+        values[kept] = significant
+    values[~kept] = 0.0
     if not math.isfinite(float(values.sum())):
         raise RunFailure(f"non-finite values in the SCF's JK-fit tensor (AO rows "
                          f"{unit.mu0}:{unit.mu1})")
     values[unit.diagonal()] *= 0.5
-    return values
+    return values, screened
+
+
+def _fitted(values: torch.Tensor, metric: FitMetric, kernel_set) -> torch.Tensor:
+    """B = Y L^-T in place, or Y U e^-1/2 (a new array, naux_fit wide)."""
+    if metric.kind == "cholesky":
+        kernel_set.trsm(metric.factor, values.T, out=values.T)
+        return values
+    return kernel_set.gemm(values, metric.factor)

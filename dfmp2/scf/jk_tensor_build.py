@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 from pyscf import gto
 
@@ -88,14 +89,17 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
     dealt = (deal_pairs(units, lambda unit: unit.packed, world.size) if world.size > 1
              else [units])
     computing = exchanging = 0.0
+    screened = 0
     in_flight = None
     try:
         for round_ in range(max(len(mine) for mine in dealt)):
             t1 = clock()
             current = [mine[round_] if round_ < len(mine) else None for mine in dealt]
             unit = current[world.rank]
-            fitted = (fitted_unit(mol, auxmol, unit, metric, kernel_set) if unit is not None
-                      else torch.zeros((0, naux), dtype=torch.float64))
+            fitted, unit_screened = (
+                fitted_unit(mol, auxmol, unit, metric, kernel_set) if unit is not None
+                else (torch.zeros((0, naux), dtype=torch.float64), 0))
+            screened += unit_screened
             t2 = clock()
             # This round travels while the last one is placed and the next one computed.
             started = (current, _start_exchange(fitted, current, shares, world))
@@ -111,10 +115,12 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
         local.close()
         raise
     timings.update({"jk_integrals_and_fit": computing, "jk_placing_and_exchange": exchanging})
-    log.info("JK tensor: %d AO pairs x %d fit functions (%s), %.2f GB %s", layout.nrows,
-             naux, metric.kind, FP64_BYTES * layout.nrows * len(columns) / 1e9,
-             _where(local, world, columns))
-    return JkTensor(layout, local, metric, columns if world.size > 1 else None)
+    screened = int(world.allreduce_sum(np.array([screened], dtype=np.float64),
+                                       "counting the JK-fit tensor's screened pairs")[0])
+    log.info("JK tensor: %d AO pairs x %d fit functions (%s; %d of %d pairs screened), "
+             "%.2f GB %s", layout.nrows, naux, metric.kind, screened, layout.npacked,
+             FP64_BYTES * layout.nrows * len(columns) / 1e9, _where(local, world, columns))
+    return JkTensor(layout, local, metric, columns if world.size > 1 else None, screened)
 
 
 def _start_exchange(fitted: torch.Tensor, current: list[RowUnit | None], shares: list[range],
