@@ -12,6 +12,7 @@ pytest.register_assert_rewrite("interpreter_rule_helpers", "nki_helpers")
 import torch
 from pyscf import df, gto, lib, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
+from pyscf.mp import dfump2 as pyscf_dfump2
 
 REPO = Path(__file__).resolve().parent.parent
 MOLECULES = REPO / "molecules"
@@ -48,19 +49,22 @@ def pyscf_df_rhf(mol: gto.Mole) -> scf.hf.SCF:
     return mf
 
 
-def pyscf_dfmp2_reference(mf, frozen: int) -> pyscf_dfmp2.DFMP2:
-    """PySCF DFMP2 with the RI auxiliary basis set explicitly (never the SCF's JK-fit basis)."""
-    pt = pyscf_dfmp2.DFMP2(mf, frozen=frozen or None)
+def pyscf_dfmp2_reference(mf, frozen: int):
+    """PySCF DFMP2 (DFUMP2 for an open shell) with the RI auxiliary basis set explicitly
+    (never the SCF's JK-fit basis)."""
+    method = pyscf_dfump2.DFUMP2 if mf.mol.spin else pyscf_dfmp2.DFMP2
+    pt = method(mf, frozen=frozen or None)
     pt.with_df = df.DF(mf.mol, auxbasis=df.make_auxbasis(mf.mol, mp2fit=True))
     pt.verbose = 0
     pt.kernel(with_t2=False)
     return pt
 
 
-def stored_orbitals_e_corr(record, molecule: str = "benzene") -> float:
+def stored_orbitals_e_corr(record, molecule: str = "benzene", spin: int = 0) -> float:
     """PySCF's DF-MP2 correlation energy (cc-pVDZ, RI basis) on the orbitals the record's SCF
-    stored: the exact answer of a run resumed from them."""
-    mf = scf.RHF(pyscf_molecule(molecule, "cc-pvdz"))
+    stored: the exact answer of a run resumed from them, or of one whose SCF stored them."""
+    mol = pyscf_molecule(molecule, "cc-pvdz", spin=spin)
+    mf = scf.UHF(mol) if spin else scf.RHF(mol)
     with h5py.File(record, "r") as h5:
         mf.mo_coeff, mf.mo_energy, mf.mo_occ = (h5[f"scf/{name}"][()] for name in
                                                 ("mo_coeff", "mo_energy", "mo_occ"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from pyscf import df
 
 import kernels
 from conftest import molecule_path, pyscf_df_rhf, pyscf_molecule
@@ -12,6 +13,8 @@ from dfmp2.jobs.run import run
 from dfmp2.input.settings import RunSettings
 from dfmp2.mp2 import kernel as mp2
 from dfmp2.df.auxbasis import ri_basis
+from dfmp2.scf import jk_tensor
+from dfmp2.scf.jk_tensor_build import build_jk_tensor
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +57,24 @@ def test_inf_from_trsm_names_the_orbitals(water_scf, monkeypatch):
     monkeypatch.setattr(kern, "trsm", poisoned)
     with pytest.raises(RunFailure, match="non-finite values in the fitted tensor B"):
         _kernel(water_scf, kern)
+
+
+def test_nan_in_a_jk_integral_row_is_reported_not_screened(monkeypatch):
+    """A row holding a NaN has no norm below the screening threshold: it is fitted and the
+    tensor's build stops on it, instead of storing it as a screened zero."""
+    mol = pyscf_molecule("water", "cc-pvdz")
+    auxmol = df.addons.make_auxmol(mol, df.make_auxbasis(mol))
+    real = jk_tensor.unit_integrals
+
+    def poisoned(mol, auxmol, unit):
+        values = np.array(real(mol, auxmol, unit))
+        values[-1, :] = 0.0
+        values[-1, 0] = float("nan")
+        return values
+
+    monkeypatch.setattr(jk_tensor, "unit_integrals", poisoned)
+    with pytest.raises(RunFailure, match="non-finite values in the SCF's JK-fit tensor"):
+        build_jk_tensor(mol, auxmol, kernels.load("torch", "fp64"), 10**9, None)
 
 
 def test_non_aufbau_occupation_is_refused(water_scf):

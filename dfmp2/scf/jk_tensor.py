@@ -207,7 +207,8 @@ def fitted_unit(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit, metric: FitMetri
     Only when they are many are the others gathered and fitted alone: copying rows costs
     more than fitting a few more."""
     values = torch.from_numpy(np.ascontiguousarray(unit_integrals(mol, auxmol, unit)))
-    kept = torch.linalg.vector_norm(values, dim=1) * metric.fit_gain >= FIT_SCREEN
+    # Written as "not below", so that a row holding a NaN is kept, fitted and reported.
+    kept = ~(torch.linalg.vector_norm(values, dim=1) * metric.fit_gain < FIT_SCREEN)
     screened = int(values.shape[0] - kept.sum())
     if screened < GATHER_SHARE * values.shape[0]:
         values = _fitted(values, metric, kernel_set)
