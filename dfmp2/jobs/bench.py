@@ -157,12 +157,13 @@ def summarize(runs: list[dict]) -> dict:
 
 
 def targets(precision: str) -> dict[str, tuple[str, float]]:
-    """The speed and accuracy targets, as (comparison, bound)."""
+    """The speed and accuracy targets, as (comparison, bound): those of issue 21 ("the SCF at a
+    third of PySCF's time"), whose whole-run bound is 0.40 first and 0.35 after."""
     accuracy = ({"abs_delta_e_scf": ("<=", 1e-10), "abs_delta_e_corr": ("<=", 1e-8)}
                 if precision == "fp64" else
                 {"abs_delta_e_scf": ("<=", 1e-8), "abs_delta_e_corr": ("<=", 1e-6)})
-    return {"ratio_scf": ("<=", 0.35), "ratio_whole": ("<=", 0.35),
-            "k_build_fraction_of_gemm": (">=", 0.7), "ratio_peak_rss": ("<=", 1.0),
+    return {"ratio_scf": ("<=", 0.35), "ratio_whole": ("<=", 0.40),
+            "k_build_fraction_of_gemm": (">=", 0.75), "ratio_peak_rss": ("<=", 1.0),
             **accuracy}
 
 
