@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import h5py
 import pytest
 
 from conftest import molecule_path
@@ -185,7 +186,7 @@ def test_verbosity_is_accepted_on_every_subcommand(run_cli, tmp_path, caplog):
 @pytest.mark.parametrize("variable,value,fragment", [
     ("DFMP2_DIST_TIMEOUT", "30s", "DFMP2_DIST_TIMEOUT='30s' is not a whole number"),
     ("DFMP2_DIST_TIMEOUT", "0", "must be at least 1"),
-    ("SLURM_NTASKS", "two", "SLURM_NTASKS='two'"),
+    ("SLURM_STEP_NUM_TASKS", "two", "SLURM_STEP_NUM_TASKS='two'"),
 ])
 def test_junk_in_the_environment_is_one_error_line(variable, value, fragment, run_cli,
                                                    tmp_path, monkeypatch):
@@ -194,6 +195,38 @@ def test_junk_in_the_environment_is_one_error_line(variable, value, fragment, ru
     _assert_one_line_error(result, fragment)
     assert fragment in result.err
     assert not (tmp_path / "w.h5").exists()
+
+
+def test_rank_variables_without_a_launcher_are_one_error_line(run_cli, tmp_path,
+                                                               monkeypatch):
+    """RANK and WORLD_SIZE left in the environment with no MASTER_ADDR: no launcher started
+    the other ranks, so there is nobody to wait for (rank 1 used to retry rank 0's address,
+    printing C++ stack traces, until the timeout: 300 s by default, 5 s here)."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("DFMP2_DIST_TIMEOUT", "5")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    result = run_cli("run", molecule_path("water"), "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, "MASTER_ADDR is not")
+    assert result.code == 2 and "torchrun" in result.err
+    assert not (tmp_path / "w.h5").exists()
+
+
+def test_a_slurm_batch_scripts_own_shell_runs_one_process(run_cli, tmp_path, monkeypatch):
+    """`dfmp2 run` called in an sbatch script without srun sees the job's SLURM_NTASKS and
+    SLURM_PROCID=0 but no step of several tasks: it is one process (it used to wait for
+    three ranks that never came; the short timeout makes the old behaviour fail fast)."""
+    for name, value in (("SLURM_JOB_ID", "4242"), ("SLURM_NTASKS", "4"),
+                        ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0"),
+                        ("DFMP2_DIST_TIMEOUT", "5")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--json",
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    with h5py.File(tmp_path / "w.h5", "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert "distributed" not in h5 or h5["distributed"].attrs["world_size"] == 1
 
 
 def test_memory_beyond_64_bits_is_one_error_line(run_cli, tmp_path):

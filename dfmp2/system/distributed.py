@@ -52,15 +52,24 @@ class Launch:
 
 def launch_from(environ: Mapping[str, str]) -> Launch:
     """The launch described by ``environ``: torchrun's variables, else a multi-task Slurm step
-    (``srun``), else a single process. ``DFMP2_DIST_TIMEOUT`` bounds every collective."""
+    (``srun``), else a single process. ``DFMP2_DIST_TIMEOUT`` bounds every collective.
+
+    A Slurm step's size is SLURM_STEP_NUM_TASKS, which srun sets for the tasks it starts. A
+    batch script's own shell has SLURM_PROCID=0 and the job's SLURM_NTASKS but no step of
+    several tasks: a command run there directly is one process, not rank 0 of a job whose
+    other ranks would never come (it used to wait for them until the timeout)."""
     timeout = environment_integer(environ, "DFMP2_DIST_TIMEOUT", DEFAULT_TIMEOUT_SECONDS,
                                   minimum=1)
     if "RANK" in environ and "WORLD_SIZE" in environ:
         size = environment_integer(environ, "WORLD_SIZE", 1, minimum=1)
-        return Launch(_rank(environ, "RANK", size), size,
-                      environ.get("MASTER_ADDR", "127.0.0.1"),
+        rank = _rank(environ, "RANK", size)
+        if size > 1 and "MASTER_ADDR" not in environ:
+            raise InputError(f"RANK={rank} and WORLD_SIZE={size} are set but MASTER_ADDR is "
+                             "not: start the ranks with torchrun (which sets all three) or "
+                             "unset RANK and WORLD_SIZE to run one process")
+        return Launch(rank, size, environ.get("MASTER_ADDR", "127.0.0.1"),
                       environ.get("MASTER_PORT", DEFAULT_MASTER_PORT), timeout)
-    tasks = environment_integer(environ, "SLURM_NTASKS", 1, minimum=1)
+    tasks = environment_integer(environ, "SLURM_STEP_NUM_TASKS", 1, minimum=1)
     if "SLURM_PROCID" in environ and tasks > 1:
         return Launch(_rank(environ, "SLURM_PROCID", tasks), tasks,
                       environ.get("MASTER_ADDR",
