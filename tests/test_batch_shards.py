@@ -127,6 +127,23 @@ def test_an_array_job_runs_every_molecule_once(form, hydrogens, tmp_path, run_cl
     assert all(status(read_record(out / f"{p.stem}-sto-3g.h5")) == "complete" for p in hydrogens)
 
 
+def test_a_batch_in_a_slurm_scripts_own_shell_runs_every_molecule(hydrogens, tmp_path, run_cli,
+                                                                   monkeypatch, no_slurm_array):
+    """`dfmp2 batch` called in an sbatch script of 4 tasks without srun: one process with
+    every molecule (it was taken for rank 0 of 4 and ran only the first of every four)."""
+    for name, value in (("SLURM_JOB_ID", "4242"), ("SLURM_NTASKS", "4"),
+                        ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
+    out = tmp_path / "out"
+    result = run_batch(run_cli, hydrogens, out, "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    assert sorted(row["index"] for row in rows) == list(range(len(hydrogens)))
+    assert [row["status"] for row in rows] == ["complete"] * len(hydrogens)
+    assert (out / "summary.csv").exists() and not list(out.glob("summary-shard-*"))
+
+
 def test_an_irregular_array_runs_nothing(hydrogens, tmp_path, run_cli, monkeypatch,
                                          no_slurm_array):
     for name, value in slurm_environment([3, 7, 9], 7, 1).items():
