@@ -229,6 +229,20 @@ def test_a_slurm_batch_scripts_own_shell_runs_one_process(run_cli, tmp_path, mon
         assert "distributed" not in h5 or h5["distributed"].attrs["world_size"] == 1
 
 
+def test_more_threads_than_cores_run_on_the_cores_with_a_warning(run_cli, tmp_path, caplog):
+    """--threads 100000 made OpenMP fail to allocate its pool ('libgomp: Out of memory'),
+    ending the process with status 1 and no record."""
+    import os
+    cores = len(os.sched_getaffinity(0))
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--threads", "100000",
+                     "--json", "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    assert f"more than the {cores} cores" in caplog.text
+    with h5py.File(tmp_path / "w.h5", "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert json.loads(result.out)["e_corr"] < 0
+
+
 def test_memory_beyond_64_bits_is_one_error_line(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--memory", "1000000000000000000000GB",
                      "-o", tmp_path / "w.h5")

@@ -8,6 +8,7 @@ its inputs as the record will hold them.
 """
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import tempfile
@@ -36,6 +37,8 @@ from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
 from dfmp2.system.files import FILE, check_name_length, existing_kind, link_refusal
 from dfmp2.system.memory import memory_budget
+
+log = logging.getLogger(__name__)
 
 
 def check_output_path(path: Path, resume: bool = False) -> None:
@@ -69,10 +72,17 @@ def check_output_path(path: Path, resume: bool = False) -> None:
 
 
 def apply_threads(threads: int | None) -> int:
-    """Use ``threads`` (default: every core available to us) in torch and PySCF alike."""
-    count = threads if threads else len(os.sched_getaffinity(0))
+    """Use ``threads`` (default: every core available to us) in torch and PySCF alike, at
+    most one per core: more only wait for each other, and a count such as 100000 made
+    OpenMP fail to allocate its pool and end the process."""
+    cores = len(os.sched_getaffinity(0))
+    count = threads if threads else cores
     if count < 1:
         raise InputError("--threads must be at least 1")
+    if count > cores:
+        log.warning("--threads %d is more than the %d cores this process may use; using %d",
+                    count, cores, cores)
+        count = cores
     torch.set_num_threads(count)
     pyscf.lib.num_threads(count)
     return count
