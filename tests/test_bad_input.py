@@ -18,6 +18,7 @@ XYZ_CASES = {
     "nan": ("2\n\nH 0 0 0\nH 0 0 nan\n", "not finite"),
     "inf": ("2\n\nH 0 0 0\nH 0 inf 0\n", "not finite"),
     "too_close": ("2\n\nH 0 0 0\nH 0 0 0.05\n", "Angstrom apart"),
+    "same_place": ("3\n\nO 0 0 0\nH 0 0 1\nH 0 0 1\n", "atoms 2 (H) and 3 (H) are 0.000"),
     "no_electrons": ("1\ncharge=1\nH 0 0 0\n", "leaves 0 electrons"),
     "radical_without_spin": ("2\n\nO 0 0 0\nH 0 0 0.97\n", "need --spin"),
     "spin_parity": ("2\nmultiplicity=2\nH 0 0 0\nH 0 0 0.74\n", "parity"),

@@ -230,7 +230,9 @@ def _check_distances(symbols: list[str], coords: np.ndarray, source: str) -> Non
         return
     distances, neighbours = cKDTree(coords).query(coords, k=2)
     i = int(np.argmin(distances[:, 1]))
-    j = int(neighbours[i, 1])
+    # Two atoms at the same place are both at distance 0 from atom i, which may then be
+    # listed as its own second neighbour.
+    j = int(neighbours[i, 1] if neighbours[i, 1] != i else neighbours[i, 0])
     if distances[i, 1] < MIN_DISTANCE_ANGSTROM:
         a, b = sorted((i, j))
         raise InputError(f"{source}: atoms {a + 1} ({symbols[a]}) and {b + 1} ({symbols[b]}) are "
