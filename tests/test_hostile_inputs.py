@@ -247,3 +247,23 @@ def test_unstable_uhf_gradient_is_converged_and_flagged(corpus, run_cli, caplog)
         assert gradient.attrs["response_residual"] <= 1e-9
         assert record["scf"].attrs["stability"] == "unstable"
         assert abs(np.asarray(gradient["gradient"]).sum(axis=0)).max() < 1e-6
+
+
+def test_a_batch_of_a_file_name_that_is_not_utf8_writes_its_summaries(tmp_path, run_cli,
+                                                                        monkeypatch):
+    """A molecule named by bytes that are not UTF-8: the batch ran it, then failed writing
+    its CSV summary with a UnicodeEncodeError traceback. The CSV and the table show the byte
+    as \\xff; the JSON keeps the exact name."""
+    for name in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    name = os.fsdecode(b"x\xffy.xyz")
+    shutil.copy(HOSTILE.parent.parent / "molecules" / "water.xyz", tmp_path / name)
+    out = tmp_path / "out"
+    result = run_cli("batch", str(tmp_path / name), "--basis", "sto-3g", "--backend", "torch",
+                     "--out", str(out))
+    assert result.code == 0, result.err
+    assert "x\\xffy.xyz" in result.out
+    assert "x\\xffy.xyz" in (out / "summary.csv").read_text(encoding="utf-8")
+    rows = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert os.fsencode(rows[0]["molecule"]).endswith(b"x\xffy.xyz")
+    assert rows[0]["status"] == "complete"

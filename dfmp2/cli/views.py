@@ -63,7 +63,7 @@ def print_record(root: Node, show_all: bool) -> None:
 def print_batch(rows: list[dict], csv_path: Path, json_path: Path, as_json: bool) -> None:
     """A batch's summary rows, and where their CSV and JSON copies were written."""
     click.echo(json.dumps(rows, default=str) if as_json else
-               f"{batch.format_table(rows)}\n\nsummary: {csv_path}, {json_path}")
+               printable(f"{batch.format_table(rows)}\n\nsummary: {csv_path}, {json_path}"))
 
 
 def print_comparison(pairs: list[tuple[compare.Row, compare.Row | None]], as_json: bool) -> None:

@@ -34,6 +34,7 @@ import click
 from dfmp2.jobs import preamble, run as run_job
 from dfmp2.system.distributed import environment_integer
 from dfmp2.errors import Dfmp2Error, InputError, RunFailure
+from dfmp2.system.files import printable
 from dfmp2.system.progress import Progress
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA, Node,
                                 new_record, read_record, schema, set_status, status, write_record)
@@ -321,7 +322,9 @@ def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]
     writer.writeheader()
     for row in rows:
         writer.writerow({key: row.get(key, "") for key in SUMMARY_FIELDS})
-    _replace_file(csv_path, table.getvalue())
+    # A file name that is not UTF-8 is shown with \xNN escapes, as on the terminal; the JSON
+    # keeps its exact bytes as \udcNN escapes (os.fsencode gives the name back).
+    _replace_file(csv_path, printable(table.getvalue()))
     _replace_file(json_path, json.dumps(rows, indent=1, default=str) + "\n")
     return rows, csv_path, json_path
 
