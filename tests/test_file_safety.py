@@ -57,12 +57,16 @@ def run_process(*args, cwd: Path) -> subprocess.CompletedProcess:
 
 # ------------------------------------------------------------------------------ links
 
-def test_a_linked_lock_file_is_refused_and_its_target_untouched(tmp_path, run_cli):
+# The record's lock; and the final geometry `dfmp2 optimize -o w.h5` writes to w.xyz, which
+# a plain write_text wrote through a link, after the whole optimisation.
+@pytest.mark.parametrize("command,planted", [("run", ".w.h5.lock"), ("optimize", "w.xyz")])
+def test_a_link_at_a_name_dfmp2_writes_is_refused_and_its_target_untouched(tmp_path, run_cli,
+                                                                           command, planted):
     target = victim(tmp_path)
-    (tmp_path / ".w.h5.lock").symlink_to(target)
-    result = run_cli("run", *QUICK, "-o", tmp_path / "w.h5")
+    (tmp_path / planted).symlink_to(target)
+    result = run_cli(command, *QUICK, "-o", tmp_path / "w.h5")
     assert result.code == 2
-    assert ".w.h5.lock is a symbolic link" in one_error_line(result.err)
+    assert f"{planted} is a symbolic link" in one_error_line(result.err)
     assert target.read_text() == VICTIM_TEXT
     assert not (tmp_path / "w.h5").exists()
 

@@ -35,6 +35,7 @@ from dfmp2.records.sections import write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
+from dfmp2.system.files import refuse_unless_regular, write_new_text
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ CONVERGENCE_SETS = ("GAU", "GAU_TIGHT", "GAU_VERYTIGHT", "GAU_LOOSE", "NWCHEM_LO
 DEFAULT_MAX_STEPS = 100
 # A replayed step matches its record when every coordinate agrees to this (Bohr).
 SAME_GEOMETRY_BOHR = 1e-9
+# The optimised geometry goes beside the record, as <record>.xyz.
+XYZ_REMEDY = "choose another -o"
 
 Evaluation = tuple[float, np.ndarray]
 Evaluator = Callable[[Geometry], Evaluation]
@@ -238,12 +241,13 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
         evaluate = evaluator or AnalyticEvaluator(
             job, ScratchArea(env.scratch_dir, f"{path.name}.opt"))
         xyz_path = path.with_suffix(".xyz")
+        refuse_unless_regular(xyz_path, XYZ_REMEDY)
 
         def work() -> OptimizeOutcome:
             write_record(path, root)
             t0 = time.perf_counter()
             final = optimize(start, evaluate, log_steps, convergence, max_steps)
-            xyz_path.write_text(final.text, encoding="utf-8")
+            write_new_text(xyz_path, final.text, XYZ_REMEDY)
             write_timings(root, {"optimize": time.perf_counter() - t0})
             energy = float(log_steps.steps.energies[-1])
             write_optimization(root, OptimizationSection(

@@ -14,7 +14,7 @@ import os
 import stat
 from pathlib import Path
 
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, RunFailure
 
 # The longest names dfmp2 derives from a record named NAME ("{}" below): the writability
 # probe (8 random characters), the raw B of an interaction's calculation and of a gradient
@@ -87,6 +87,17 @@ def create_exclusive(path: Path, remedy: str, mode: int = 0o600) -> int:
     refuse_unless_regular(path, remedy)
     path.unlink(missing_ok=True)
     return os.open(path, flags, mode)
+
+
+def write_new_text(path: Path, text: str, remedy: str) -> None:
+    """``text`` (UTF-8) at ``path``, created so that no link planted there redirects it."""
+    fd = create_exclusive(path, remedy, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise RunFailure(f"cannot write {shown(path)}: "
+                         f"{disk_reason(exc, 'free some space')}") from None
 
 
 def open_lock_file(path: Path, remedy: str) -> int:

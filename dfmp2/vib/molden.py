@@ -4,14 +4,13 @@ Molden writes them; the geometry is in Bohr; each mode is the Cartesian displace
 atoms, normalised to unit length."""
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from dfmp2.errors import InputError, RunFailure
-from dfmp2.system.files import create_exclusive, disk_reason, refuse_unless_regular, shown
+from dfmp2.errors import InputError
+from dfmp2.system.files import refuse_unless_regular, shown, write_new_text
 
 REMEDY = "choose another --molden"
 
@@ -44,10 +43,4 @@ def molden_text(symbols: Sequence[str], coords_bohr: np.ndarray, frequencies: np
 
 def write_molden(path: Path, text: str) -> None:
     """``text`` at ``path``, created so that no link planted there redirects it."""
-    fd = create_exclusive(path, REMEDY, 0o644)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError as exc:
-        raise RunFailure(f"cannot write {shown(path)}: "
-                         f"{disk_reason(exc, 'free some space')}") from None
+    write_new_text(path, text, REMEDY)
