@@ -78,6 +78,16 @@ class CliResult:
 
 
 @pytest.fixture
+def slurm_batch_shell(monkeypatch):
+    """The environment of an sbatch script of four tasks, in its own shell (no srun): the
+    job's SLURM_NTASKS and SLURM_PROCID=0, but no step of several tasks."""
+    for name, value in (("SLURM_JOB_ID", "4242"), ("SLURM_NTASKS", "4"),
+                        ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
+
+
+@pytest.fixture
 def run_cli(capsys):
     """Run the dfmp2 CLI in-process exactly as the console script does."""
     from dfmp2.cli import main

@@ -128,13 +128,10 @@ def test_an_array_job_runs_every_molecule_once(form, hydrogens, tmp_path, run_cl
 
 
 def test_a_batch_in_a_slurm_scripts_own_shell_runs_every_molecule(hydrogens, tmp_path, run_cli,
-                                                                   monkeypatch, no_slurm_array):
+                                                                   no_slurm_array,
+                                                                   slurm_batch_shell):
     """`dfmp2 batch` called in an sbatch script of 4 tasks without srun: one process with
     every molecule (it was taken for rank 0 of 4 and ran only the first of every four)."""
-    for name, value in (("SLURM_JOB_ID", "4242"), ("SLURM_NTASKS", "4"),
-                        ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
     out = tmp_path / "out"
     result = run_batch(run_cli, hydrogens, out, "--json")
     assert result.code == 0, result.err

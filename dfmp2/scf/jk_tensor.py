@@ -15,8 +15,8 @@ when the metric is not positive definite, its eigenvectors above 1e-7.
 The tensor is computed in units of a few AO rows (:class:`RowUnit`): the three-index
 integrals of the unit's pairs nu <= mu only (PySCF's packed triangle of those rows), fitted at
 once, then placed in the layout. The zero-padded pairs are never computed or fitted, nor are
-the screened ones: pairs whose fitted row is bounded below ``FIT_SCREEN`` (the norm of their
-integrals times a bound on the fit's norm, so no row above it is ever dropped); they are zero. The
+the screened ones, which are zero: pairs whose fitted row is bounded below ``FIT_SCREEN`` (the
+norm of their integrals times a bound on the fit's norm, so no row above it is dropped). The
 builder (:mod:`dfmp2.scf.jk_tensor_build`) deals the units to one process or to several ranks,
 each rank then keeping only its slice of the fit functions, which is all its share of every
 J/K build needs.
