@@ -12,12 +12,12 @@ Conventions for every method: operands and results are torch tensors on the set'
 A stage that needs more kernels declares its own Protocol extending this one, so that the stage
 states exactly what it calls and every backend is checked against it the same way::
 
-    class JkKernelSet(KernelSet, Protocol):
+    class CoulombKernelSet(KernelSet, Protocol):
         def coulomb(self, b_jk: torch.Tensor, density: torch.Tensor) -> torch.Tensor:
             '''J = B_jk^T (B_jk . D) ...'''
 
 (add ``@runtime_checkable`` to it too), implement the methods on TorchKernels and NkiKernels,
-and let the stage's functions take a ``JkKernelSet``.
+and let the stage's functions take a ``CoulombKernelSet``.
 """
 from __future__ import annotations
 
@@ -111,24 +111,4 @@ class KernelSet(Protocol):
     def report(self) -> dict:
         """JSON-friendly facts for the run record beyond the call counts (NKI: mode,
         signatures, launches and the estimate; torch: nothing)."""
-        ...
-
-
-@runtime_checkable
-class JkKernelSet(KernelSet, Protocol):
-    """The kernels of the SCF's J/K engine (``dfmp2/scf/jk.py``): the DF-MP2 kernels (``gemm`` for
-    the fitted density and J, ``syrk`` for K = G G^T) plus the exchange half transform."""
-
-    def half_transform(self, rows: torch.Tensor, factor: torch.Tensor, first_row: int,
-                       out: torch.Tensor) -> None:
-        """One row block of the exchange half transform, written into ``out`` in place.
-
-        ``rows`` (b, m1, naux) holds X_P[mu, nu] of the JK tensor for the b AO rows
-        mu = first_row .. first_row + b - 1 and every nu < m1 (zero for nu > mu), the fit
-        index P last; ``factor`` (nao, r) is the density's factor F; ``out`` (nao, r, naux)
-        is G with G[mu, i, P] = (F^T B_P)[i, mu], B_P = X_P + X_P^T. The call sets
-        ``out[first_row:first_row + b] = F[:m1]^T X[mu, :m1]`` (the rows of X_P, overwriting)
-        and then adds ``F[first_row:first_row + b]^T X[:, nu]`` to ``out[:m1]`` (its columns).
-        Calls in increasing ``first_row`` over every row block build G without zeroing it.
-        Accumulation is in the set's ``dtype``; ``out`` must have that dtype."""
         ...

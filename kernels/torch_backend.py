@@ -155,16 +155,6 @@ class TorchKernels:
             out[r0:r1, :r1] = a[r0:r1] @ a[:r1].T
         return out
 
-    def half_transform(self, rows: torch.Tensor, factor: torch.Tensor, first_row: int,
-                       out: torch.Tensor) -> None:
-        self.accounting.record("half_transform", self.executor)
-        block, m1 = rows.shape[0], rows.shape[1]
-        rows = rows.to(self.dtype)
-        factor = factor.to(self.dtype)
-        torch.matmul(factor[:m1].T, rows, out=out[first_row:first_row + block])
-        out[:m1].baddbmm_(factor[first_row:first_row + block].T.expand(m1, -1, -1),
-                          rows.transpose(0, 1))
-
     def trsm(self, l: torch.Tensor, b: torch.Tensor,
              out: torch.Tensor | None = None) -> torch.Tensor:
         self.accounting.record("trsm", self.executor)

@@ -45,9 +45,13 @@ def _job(path: Path, tmp_path: Path, task: str, **options) -> dict:
     return json_summary(outcome.record, str(outcome.path))
 
 
+# The open shell is methyl, whose UKS reference is stable: hydroxyl's (revDSD-PBEP86/6-31G) has
+# an orbital-Hessian eigenvalue of -1.5e-5, so along that soft direction the 1e-6 gradient
+# test leaves E(SCF) uncertain by ~1e-7 Eh (three J/K engines' bits gave three energies
+# within 1.3e-7), and a central difference of two such energies by 5e-5 Eh/Bohr.
 @pytest.mark.parametrize("name, options", [
     ("water", dict(xc="B2PLYP-D3BJ", basis="6-31g", frozen_core=True)),
-    ("hydroxyl", dict(xc="revDSD-PBEP86-D4", basis="6-31g", frozen_core=True)),
+    ("methyl", dict(xc="revDSD-PBEP86-D4", basis="6-31g", frozen_core=True)),
 ])
 def test_double_hybrid_gradient_matches_central_differences(name, options, tmp_path):
     analytic = _job(molecule_path(name), tmp_path, "gradient", **options)

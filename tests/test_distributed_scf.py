@@ -160,12 +160,12 @@ def test_rhf_on_three_ranks_is_the_single_process_scf(tmp_path, dimer_single):
 
 
 def test_jk_tensor_out_of_core_on_two_ranks(tmp_path, dimer_single):
-    """3 MB keeps not even half of the 4.3 MB tensor in memory: each rank reads its slice
+    """1.4 MB keeps not even half of the 2.2 MB tensor in memory: each rank reads its slice
     from the shared file in every build."""
     single, (cycles, builds, out_of_core) = dimer_single
     assert not out_of_core
     record = tmp_path / "dimer.h5"
-    ours = run_job(record, "water_dimer", "--basis", "cc-pvdz", "--memory", "3MB", ranks=2)
+    ours = run_job(record, "water_dimer", "--basis", "cc-pvdz", "--memory", "1400KB", ranks=2)
     assert_same_energies(ours, single)
     assert scf_facts(record) == (cycles, builds, True)
     assert not list(tmp_path.glob(".dimer.h5.*"))

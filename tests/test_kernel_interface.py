@@ -14,7 +14,7 @@ import torch
 
 import kernels
 from kernels import trn1
-from kernels.interface import JkKernelSet, KernelSet
+from kernels.interface import KernelSet
 from kernels.nki.launcher import Launcher
 from kernels.nki_host.kernel_set import NkiKernels
 from kernels.torch_backend import TorchKernels
@@ -58,35 +58,6 @@ def test_methods_take_the_protocols_parameters(kernel_sets, name):
 def test_load_returns_a_kernel_set():
     assert isinstance(kernels.load("torch", device="cpu"), KernelSet)
     assert isinstance(kernels.load("nki", device="cpu"), KernelSet)
-
-
-def test_both_kernel_sets_carry_the_jk_stage_kernels(kernel_sets):
-    for kernel_set in kernel_sets:
-        assert isinstance(kernel_set, JkKernelSet), type(kernel_set).__name__
-        expected = list(inspect.signature(JkKernelSet.half_transform).parameters)
-        actual = ["self", *inspect.signature(kernel_set.half_transform).parameters]
-        assert actual == expected
-
-
-def test_half_transform_builds_g_on_both_kernel_sets(kernel_sets):
-    """Row blocks of a random symmetric B_P, in the JK tensor's layout, through
-    half_transform in increasing order: G[mu, i, P] = (F^T B_P)[i, mu]."""
-    rng = np.random.default_rng(7)
-    nao, naux, columns, block = 10, 3, 2, 4
-    b_p = rng.standard_normal((naux, nao, nao))
-    b_p = b_p + b_p.transpose(0, 2, 1)
-    x_p = np.tril(b_p) - 0.5 * np.einsum("pmm,mn->pmn", b_p, np.eye(nao))
-    factor = rng.standard_normal((nao, columns))
-    expected = np.einsum("pmn,ni->mip", b_p, factor)
-    for kernel_set in kernel_sets:
-        out = torch.empty((nao, columns, naux), dtype=kernel_set.dtype)
-        for m0 in range(0, nao, block):
-            m1 = min(nao, m0 + block)
-            rows = torch.from_numpy(np.ascontiguousarray(x_p[:, m0:m1, :m1].transpose(1, 2, 0)))
-            kernel_set.half_transform(rows, torch.from_numpy(factor), m0, out)
-        tolerance = 1e-12 if kernel_set.dtype == torch.float64 else 1e-5
-        assert np.abs(out.double().numpy() - expected).max() <= tolerance * np.abs(expected).max()
-        assert kernel_set.accounting.calls[("half_transform", kernel_set.executor)] == 3
 
 
 def test_gemm_and_syrk_write_into_a_given_output(kernel_sets):

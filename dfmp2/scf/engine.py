@@ -260,14 +260,13 @@ class KernelDF(df.DF):
         if tensor.width != tensor.naux:
             raise RunFailure("PySCF code that reads the whole JK-fit tensor cannot run with the "
                              "tensor spread over ranks; run it in one process")
-        layout = tensor.layout
-        diagonal = layout.diagonal_rows()
+        diagonal = tensor.layout.diagonal_rows()
         blksize = blksize or self.blockdim
         for p0 in range(0, tensor.naux, blksize):
             p1 = min(tensor.naux, p0 + blksize)
             rows = tensor.store.read_columns(p0, p1).numpy().copy()
             rows[diagonal] *= 2.0
-            yield np.ascontiguousarray(layout.gather_packed(rows).T)
+            yield np.ascontiguousarray(rows.T)
 
     def reset(self, mol=None):
         if self.engine is not None:

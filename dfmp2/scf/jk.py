@@ -8,13 +8,19 @@ With B_P = X_P + X_P^T the fitted (P|mu nu) (see :mod:`dfmp2.scf.jk_tensor`):
 K goes through the density's factor F: the occupied orbitals (times the square root of their
 occupations) when PySCF tags the density with them, as it does in every SCF cycle; else the
 eigenvectors of D, positive and negative parts separately. The half-transformed tensor
-G[mu, (i, P)] = (F^T B_P)[i, mu] is built row block by row block from X_P with two matrix
-products (rows mu of X_P, and columns mu of X_P), then K = G G^T by a symmetric rank-k update.
-Per build that is about 3 naux nao^2 nocc multiply-adds, half of it in the rank-k update.
+G[mu, (i, P)] = (F^T B_P)[i, mu] is built one AO function at a time: function mu's
+significant pairs (:class:`dfmp2.scf.jk_tensor.PairIndex`, as row and as column of the
+packed triangle) are gathered into one block of rows and multiplied by the factor's rows of
+their partners, a matrix product whose inner size is mu's number of partners. Then
+K = G G^T by a symmetric rank-k update. Per build that is 2 naux nocc (2 n_pairs) + naux
+nao^2 nocc multiply-adds, where n_pairs is the number of significant pairs (at most
+nao (nao + 1) / 2).
 
 Summation order. The fit index P is cut into fixed blocks of SUMMATION_BLOCK functions; each
 block's rho, J part and K part (G G^T of that block, in the kernel set's precision) are
-formed on their own and added into fp64 J and K in block order. The memory budget only
+formed on their own and added into fp64 J and K in block order. The tensor's rows are read
+in chunks fixed by the sizes alone (:data:`dfmp2.scf.jk_tensor.CHUNK_PAIRS`); an AO
+function's row of G adds the chunks' products in chunk order. The memory budget only
 decides how many blocks are read from a tensor file at once, so a build's bits do not
 depend on it, and an fp32 K is fp32 within a block and fp64 across blocks.
 
@@ -26,14 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
-from dfmp2.scf.jk_tensor import FP64_BYTES, JkTensor
+from dfmp2.scf.jk_tensor import FP64_BYTES, ChunkPairs, JkTensor
 from kernels import single_threaded_ops
-from kernels.interface import JkKernelSet, KernelSet
+from kernels.interface import KernelSet
 
 # Eigenvalues of an untagged density below this (relative to the largest) carry no exchange
 # worth a column of F: 1e-14 of it is far below the SCF's 1e-12 Eh energy threshold.
@@ -96,14 +102,14 @@ class JkBuild:
 
 class JkEngine:
     """J and K of densities, built from ``tensor``: K through ``kernel_set`` (a
-    :class:`kernels.interface.JkKernelSet`), J through ``coulomb_set``.
+    :class:`kernels.interface.KernelSet`: ``gemm`` and ``syrk``), J through ``coulomb_set``.
 
     J is a pair of matrix-vector products over the tensor (bandwidth-bound, a few percent of
     a build) but its elements are large (hundreds of Eh for (H2O)16), so its fp32 error would
     be the largest error of an fp32 Fock matrix: J always runs in fp64. The tensor stays in
     fp64; K is contracted in the kernel set's precision, and both are summed in fp64."""
 
-    def __init__(self, tensor: JkTensor, kernel_set: JkKernelSet,
+    def __init__(self, tensor: JkTensor, kernel_set: KernelSet,
                  coulomb_set: KernelSet | None = None, work_bytes: int = DEFAULT_WORK_BYTES):
         self.tensor = tensor
         self.kernel_set = kernel_set
@@ -134,10 +140,11 @@ class JkEngine:
                ) -> tuple[np.ndarray | None, np.ndarray | None]:
         nset, nao, _ = dms.shape
         ks, js = self.kernel_set, self.coulomb_set
-        vj = np.zeros((nset, nao, nao)) if with_j else None
+        lower = np.tril_indices(nao)
+        vj = np.zeros((nset, self.tensor.layout.npacked)) if with_j else None
         vk = np.zeros((nset, nao, nao)) if with_k else None
-        symmetric = torch.as_tensor(dms + dms.transpose(0, 2, 1), dtype=js.dtype,
-                                    device=js.device)
+        density = torch.as_tensor((dms + dms.transpose(0, 2, 1))[:, lower[0], lower[1]],
+                                  dtype=js.dtype, device=js.device) if with_j else None
         sides = [(n, f.sign, torch.as_tensor(f.left, dtype=ks.dtype, device=ks.device),
                   None if f.right is None else
                   torch.as_tensor(f.right, dtype=ks.dtype, device=ks.device))
@@ -149,8 +156,7 @@ class JkEngine:
                       for j, (s0, s1) in enumerate(sums)]
             rho = [torch.zeros((nset, s1 - s0), dtype=js.dtype, device=js.device)
                    for s0, s1 in sums]
-            self._half_transform(w0, w1, sums, symmetric if with_j else None, sides, halves,
-                                 rho)
+            self._half_transform(w0, w1, sums, density, sides, halves, rho)
             for block_halves in halves:
                 self._exchange(sides, block_halves, vk, k_scale, nao)
             if with_j:
@@ -160,7 +166,9 @@ class JkEngine:
                 if all(f.right is None for f in fs):
                     vk[n] = _symmetric_from_lower(vk[n])
         if with_j:
-            vj = vj + vj.transpose(0, 2, 1)
+            square = np.zeros((nset, nao, nao))
+            square[:, lower[0], lower[1]] = vj
+            vj = square + square.transpose(0, 2, 1)
         return vj, vk
 
     def _windows(self, nao: int, columns: int) -> list[tuple[int, int]]:
@@ -171,33 +179,69 @@ class JkEngine:
         span = min(SUMMATION_BLOCK, width)
         if self.tensor.store.location != "memory":
             itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
-            per_aux = (itemsize * 2 * nao * columns
-                       + 2 * FP64_BYTES * self.tensor.layout.row_block * nao)
+            widest = max(chunk.rows for chunk in self.tensor.layout.chunks)
+            per_aux = itemsize * 2 * nao * columns + FP64_BYTES * widest
             span *= max(1, self.work_bytes // (per_aux * span))
         return [(w0, min(width, w0 + span)) for w0 in range(0, width, span)]
 
     def _half_transform(self, w0: int, w1: int, sums: list[tuple[int, int]],
-                        symmetric: torch.Tensor | None, sides: list, halves: list,
+                        density: torch.Tensor | None, sides: list, halves: list,
                         rho: list[torch.Tensor]) -> None:
-        """Each summation block's G (and, with ``symmetric`` = D + D^T, its fitted density
-        rho) from the tensor's window [w0, w1), row block by row block."""
-        ks, js = self.kernel_set, self.coulomb_set
-        for block in self.tensor.layout.blocks:
-            window = self.tensor.block(block, w0, w1)
+        """Each summation block's G (and, with ``density`` = D + D^T on the packed pairs,
+        its fitted density rho) from the tensor's window [w0, w1), chunk by chunk."""
+        js = self.coulomb_set
+        pairs = self.tensor.pairs
+        for index, chunk in enumerate(self.tensor.layout.chunks):
+            window = self.tensor.chunk(chunk, w0, w1)
             for j, (s0, s1) in enumerate(sums):
-                exact_rows = window[..., s0 - w0:s1 - w0]
-                if symmetric is not None:
-                    density = symmetric[:, block.m0:block.m1, :block.m1].reshape(
-                        symmetric.shape[0], -1)
-                    rho[j] += js.gemm(density, exact_rows.reshape(-1, s1 - s0).to(
-                        dtype=js.dtype, device=js.device))
-                if not sides:
-                    continue
-                rows = self._in_kernel_precision(exact_rows)
-                for (_, _, left, right), (g_left, g_right) in zip(sides, halves[j]):
-                    ks.half_transform(rows, left, block.m0, g_left)
-                    if right is not None:
-                        ks.half_transform(rows, right, block.m0, g_right)
+                exact_rows = window[:, s0 - w0:s1 - w0]
+                if density is not None:
+                    rho[j] += js.gemm(density[:, chunk.offset:chunk.offset + chunk.rows],
+                                      exact_rows.to(dtype=js.dtype, device=js.device))
+                if sides:
+                    self._transform_chunk(index, self._in_kernel_precision(exact_rows), sides,
+                                          halves[j])
+        for block_halves in halves:
+            for g_left, g_right in block_halves:
+                for g in (g_left, g_right):
+                    if g is not None:
+                        g[pairs.unpaired] = 0.0
+
+    def _transform_chunk(self, index: int, rows: torch.Tensor, sides: list,
+                         block_halves: list) -> None:
+        """Every AO function's part of G from one chunk's rows: its pairs gathered, times
+        the factor's rows of their partners; written at the function's first chunk, added
+        at later ones."""
+        ks = self.kernel_set
+        chunk_pairs = self._device_pairs(index)
+        first = self.tensor.pairs.first_chunk
+        gathered = self._buffer(("gathered",), (self.tensor.layout.nao + 1) * rows.shape[1])
+        for mu in chunk_pairs.functions:
+            a, b = chunk_pairs.starts[mu], chunk_pairs.starts[mu + 1]
+            block = torch.index_select(rows, 0, chunk_pairs.rows[a:b],
+                                       out=gathered[:(b - a) * rows.shape[1]].view(b - a, -1))
+            partners = chunk_pairs.partners[a:b]
+            for (_, _, left, right), halves in zip(sides, block_halves):
+                for factor, g in ((left, halves[0]), (right, halves[1])):
+                    if factor is None:
+                        continue
+                    transposed = factor[partners].T
+                    if first[mu] == index:
+                        ks.gemm(transposed, block, out=g[mu])
+                    else:
+                        g[mu] += ks.gemm(transposed, block)
+
+    def _device_pairs(self, index: int) -> ChunkPairs:
+        """One chunk's pair index with its index arrays on the kernel set's device."""
+        chunk_pairs = self.tensor.pairs.chunks[index]
+        device = self.kernel_set.device
+        if chunk_pairs.rows.device == device:
+            return chunk_pairs
+        key = ("pairs", index, device)
+        if key not in self._buffers:
+            self._buffers[key] = replace(chunk_pairs, rows=chunk_pairs.rows.to(device),
+                                         partners=chunk_pairs.partners.to(device))
+        return self._buffers[key]
 
     def _exchange(self, sides: list, block_halves: list, vk: np.ndarray, k_scale: float,
                   nao: int) -> None:
@@ -212,19 +256,23 @@ class JkEngine:
             vk[n] += sign * k_scale * product.cpu().numpy()
 
     def _in_kernel_precision(self, rows: torch.Tensor) -> torch.Tensor:
-        """A window's rows in the exchange kernels' dtype and device. A conversion goes into
-        storage kept from block to block: a fresh array per row block (50 MB for (H2O)16)
-        cost five times the copy itself in page faults, 0.16 s of an 1.2 s fp32 build."""
+        """A chunk's rows in the exchange kernels' dtype and device. A conversion goes into
+        storage kept from build to build: a fresh array per chunk would be paid again in page
+        faults every build."""
         ks = self.kernel_set
         if rows.dtype == ks.dtype and rows.device == ks.device:
             return rows
-        key = ("staging", ks.dtype, ks.device)
+        widest = max(chunk.rows for chunk in self.tensor.layout.chunks)
+        staging = self._buffer(("staging",), widest * min(SUMMATION_BLOCK, self.tensor.width))
+        return staging[:rows.numel()].view(rows.shape).copy_(rows)
+
+    def _buffer(self, name: tuple, numel: int) -> torch.Tensor:
+        """Storage in the kernel set's dtype and device, kept from build to build."""
+        ks = self.kernel_set
+        key = (*name, ks.dtype, ks.device, numel)
         if key not in self._buffers:
-            layout = self.tensor.layout
-            self._buffers[key] = torch.empty(
-                layout.row_block * layout.nao * min(SUMMATION_BLOCK, self.tensor.width),
-                dtype=ks.dtype, device=ks.device)
-        return self._buffers[key][:rows.numel()].view(rows.shape).copy_(rows)
+            self._buffers[key] = torch.empty(numel, dtype=ks.dtype, device=ks.device)
+        return self._buffers[key]
 
     def _halves(self, nao: int, slot: int, index: int, width: int, left: torch.Tensor,
                 right: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -237,8 +285,8 @@ class JkEngine:
     def _half(self, nao: int, columns: int, naux: int, slot: tuple[int, int]) -> torch.Tensor:
         """G (nao, columns, naux) for one summation block, in storage kept from build to build
         and sized for a whole block, so that a narrower last block reuses it (a fresh 100 MB
-        array would be paid again in page faults every cycle); half_transform overwrites each
-        row block before adding to it, so it needs no zeroing."""
+        array would be paid again in page faults every cycle); every row is written before
+        it is added to, so it needs no zeroing."""
         key = (slot, nao, columns, self.kernel_set.dtype, self.kernel_set.device)
         if key not in self._buffers:
             self._buffers = {k: v for k, v in self._buffers.items() if k[0] != slot}
@@ -249,17 +297,15 @@ class JkEngine:
 
     def _coulomb(self, rho: list[torch.Tensor], w0: int, w1: int,
                  sums: list[tuple[int, int]], vj: np.ndarray) -> None:
-        """vj[mu, nu] += sum_P X_P[mu, nu] rho_P, one summation block after the other (lower
-        part)."""
+        """vj[:, pair] += sum_P X_P[pair] rho_P over the packed pairs, one summation block
+        after the other."""
         js = self.coulomb_set
-        for block in self.tensor.layout.blocks:
-            window = self.tensor.block(block, w0, w1)
-            width = block.m1 - block.m0
+        for chunk in self.tensor.layout.chunks:
+            window = self.tensor.chunk(chunk, w0, w1)
             for j, (s0, s1) in enumerate(sums):
-                rows = window[..., s0 - w0:s1 - w0].to(dtype=js.dtype, device=js.device)
-                part = js.gemm(rows.reshape(-1, s1 - s0), rho[j].T).to(torch.float64)
-                vj[:, block.m0:block.m1, :block.m1] += part.cpu().numpy().T.reshape(
-                    -1, width, block.m1)
+                rows = window[:, s0 - w0:s1 - w0].to(dtype=js.dtype, device=js.device)
+                part = js.gemm(rows, rho[j].T).to(torch.float64)
+                vj[:, chunk.offset:chunk.offset + chunk.rows] += part.cpu().numpy().T
 
 
 def _symmetric_from_lower(lower: np.ndarray) -> np.ndarray:

@@ -1,25 +1,26 @@
 """The SCF's JK-fit three-index tensor B[(mu, nu), P] = sum_Q (mu nu|Q) [L^-T]_QP, stored for
 fast exchange builds.
 
-Layout. The AO rows mu are cut into row blocks [m0, m1) of ``ROW_BLOCK`` functions; a row
-block holds, for every mu in it and every nu < m1, the pair (mu, nu) as one row of naux_fit
-numbers: nu <= mu carries B (the diagonal halved, so that B_P = X_P + X_P^T), nu > mu holds
-zeros. This keeps the permutational symmetry of B_P (about half of the full square is
-stored, plus ROW_BLOCK / (2 nao) for the zero-padded triangles) while every contraction of
-the J/K build is a plain matrix product over contiguous memory: no unpacking per cycle.
-The rows are a 2-D store (:mod:`dfmp2.df.store`), in memory or in a scratch file.
+Layout. PySCF's packed lower triangle: one row of naux_fit numbers per AO pair nu <= mu, in
+the order mu, then nu (row mu (mu + 1) / 2 + nu), the diagonal halved so that
+B_P = X_P + X_P^T. A pair whose fitted row is negligible (:data:`FIT_SCREEN`) holds zeros and
+is left out of the exchange builds, which read the rows through :class:`PairIndex`: for each
+AO function, the rows of its significant pairs (as row or as column) and their partners,
+so that its row of the half-transformed tensor is one matrix product whose inner size is its
+number of partners (Psi4's MemDFJK builds its exchange from significant pairs the same way).
+The rows are a 2-D store (:mod:`dfmp2.df.store`), in memory or in a scratch file, read in
+fixed chunks of AO rows (:data:`CHUNK_PAIRS`).
 
 The fit is PySCF's (``pyscf.df.incore.cholesky_eri``): a Cholesky factor of the metric, or,
 when the metric is not positive definite, its eigenvectors above 1e-7.
 
-The tensor is computed in units of a few AO rows (:class:`RowUnit`): the three-index
-integrals of the unit's pairs nu <= mu only (PySCF's packed triangle of those rows), fitted at
-once, then placed in the layout. The zero-padded pairs are never computed or fitted, nor are
-the screened ones, which are zero: pairs whose fitted row is bounded below ``FIT_SCREEN`` (the
-norm of their integrals times a bound on the fit's norm, so no row above it is dropped). The
-builder (:mod:`dfmp2.scf.jk_tensor_build`) deals the units to one process or to several ranks,
-each rank then keeping only its slice of the fit functions, which is all its share of every
-J/K build needs.
+The tensor is computed in units of a few AO rows (:func:`row_units`): the three-index
+integrals of the unit's pairs, fitted at once, written to their rows. A pair is screened in
+two steps: one whose fitted row is bounded below ``FIT_SCREEN`` by its integrals (their norm
+times a bound on the fit's norm) is never fitted; one whose fitted row turns out below it is
+zeroed after the fit. The builder (:mod:`dfmp2.scf.jk_tensor_build`) deals the units to one
+process or to several ranks, each rank then keeping only its slice of the fit functions,
+which is all its share of every J/K build needs.
 """
 from __future__ import annotations
 
@@ -36,79 +37,133 @@ from dfmp2.df.metric import FitMetric
 from dfmp2.errors import RunFailure
 from dfmp2.system.memory import FP64_BYTES
 
-ROW_BLOCK = 64
-# A fitted pair whose row norm is bounded below this is zero in the tensor and never fitted.
-# The bound (the integrals' row norm times the fit's norm) skips 26% of the fit of (H2O)16 /
-# cc-pVDZ; E(SCF) moved by 2e-12 Eh or less in every case measured (docs/performance.md),
+# A fitted pair whose row norm is below this is zero in the tensor and left out of the
+# builds. E(SCF) moved by 2e-12 Eh or less in every case measured (docs/performance.md),
 # where issue 21 allows 1e-10.
 FIT_SCREEN = 1e-12
-# Below this share of screened pairs a unit is fitted whole and its screened rows zeroed after.
+# Below this share of pairs screened before the fit, a unit is fitted whole and those rows
+# zeroed after: gathering the others costs more than fitting a few more.
 GATHER_SHARE = 0.1
+# AO pairs per chunk of rows that a build reads at once (whole AO rows, at least one). An AO
+# function's pairs in two chunks make two thinner products instead of one, so the chunk is
+# large (every molecule up to 511 basis functions is one chunk); from a scratch file one
+# chunk of one summation block is what a build holds, 512 MB at most. The cut follows only
+# the sizes, so a tensor in memory and one in a file give the same bits.
+CHUNK_PAIRS = 2**17
+
+
+def _triangle(n):
+    return n * (n + 1) // 2
 
 
 @dataclass(frozen=True)
-class RowBlock:
-    """AO rows [m0, m1) and where their pairs start among the tensor's rows."""
+class AoRows:
+    """AO rows [mu0, mu1): their pairs nu <= mu, the tensor's rows [offset, offset + rows)."""
 
-    m0: int
-    m1: int
-    offset: int
+    mu0: int
+    mu1: int
+
+    @property
+    def offset(self) -> int:
+        return _triangle(self.mu0)
 
     @property
     def rows(self) -> int:
-        return (self.m1 - self.m0) * self.m1
+        return _triangle(self.mu1) - _triangle(self.mu0)
+
+    def diagonal(self) -> torch.Tensor:
+        """Where the pairs (mu, mu) are among these rows."""
+        mu = np.arange(self.mu0, self.mu1)
+        return torch.from_numpy(_triangle(mu) + mu - _triangle(self.mu0))
+
+
+def _cut_rows(nao: int, pairs: int) -> list[AoRows]:
+    """AO rows cut in order into groups of at most ``pairs`` pairs (at least one row each)."""
+    groups, mu0 = [], 0
+    while mu0 < nao:
+        mu1 = mu0 + 1
+        while mu1 < nao and _triangle(mu1 + 1) - _triangle(mu0) <= pairs:
+            mu1 += 1
+        groups.append(AoRows(mu0, mu1))
+        mu0 = mu1
+    return groups
 
 
 @dataclass(frozen=True)
 class PairLayout:
     nao: int
-    row_block: int = ROW_BLOCK
-
-    @cached_property
-    def blocks(self) -> list[RowBlock]:
-        blocks, offset = [], 0
-        for m0 in range(0, self.nao, self.row_block):
-            block = RowBlock(m0, min(self.nao, m0 + self.row_block), offset)
-            blocks.append(block)
-            offset += block.rows
-        return blocks
 
     @property
     def npacked(self) -> int:
-        """The pairs nu <= mu, PySCF's packed triangle."""
-        return self.nao * (self.nao + 1) // 2
+        """The pairs nu <= mu, PySCF's packed triangle: the tensor's rows."""
+        return _triangle(self.nao)
 
-    @property
-    def nrows(self) -> int:
-        last = self.blocks[-1]
-        return last.offset + last.rows
+    @cached_property
+    def chunks(self) -> list[AoRows]:
+        return _cut_rows(self.nao, CHUNK_PAIRS)
 
     def diagonal_rows(self) -> np.ndarray:
         """Row index of every (mu, mu) pair."""
-        return np.concatenate([block.offset + np.arange(block.m1 - block.m0) * block.m1
-                               + np.arange(block.m0, block.m1) for block in self.blocks])
+        mu = np.arange(self.nao)
+        return _triangle(mu) + mu
 
-    def gather_packed(self, rows: np.ndarray) -> np.ndarray:
-        """Rows of this layout (nrows, n) -> PySCF's packed lower triangle (npair, n)."""
-        packed = np.empty((self.npacked, rows.shape[1]), dtype=rows.dtype)
-        for block in self.blocks:
-            for mu in range(block.m0, block.m1):
-                start = block.offset + (mu - block.m0) * block.m1
-                first = mu * (mu + 1) // 2
-                packed[first:first + mu + 1] = rows[start:start + mu + 1]
-        return packed
+
+@dataclass(frozen=True)
+class ChunkPairs:
+    """The significant pairs of one chunk, grouped by AO function: function nu's entries
+    are [starts[nu], starts[nu + 1]), each a row of the chunk (local index) holding a pair
+    (nu, partner) or (partner, nu). A diagonal row is listed twice (it holds half of
+    B_P[nu, nu]). ``functions`` are the AO functions with entries."""
+
+    rows: torch.Tensor
+    partners: torch.Tensor
+    starts: np.ndarray
+    functions: np.ndarray
+
+
+class PairIndex:
+    """Where each AO function's significant pairs are, chunk by chunk."""
+
+    def __init__(self, layout: PairLayout, kept: np.ndarray) -> None:
+        self.layout = layout
+        mu, nu = np.tril_indices(layout.nao)
+        self.chunks: list[ChunkPairs] = []
+        for chunk in layout.chunks:
+            local = np.flatnonzero(kept[chunk.offset:chunk.offset + chunk.rows])
+            row_mu, row_nu = mu[chunk.offset + local], nu[chunk.offset + local]
+            targets = np.concatenate([row_mu, row_nu])
+            order = np.argsort(targets, kind="stable")
+            starts = np.searchsorted(targets[order], np.arange(layout.nao + 1))
+            self.chunks.append(ChunkPairs(
+                torch.from_numpy(np.concatenate([local, local])[order]),
+                torch.from_numpy(np.concatenate([row_nu, row_mu])[order]),
+                starts, np.flatnonzero(np.diff(starts))))
+
+    @cached_property
+    def first_chunk(self) -> np.ndarray:
+        """For each AO function, the first chunk holding one of its pairs (-1: none)."""
+        first = np.full(self.layout.nao, -1)
+        for index in range(len(self.chunks) - 1, -1, -1):
+            first[self.chunks[index].functions] = index
+        return first
+
+    @cached_property
+    def unpaired(self) -> torch.Tensor:
+        """The AO functions without a significant pair (their row of G is zero)."""
+        return torch.from_numpy(np.flatnonzero(self.first_chunk < 0))
 
 
 @dataclass
 class JkTensor:
     """The fitted JK tensor in its store, with what is needed to read it back: all of its
-    fit functions, or (one rank of several) only ``columns``, the store's columns."""
+    fit functions, or (one rank of several) only ``columns``, the store's columns; ``kept``
+    marks the significant pairs (every rank's the same)."""
 
     layout: PairLayout
     store: object
     metric: FitMetric
+    kept: np.ndarray
     columns: range | None = None
-    screened_pairs: int = 0
 
     @property
     def naux(self) -> int:
@@ -121,74 +176,34 @@ class JkTensor:
 
     @property
     def nbytes(self) -> int:
-        return FP64_BYTES * self.layout.nrows * self.naux
+        return FP64_BYTES * self.layout.npacked * self.naux
 
-    def block(self, block: RowBlock, x0: int = 0, x1: int | None = None) -> torch.Tensor:
-        """The rows of one row block for its held fit functions [x0, x1) (default: all) as
-        (m1 - m0, m1, x1 - x0) fp64; a tensor in a file reads only those columns."""
-        x1 = self.width if x1 is None else x1
-        rows = self.store.read_rows(block.offset, block.offset + block.rows, x0, x1)
-        return rows.reshape(block.m1 - block.m0, block.m1, x1 - x0)
+    @property
+    def screened_pairs(self) -> int:
+        return int(self.layout.npacked - np.count_nonzero(self.kept))
+
+    @cached_property
+    def pairs(self) -> PairIndex:
+        return PairIndex(self.layout, self.kept)
+
+    def chunk(self, chunk: AoRows, x0: int = 0, x1: int | None = None) -> torch.Tensor:
+        """The rows of one chunk for its held fit functions [x0, x1) (default: all), fp64; a
+        tensor in a file reads only those columns."""
+        return self.store.read_rows(chunk.offset, chunk.offset + chunk.rows, x0, x1)
 
     def close(self) -> None:
         self.store.close()
 
 
-def jk_tensor_bytes(nao: int, naux: int, row_block: int = ROW_BLOCK) -> int:
-    return FP64_BYTES * PairLayout(nao, row_block).nrows * naux
-
-
-@dataclass(frozen=True)
-class RowUnit:
-    """AO rows [mu0, mu1) of the row block ending at m1: the tensor's rows [offset, offset +
-    rows), of which the pairs nu <= mu (``packed`` of them) are computed and the rest are
-    the layout's zeros."""
-
-    mu0: int
-    mu1: int
-    m1: int
-    offset: int
-
-    @property
-    def rows(self) -> int:
-        return (self.mu1 - self.mu0) * self.m1
-
-    @property
-    def packed(self) -> int:
-        return _triangle(self.mu1) - _triangle(self.mu0)
-
-    def lower_rows(self) -> torch.Tensor:
-        """Where the unit's packed rows (PySCF's order: mu, then nu <= mu) go among its
-        layout rows."""
-        return torch.from_numpy(np.concatenate(
-            [(mu - self.mu0) * self.m1 + np.arange(mu + 1) for mu in range(self.mu0, self.mu1)]))
-
-    def diagonal(self) -> torch.Tensor:
-        """Where the pairs (mu, mu) are among the unit's packed rows."""
-        mu = np.arange(self.mu0, self.mu1)
-        return torch.from_numpy(_triangle(mu) + mu - _triangle(self.mu0))
-
-
-def _triangle(n):
-    return n * (n + 1) // 2
-
-
-def row_units(layout: PairLayout, naux: int, unit_bytes: int) -> list[RowUnit]:
+def row_units(layout: PairLayout, naux: int, unit_bytes: int) -> list[AoRows]:
     """The layout's rows cut into units of about ``unit_bytes`` of fitted values (at least
     one AO row each). The cut follows only the sizes, so every world size fits the same
     units and gets the same bits."""
-    units = []
-    for block in layout.blocks:
-        width = max(1, unit_bytes // (FP64_BYTES * naux * block.m1))
-        for mu0 in range(block.m0, block.m1, width):
-            mu1 = min(block.m1, mu0 + width)
-            units.append(RowUnit(mu0, mu1, block.m1,
-                                 block.offset + (mu0 - block.m0) * block.m1))
-    return units
+    return _cut_rows(layout.nao, max(1, unit_bytes // (FP64_BYTES * naux)))
 
 
-def unit_integrals(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit) -> np.ndarray:
-    """(mu nu|P) of the unit's pairs nu <= mu, (packed, naux): the shells that hold its AO
+def unit_integrals(mol: gto.Mole, auxmol: gto.Mole, unit: AoRows) -> np.ndarray:
+    """(mu nu|P) of the unit's pairs nu <= mu, (rows, naux): the shells that hold its AO
     rows, computed whole (``aosym='s2ij'``), then cut to the unit's rows."""
     ao_loc = mol.ao_loc_nr()
     first = int(np.searchsorted(ao_loc, unit.mu0, side="right")) - 1
@@ -199,30 +214,30 @@ def unit_integrals(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit) -> np.ndarray
     return shells[_triangle(unit.mu0) - start:_triangle(unit.mu1) - start]
 
 
-def fitted_unit(mol: gto.Mole, auxmol: gto.Mole, unit: RowUnit, metric: FitMetric,
-                kernel_set) -> tuple[torch.Tensor, int]:
-    """The unit's packed rows of B (packed, naux_fit), the diagonal pairs halved (so that
-    B_P = X_P + X_P^T), and how many of its pairs were screened: a pair whose fitted row
-    is bounded below ``FIT_SCREEN`` (its integrals' norm times the fit's gain) is zero.
-    Only when they are many are the others gathered and fitted alone: copying rows costs
-    more than fitting a few more."""
+def fitted_unit(mol: gto.Mole, auxmol: gto.Mole, unit: AoRows, metric: FitMetric,
+                kernel_set) -> tuple[torch.Tensor, torch.Tensor]:
+    """The unit's rows of B (rows, naux_fit), the diagonal pairs halved (so that
+    B_P = X_P + X_P^T), and which of its pairs are kept: a pair whose fitted row is bounded
+    below ``FIT_SCREEN`` (its integrals' norm times the fit's gain) is never fitted, one
+    whose fitted row is below it is zeroed after the fit. Only when the first are many are
+    the others gathered and fitted alone: copying rows costs more than fitting a few more."""
     values = torch.from_numpy(np.ascontiguousarray(unit_integrals(mol, auxmol, unit)))
     # Written as "not below", so that a row holding a NaN is kept, fitted and reported.
     kept = ~(torch.linalg.vector_norm(values, dim=1) * metric.fit_gain < FIT_SCREEN)
-    screened = int(values.shape[0] - kept.sum())
-    if screened < GATHER_SHARE * values.shape[0]:
+    if (~kept).sum() < GATHER_SHARE * values.shape[0]:
         values = _fitted(values, metric, kernel_set)
     else:
         significant = _fitted(values[kept], metric, kernel_set)
         if significant.shape[1] != values.shape[1]:
             values = torch.empty((values.shape[0], metric.naux_fit), dtype=torch.float64)
         values[kept] = significant
+    kept &= ~(torch.linalg.vector_norm(values, dim=1) < FIT_SCREEN)
     values[~kept] = 0.0
     if not math.isfinite(float(values.sum())):
         raise RunFailure(f"non-finite values in the SCF's JK-fit tensor (AO rows "
                          f"{unit.mu0}:{unit.mu1})")
     values[unit.diagonal()] *= 0.5
-    return values, screened
+    return values, kept
 
 
 def _fitted(values: torch.Tensor, metric: FitMetric, kernel_set) -> torch.Tensor:

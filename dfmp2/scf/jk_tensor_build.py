@@ -9,7 +9,9 @@ loaded rank; a J/K build, though, needs every row of a slice of the fit function
 rank's share of a build sums over its own fit functions), so after each round of units every
 rank sends, to every other, the columns of its fitted rows that the other keeps
 (all-to-all). Each rank ends with all the rows of its slice. The exchange moves the packed
-pairs once, (R - 1) / R of them per rank, and never O(tensor) through one rank.
+pairs once, (R - 1) / R of them per rank, and never O(tensor) through one rank. Which pairs
+are significant is decided by the rank that fits them; one sum over the ranks at the end
+(a number per pair) gives every rank the same list.
 
 The units follow only the sizes, never the number of ranks or the budget, so every world
 size fits the same rows in the same groups: one process and any number of ranks hold the
@@ -28,7 +30,7 @@ from pyscf import gto
 from dfmp2.df.metric import JK_LINDEP_THRESHOLD, build_metric
 from dfmp2.df.store import ScratchArea, open_store
 from dfmp2.errors import RunFailure
-from dfmp2.scf.jk_tensor import ROW_BLOCK, JkTensor, PairLayout, RowUnit, fitted_unit, row_units
+from dfmp2.scf.jk_tensor import AoRows, JkTensor, PairLayout, fitted_unit, row_units
 from dfmp2.system.disk import check_space
 from dfmp2.system.distributed import World, deal_pairs
 from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_memory
@@ -41,28 +43,16 @@ UNIT_BYTES = 64 * 2**20
 
 def _open_slice(layout: PairLayout, width: int, widest: int, budget: int,
                 scratch: ScratchArea | None, world: World):
-    """Where this process keeps its fit functions: zero-filled memory (the layout's padding
-    is never written) when every rank's slice fits, else a scratch file of its own, whose
-    unwritten parts read as zero."""
-    if fits_in_memory(FP64_BYTES * layout.nrows * widest, budget, JK_TENSOR_IN_MEMORY_SHARE):
-        return open_store(layout.nrows, width, None, zeroed=True)
+    """Where this process keeps its fit functions: memory when every rank's slice fits, else
+    a scratch file of its own."""
+    if fits_in_memory(FP64_BYTES * layout.npacked * widest, budget, JK_TENSOR_IN_MEMORY_SHARE):
+        return open_store(layout.npacked, width, None)
     if scratch is None:
         raise RunFailure("the SCF's JK-fit tensor does not fit the memory budget and there "
                          "is no scratch folder for it; raise --memory or give --scratch")
     path = scratch.jk_path() if world.size == 1 else scratch.named(f"jk.slice{world.rank}")
-    check_space(path.parent, FP64_BYTES * layout.nrows * width, "the SCF's JK-fit tensor")
-    return open_store(layout.nrows, width, path)
-
-
-def _place(store, unit: RowUnit, packed: torch.Tensor) -> None:
-    """A unit's packed rows into its layout rows; the pairs nu > mu stay zero."""
-    if store.location == "memory":
-        # The store's own rows (a view), written in place.
-        store.read_rows(unit.offset, unit.offset + unit.rows)[unit.lower_rows()] = packed
-        return
-    rows = torch.zeros((unit.rows, packed.shape[1]), dtype=torch.float64)
-    rows[unit.lower_rows()] = packed
-    store.write_rows(unit.offset, unit.offset + unit.rows, rows)
+    check_space(path.parent, FP64_BYTES * layout.npacked * width, "the SCF's JK-fit tensor")
+    return open_store(layout.npacked, width, path)
 
 
 def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
@@ -78,7 +68,7 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
     # and no O(naux^2) message.
     metric = build_metric(auxmol, JK_LINDEP_THRESHOLD)
     timings["jk_metric"] = clock() - t0
-    layout = PairLayout(mol.nao_nr(), ROW_BLOCK)
+    layout = PairLayout(mol.nao_nr())
     naux = metric.naux_fit
     shares = [range(naux * r // world.size, naux * (r + 1) // world.size)
               for r in range(world.size)]
@@ -86,20 +76,21 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
     local = _open_slice(layout, len(columns), max(len(s) for s in shares), budget, scratch,
                         world)
     units = row_units(layout, naux, UNIT_BYTES)
-    dealt = (deal_pairs(units, lambda unit: unit.packed, world.size) if world.size > 1
+    dealt = (deal_pairs(units, lambda unit: unit.rows, world.size) if world.size > 1
              else [units])
     computing = exchanging = 0.0
-    screened = 0
+    # Each unit's pairs are marked by the one rank that fits it; the sum is every rank's.
+    kept = np.zeros(layout.npacked)
     in_flight = None
     try:
         for round_ in range(max(len(mine) for mine in dealt)):
             t1 = clock()
             current = [mine[round_] if round_ < len(mine) else None for mine in dealt]
             unit = current[world.rank]
-            fitted, unit_screened = (
-                fitted_unit(mol, auxmol, unit, metric, kernel_set) if unit is not None
-                else (torch.zeros((0, naux), dtype=torch.float64), 0))
-            screened += unit_screened
+            fitted = torch.zeros((0, naux), dtype=torch.float64)
+            if unit is not None:
+                fitted, unit_kept = fitted_unit(mol, auxmol, unit, metric, kernel_set)
+                kept[unit.offset:unit.offset + unit.rows] = unit_kept.numpy()
             t2 = clock()
             # This round travels while the last one is placed and the next one computed.
             started = (current, _start_exchange(fitted, current, shares, world))
@@ -115,15 +106,15 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
         local.close()
         raise
     timings.update({"jk_integrals_and_fit": computing, "jk_placing_and_exchange": exchanging})
-    screened = int(world.allreduce_sum(np.array([screened], dtype=np.float64),
-                                       "counting the JK-fit tensor's screened pairs")[0])
-    log.info("JK tensor: %d AO pairs x %d fit functions (%s; %d of %d pairs screened), "
-             "%.2f GB %s", layout.nrows, naux, metric.kind, screened, layout.npacked,
-             FP64_BYTES * layout.nrows * len(columns) / 1e9, _where(local, world, columns))
-    return JkTensor(layout, local, metric, columns if world.size > 1 else None, screened)
+    kept = world.allreduce_sum(kept, "sharing the JK-fit tensor's significant pairs") > 0
+    tensor = JkTensor(layout, local, metric, kept, columns if world.size > 1 else None)
+    log.info("JK tensor: %d AO pairs x %d fit functions (%s; %d pairs screened), %.2f GB %s",
+             layout.npacked, naux, metric.kind, tensor.screened_pairs,
+             FP64_BYTES * layout.npacked * len(columns) / 1e9, _where(local, world, columns))
+    return tensor
 
 
-def _start_exchange(fitted: torch.Tensor, current: list[RowUnit | None], shares: list[range],
+def _start_exchange(fitted: torch.Tensor, current: list[AoRows | None], shares: list[range],
                     world: World):
     """Every rank's fitted rows of this round in this rank's columns, on their way (one
     process: its own, as they are)."""
@@ -131,14 +122,15 @@ def _start_exchange(fitted: torch.Tensor, current: list[RowUnit | None], shares:
     values = fitted.numpy()
     return world.start_exchange(
         [values[:, s.start:s.stop] for s in shares],
-        [0 if unit is None else unit.packed * width for unit in current],
+        [0 if unit is None else unit.rows * width for unit in current],
         "exchanging the JK-fit tensor's pieces")
 
 
-def _place_round(store, current: list[RowUnit | None], pending, width: int) -> None:
+def _place_round(store, current: list[AoRows | None], pending, width: int) -> None:
     for unit, piece in zip(current, pending.result()):
         if unit is not None:
-            _place(store, unit, torch.from_numpy(piece).reshape(unit.packed, width))
+            store.write_rows(unit.offset, unit.offset + unit.rows,
+                             torch.from_numpy(piece).reshape(unit.rows, width))
 
 
 def _where(store, world: World, columns: range) -> str:

@@ -3,7 +3,7 @@
 It satisfies :class:`kernels.interface.KernelSet`: torch tensors in and out, energies as
 Python floats summed in fp64. Each method converts its operands to the kernels' fp32 numpy
 layout, hands them to the host module of its kernel family (gemm and syrk:
-``kernels/nki_host/gemm.py``, also for the SCF's exchange half transform; transform gemm:
+``kernels/nki_host/gemm.py``, also for the SCF's J/K builds; transform gemm:
 ``gemm_split.py``; trsm: ``trsm.py``; energies:
 ``mp2_energy.py``, ``mp2_energy_os.py``) and runs that under the fallback policy
 (``fallback.py``): a failing kernel falls back to the torch fp32 kernel with a warning and a
@@ -27,8 +27,7 @@ from kernels.torch_backend import TorchKernels, resolve_device
 
 
 class NkiKernels:
-    """The kernel set on NKI (fp32): see :class:`kernels.interface.KernelSet` and
-    :class:`kernels.interface.JkKernelSet`."""
+    """The kernel set on NKI (fp32): see :class:`kernels.interface.KernelSet`."""
 
     backend = "nki"
     precision = "fp32"
@@ -71,23 +70,6 @@ class NkiKernels:
             "transform_gemm",
             lambda: self._tensor(gemm_split_host.transform_gemm(self.launcher, np32(a), np32(b))),
             lambda: self._torch.transform_gemm(a.to(torch.float32), b.to(torch.float32)))
-
-    def half_transform(self, rows: torch.Tensor, factor: torch.Tensor, first_row: int,
-                       out: torch.Tensor) -> None:
-        """Both products through gemm_kernel launches; ``out`` is written on the host."""
-        def nki_call() -> None:
-            rows32, factor32 = np32(rows), np32(factor)
-            block, m1 = rows32.shape[0], rows32.shape[1]
-            own_rows = gemm_host.gemm(self.launcher, np.ascontiguousarray(factor32[:m1].T),
-                                      rows32)
-            columns = gemm_host.gemm(
-                self.launcher, np.ascontiguousarray(factor32[first_row:first_row + block].T),
-                np.ascontiguousarray(rows32.transpose(1, 0, 2)))
-            out[first_row:first_row + block] = self._tensor(own_rows)
-            out[:m1] += self._tensor(columns)
-
-        self.policy.run("half_transform", nki_call,
-                        lambda: self._torch.half_transform(rows, factor, first_row, out))
 
     def syrk(self, a: torch.Tensor, row_unit: int,
              out: torch.Tensor | None = None) -> torch.Tensor:
