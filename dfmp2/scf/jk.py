@@ -311,7 +311,3 @@ class JkEngine:
 def _symmetric_from_lower(lower: np.ndarray) -> np.ndarray:
     return lower + np.tril(lower, -1).T
 
-
-def jk_work_bytes(nao: int, nocc: int, naux: int, itemsize: int = FP64_BYTES) -> int:
-    """The half-transformed tensor of one build with every aux function at once."""
-    return itemsize * nao * nocc * naux
