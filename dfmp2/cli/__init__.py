@@ -38,6 +38,15 @@ def _raise_interrupted(signum: int, frame) -> None:
         "record, and rerunning the same command resumes it", 128 + signum))
 
 
+def _quiet_kept_interrupt(unraisable) -> None:
+    """Python cannot raise a signal's exception where it landed in a weakref callback or a
+    finalizer, and prints it; the request is kept and the next checkpoint raises it, so only
+    other such exceptions are printed (the user gets one error line, not a traceback)."""
+    if isinstance(unraisable.exc_value, Interrupted):
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures,
     128 + N after signal N."""
@@ -58,6 +67,7 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     interrupts.clear()
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, _raise_interrupted) for s in handled} if in_main_thread else {}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_kept_interrupt
     try:
         code = cli.main(args=args, prog_name=prog_name or "dfmp2", standalone_mode=False,
                         obj={"command": shlex.join(["dfmp2", *args])})
@@ -71,6 +81,7 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(exc.exit_code)
     finally:
+        sys.unraisablehook = previous_hook
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     sys.exit(code if isinstance(code, int) else 0)
