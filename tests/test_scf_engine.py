@@ -145,9 +145,13 @@ def test_out_of_core_jk_tensor_gives_the_same_cycles_and_energies(run_cli, tmp_p
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
 def test_jk_bits_do_not_follow_the_memory_budget(precision, tmp_path, monkeypatch):
     """The same J and K, to the bit, from a tensor in memory and from a file read one
-    summation block or several at a time, in several chunks of pairs (issue 21: the budget
-    used to set the block over which the fit functions were summed)."""
+    summation block or several at a time, in several chunks of pairs and in half-transform
+    products of several blocks each (issue 21: the budget used to set the block over which
+    the fit functions were summed)."""
     monkeypatch.setattr(jk, "SUMMATION_BLOCK", 64)
+    # Two fp64 blocks of the dimer's G (48 AOs, 10 orbitals) per product: a window from
+    # memory is one product, one from a file several.
+    monkeypatch.setattr(jk, "PRODUCT_BYTES", 2 * 8 * 48 * 10 * 64)
     monkeypatch.setattr(jk_tensor, "CHUNK_PAIRS", 300)
     mol = pyscf_molecule("water_dimer", "cc-pvdz")
     mf = scf.RHF(mol)

@@ -11,7 +11,8 @@ eigenvectors of D, positive and negative parts separately. The half-transformed 
 G[mu, (i, P)] = (F^T B_P)[i, mu] is built one AO function at a time: function mu's
 significant pairs (:class:`dfmp2.scf.jk_tensor.PairIndex`, as row and as column of the
 packed triangle) are gathered into one block of rows and multiplied by the factor's rows of
-their partners, a matrix product whose inner size is mu's number of partners. Then
+their partners, a matrix product whose inner size is mu's number of partners and whose width
+is whole summation blocks (below), as many as ``PRODUCT_BYTES`` of G holds. Then
 K = G G^T by a symmetric rank-k update. Per build that is 2 naux nocc (2 n_pairs) + naux
 nao^2 nocc multiply-adds, where n_pairs is the number of significant pairs (at most
 nao (nao + 1) / 2).
@@ -20,9 +21,10 @@ Summation order. The fit index P is cut into fixed blocks of SUMMATION_BLOCK fun
 block's rho, J part and K part (G G^T of that block, in the kernel set's precision) are
 formed on their own and added into fp64 J and K in block order. The tensor's rows are read
 in chunks fixed by the sizes alone (:data:`dfmp2.scf.jk_tensor.CHUNK_PAIRS`); an AO
-function's row of G adds the chunks' products in chunk order. The memory budget only
-decides how many blocks are read from a tensor file at once, so a build's bits do not
-depend on it, and an fp32 K is fp32 within a block and fp64 across blocks.
+function's row of G adds the chunks' products in chunk order; the products' width follows
+the sizes alone. The memory budget only decides how many products' fit functions are read
+from a tensor file at once, so a build's bits do not depend on it, and an fp32 K is fp32
+within a block and fp64 across blocks.
 
 J and K are both sums over the fit index P, so a tensor that holds only some of the fit
 functions (one rank's slice, :mod:`dfmp2.scf.jk_tensor`) builds that rank's part of them; the
@@ -32,12 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from dfmp2.scf.jk_tensor import FP64_BYTES, ChunkPairs, JkTensor
+from dfmp2.scf.jk_tensor import FP64_BYTES, JkTensor
 from kernels import single_threaded_ops
 from kernels.interface import KernelSet
 
@@ -49,11 +51,16 @@ DEFAULT_WORK_BYTES = 512 * 2**20
 # Fit functions per partial sum of J and K. Every build adds the partial sums of consecutive
 # blocks of this many fit functions in the same order, whatever the memory budget (which sets
 # only how many blocks are read from a tensor file at once), so that a build's bits, and the
-# SCF's cycle count, do not follow the budget (issue 21). With 512 the half transform's
-# products are wide enough to run near the rate of the whole width (single-thread CPU time of
-# an (H2O)16 build within 11% of all 1856 at once; 256: 22%), and one block's G is
-# nao nocc 512 numbers (126 MB for (H2O)16, against 0.46 GB for the whole width).
+# SCF's cycle count, do not follow the budget (issue 21). Each block's K is one rank-k update
+# of nao rows with an inner size of nocc 512 (40,960 for (H2O)16), near the dgemm rate.
 SUMMATION_BLOCK = 512
+# Half-transformed tensor G held for one half-transform product: the products span as many
+# whole summation blocks as this holds (at least one, at most the tensor's width). Their width
+# follows only the sizes, so a build's bits do not follow the memory budget. Products over all
+# of (H2O)16's 1856 fit functions instead of 512 at a time: one gather per AO function instead
+# of four, in wider products (the half transform 0.61-0.64 s -> 0.52-0.57 s per fp64 build);
+# their G, 0.46 GB, is held until the rank-k updates.
+PRODUCT_BYTES = 512 * 2**20
 # Below this many multiply-adds a build runs on one thread: its products are too small to
 # gain from two, and a core busy with another process makes each parallel region wait.
 SINGLE_THREAD_WORK = 2e8
@@ -149,14 +156,15 @@ class JkEngine:
                   None if f.right is None else
                   torch.as_tensor(f.right, dtype=ks.dtype, device=ks.device))
                  for n, fs in enumerate(factors if with_k else []) for f in fs]
-        for w0, w1 in self._windows(nao, max(columns, 1)):
+        product = self._product_width(nao, max(columns, 1))
+        for w0, w1 in self._windows(nao, max(columns, 1), product):
             sums = [(s0, min(w1, s0 + SUMMATION_BLOCK)) for s0 in range(w0, w1, SUMMATION_BLOCK)]
             halves = [[self._halves(nao, slot, j, s1 - s0, left, right)
                        for slot, (_, _, left, right) in enumerate(sides)]
                       for j, (s0, s1) in enumerate(sums)]
             rho = [torch.zeros((nset, s1 - s0), dtype=js.dtype, device=js.device)
                    for s0, s1 in sums]
-            self._half_transform(w0, w1, sums, density, sides, halves, rho)
+            self._half_transform(w0, w1, product, sums, density, sides, halves, rho)
             for block_halves in halves:
                 self._exchange(sides, block_halves, vk, k_scale, nao)
             if with_j:
@@ -171,12 +179,20 @@ class JkEngine:
             vj = square + square.transpose(0, 2, 1)
         return vj, vk
 
-    def _windows(self, nao: int, columns: int) -> list[tuple[int, int]]:
-        """The fit functions read from the tensor at once: one summation block from memory;
-        from a file, as many whole blocks as the work budget holds, so that its narrow
-        column chunks are read in fewer, wider pieces. Only this span follows the budget."""
+    def _product_width(self, nao: int, columns: int) -> int:
+        """Fit functions per half-transform product: whole summation blocks, as many as
+        ``PRODUCT_BYTES`` of G holds, at least one, at most the tensor's width. It follows
+        only the sizes."""
+        itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
+        blocks = max(1, PRODUCT_BYTES // (itemsize * nao * columns * SUMMATION_BLOCK))
+        return min(self.tensor.width, blocks * SUMMATION_BLOCK)
+
+    def _windows(self, nao: int, columns: int, product: int) -> list[tuple[int, int]]:
+        """The fit functions read from the tensor at once: one product's from memory; from a
+        file, as many whole products' as the work budget holds, so that its narrow column
+        chunks are read in fewer, wider pieces. Only this span follows the budget."""
         width = self.tensor.width
-        span = min(SUMMATION_BLOCK, width)
+        span = product
         if self.tensor.store.location != "memory":
             itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
             widest = max(chunk.rows for chunk in self.tensor.layout.chunks)
@@ -184,23 +200,26 @@ class JkEngine:
             span *= max(1, self.work_bytes // (per_aux * span))
         return [(w0, min(width, w0 + span)) for w0 in range(0, width, span)]
 
-    def _half_transform(self, w0: int, w1: int, sums: list[tuple[int, int]],
+    def _half_transform(self, w0: int, w1: int, product: int, sums: list[tuple[int, int]],
                         density: torch.Tensor | None, sides: list, halves: list,
                         rho: list[torch.Tensor]) -> None:
         """Each summation block's G (and, with ``density`` = D + D^T on the packed pairs,
-        its fitted density rho) from the tensor's window [w0, w1), chunk by chunk."""
+        its fitted density rho) from the tensor's window [w0, w1), chunk by chunk, in
+        products ``product`` fit functions wide (whole summation blocks)."""
         js = self.coulomb_set
         pairs = self.tensor.pairs
         for index, chunk in enumerate(self.tensor.layout.chunks):
             window = self.tensor.chunk(chunk, w0, w1)
-            for j, (s0, s1) in enumerate(sums):
-                exact_rows = window[:, s0 - w0:s1 - w0]
-                if density is not None:
+            if density is not None:
+                for j, (s0, s1) in enumerate(sums):
                     rho[j] += js.gemm(density[:, chunk.offset:chunk.offset + chunk.rows],
-                                      exact_rows.to(dtype=js.dtype, device=js.device))
-                if sides:
-                    self._transform_chunk(index, self._in_kernel_precision(exact_rows), sides,
-                                          halves[j])
+                                      window[:, s0 - w0:s1 - w0].to(dtype=js.dtype,
+                                                                    device=js.device))
+            for p0 in range(w0, w1, product) if sides else ():
+                p1 = min(w1, p0 + product)
+                targets = [(halves[j], s0 - p0, s1 - p0) for j, (s0, s1) in enumerate(sums)
+                           if p0 <= s0 < p1]
+                self._transform_chunk(index, window[:, p0 - w0:p1 - w0], sides, targets)
         for block_halves in halves:
             for g_left, g_right in block_halves:
                 for g in (g_left, g_right):
@@ -208,39 +227,47 @@ class JkEngine:
                         g[pairs.unpaired] = 0.0
 
     def _transform_chunk(self, index: int, rows: torch.Tensor, sides: list,
-                         block_halves: list) -> None:
-        """Every AO function's part of G from one chunk's rows: its pairs gathered, times
-        the factor's rows of their partners; written at the function's first chunk, added
-        at later ones."""
+                         targets: list) -> None:
+        """Every AO function's part of G from one chunk's rows (fp64, one product's fit
+        functions): its pairs gathered where the tensor is, times the factor's rows of their
+        partners in one product, whose columns go to the summation blocks ``targets``
+        (each block's G pair and its columns in the product); written at the function's first
+        chunk, added at later ones."""
         ks = self.kernel_set
-        chunk_pairs = self._device_pairs(index)
+        chunk_pairs = self.tensor.pairs.chunks[index]
+        partners_on_device = self._device_partners(index)
         first = self.tensor.pairs.first_chunk
-        gathered = self._buffer(("gathered",), (self.tensor.layout.nao + 1) * rows.shape[1])
+        width = rows.shape[1]
+        gathered = self._buffer(("gathered",), (self.tensor.layout.nao + 1) * width,
+                                rows.dtype, rows.device)
         for mu in chunk_pairs.functions:
             a, b = chunk_pairs.starts[mu], chunk_pairs.starts[mu + 1]
-            block = torch.index_select(rows, 0, chunk_pairs.rows[a:b],
-                                       out=gathered[:(b - a) * rows.shape[1]].view(b - a, -1))
-            partners = chunk_pairs.partners[a:b]
-            for (_, _, left, right), halves in zip(sides, block_halves):
-                for factor, g in ((left, halves[0]), (right, halves[1])):
+            block = self._in_kernel_precision(torch.index_select(
+                rows, 0, chunk_pairs.rows[a:b], out=gathered[:(b - a) * width].view(b - a, -1)))
+            partners = partners_on_device[a:b]
+            for slot, (_, _, left, right) in enumerate(sides):
+                for side, factor in enumerate((left, right)):
                     if factor is None:
                         continue
-                    transposed = factor[partners].T
-                    if first[mu] == index:
-                        ks.gemm(transposed, block, out=g[mu])
-                    else:
-                        g[mu] += ks.gemm(transposed, block)
+                    out = self._buffer(("product",), factor.shape[1] * width)
+                    product = ks.gemm(factor[partners].T, block,
+                                      out=out.view(factor.shape[1], width))
+                    for block_halves, b0, b1 in targets:
+                        g = block_halves[slot][side][mu]
+                        if first[mu] == index:
+                            g.copy_(product[:, b0:b1])
+                        else:
+                            g += product[:, b0:b1]
 
-    def _device_pairs(self, index: int) -> ChunkPairs:
-        """One chunk's pair index with its index arrays on the kernel set's device."""
-        chunk_pairs = self.tensor.pairs.chunks[index]
+    def _device_partners(self, index: int) -> torch.Tensor:
+        """One chunk's partner index on the kernel set's device."""
+        partners = self.tensor.pairs.chunks[index].partners
         device = self.kernel_set.device
-        if chunk_pairs.rows.device == device:
-            return chunk_pairs
-        key = ("pairs", index, device)
+        if partners.device == device:
+            return partners
+        key = ("partners", index, device)
         if key not in self._buffers:
-            self._buffers[key] = replace(chunk_pairs, rows=chunk_pairs.rows.to(device),
-                                         partners=chunk_pairs.partners.to(device))
+            self._buffers[key] = partners.to(device)
         return self._buffers[key]
 
     def _exchange(self, sides: list, block_halves: list, vk: np.ndarray, k_scale: float,
@@ -255,23 +282,25 @@ class JkEngine:
                 product = ks.gemm(g_left, g_right.reshape(nao, -1).T).to(torch.float64)
             vk[n] += sign * k_scale * product.cpu().numpy()
 
-    def _in_kernel_precision(self, rows: torch.Tensor) -> torch.Tensor:
-        """A chunk's rows in the exchange kernels' dtype and device. A conversion goes into
-        storage kept from build to build: a fresh array per chunk would be paid again in page
-        faults every build."""
+    def _in_kernel_precision(self, block: torch.Tensor) -> torch.Tensor:
+        """One function's gathered rows in the exchange kernels' dtype and device. A
+        conversion goes into storage kept from build to build: a fresh array per function
+        would be paid again in page faults every build."""
         ks = self.kernel_set
-        if rows.dtype == ks.dtype and rows.device == ks.device:
-            return rows
-        widest = max(chunk.rows for chunk in self.tensor.layout.chunks)
-        staging = self._buffer(("staging",), widest * min(SUMMATION_BLOCK, self.tensor.width))
-        return staging[:rows.numel()].view(rows.shape).copy_(rows)
+        if block.dtype == ks.dtype and block.device == ks.device:
+            return block
+        staging = self._buffer(("staging",), (self.tensor.layout.nao + 1) * block.shape[1])
+        return staging[:block.numel()].view(block.shape).copy_(block)
 
-    def _buffer(self, name: tuple, numel: int) -> torch.Tensor:
-        """Storage in the kernel set's dtype and device, kept from build to build."""
-        ks = self.kernel_set
-        key = (*name, ks.dtype, ks.device, numel)
+    def _buffer(self, name: tuple, numel: int, dtype: torch.dtype | None = None,
+                device: torch.device | None = None) -> torch.Tensor:
+        """Storage kept from build to build, in the kernel set's dtype and device unless
+        given."""
+        dtype = dtype if dtype is not None else self.kernel_set.dtype
+        device = device if device is not None else self.kernel_set.device
+        key = (*name, dtype, device, numel)
         if key not in self._buffers:
-            self._buffers[key] = torch.empty(numel, dtype=ks.dtype, device=ks.device)
+            self._buffers[key] = torch.empty(numel, dtype=dtype, device=device)
         return self._buffers[key]
 
     def _halves(self, nao: int, slot: int, index: int, width: int, left: torch.Tensor,
