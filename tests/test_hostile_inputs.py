@@ -2,6 +2,7 @@
 record that claims success."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -201,6 +202,12 @@ FILE_CASES = [
      ["run", NOT_UTF8 + ".xyz", "-o", NOT_UTF8 + ".h5"], 2, "not"),
     ("non-UTF-8 non-record given to show", _copy("notes.h5", NOT_UTF8 + ".h5"),
      ["show", NOT_UTF8 + ".h5"], 2, "not a readable HDF5 run record"),
+    # The terminal must get the name's escape sequence and line break as text: raw, they
+    # cleared the screen and split the one error line in two.
+    ("missing molecule named with terminal controls", None,
+     ["run", "a\x1b[2J\x1b[31mb\nc.xyz"], 2, "a\\x1b[2J\\x1b[31mb\\nc.xyz"),
+    ("non-record named with terminal controls", _copy("notes.h5", "n\x9b2J\r.h5"),
+     ["show", "n\x9b2J\r.h5"], 2, "n\\x9b2J\\x0d.h5"),
 ]
 
 
@@ -267,3 +274,26 @@ def test_a_batch_of_a_file_name_that_is_not_utf8_writes_its_summaries(tmp_path, 
     rows = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert os.fsencode(rows[0]["molecule"]).endswith(b"x\xffy.xyz")
     assert rows[0]["status"] == "complete"
+
+
+def test_a_batch_of_hostile_names_keeps_the_terminal_and_the_spreadsheet_safe(
+        tmp_path, run_cli, monkeypatch):
+    """A molecule file named like a spreadsheet formula, with a terminal escape sequence and a
+    line break in it: the table shows them as escapes on one line, the CSV cell starts with a
+    quote (a spreadsheet would run the formula), and the JSON keeps the exact name."""
+    for variable in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT"):
+        monkeypatch.delenv(variable, raising=False)
+    name = '=HYPERLINK("x")\x1b[2J\nw.xyz'
+    shutil.copy(HOSTILE.parent.parent / "molecules" / "water.xyz", tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("batch", name, "--basis", "sto-3g", "--backend", "torch", "--out", "out")
+    assert result.code == 0, result.err
+    assert "\x1b" not in result.out
+    row_lines = [line for line in result.out.splitlines() if "HYPERLINK" in line]
+    assert len(row_lines) == 1 and '=HYPERLINK("x")\\x1b[2J\\nw.xyz' in row_lines[0]
+    with open(tmp_path / "out" / "summary.csv", newline="", encoding="utf-8") as handle:
+        cells = next(csv.DictReader(handle))
+    assert cells["molecule"] == "'" + '=HYPERLINK("x")\\x1b[2J\\nw.xyz'
+    assert float(cells["e_tot"]) < 0 and cells["status"] == "complete"
+    rows = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
+    assert rows[0]["molecule"] == name

@@ -26,6 +26,7 @@ from dfmp2.cli.group import cli
 from dfmp2.cli.options import NKI_PLATFORM_ENV
 from dfmp2.errors import Dfmp2Error, Interrupted
 from dfmp2.system import interrupts
+from dfmp2.system.files import printable
 
 __all__ = ["main", "cli"]
 
@@ -47,6 +48,13 @@ def _quiet_kept_interrupt(unraisable) -> None:
     sys.__unraisablehook__(unraisable)
 
 
+class _PrintableFormatter(logging.Formatter):
+    """Log lines whose file names cannot act on the terminal (control characters escaped)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures,
     128 + N after signal N."""
@@ -56,8 +64,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         # garbage collection, the ones at exit included: 0.3-0.4 s less per command (measured).
         gc.freeze()
     args = sys.argv[1:] if argv is None else list(argv)
-    logging.basicConfig(level=logging.WARNING, format="dfmp2: %(levelname)s: %(message)s",
-                        stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("dfmp2: %(levelname)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     # A file name that is not UTF-8 (kept by Python as surrogate escapes) is printed as \xNN
     # rather than ending a finished run in UnicodeEncodeError under a strict locale.
     with contextlib.suppress(AttributeError, ValueError):
@@ -75,10 +84,10 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         click.echo("Error: interrupted", err=True)
         sys.exit(EXIT_SIGINT)
     except click.ClickException as exc:
-        click.echo(f"Error: {exc.format_message()}", err=True)
+        click.echo(f"Error: {printable(exc.format_message(), one_line=True)}", err=True)
         sys.exit(exc.exit_code)
     except Dfmp2Error as exc:
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {printable(str(exc), one_line=True)}", err=True)
         sys.exit(exc.exit_code)
     finally:
         sys.unraisablehook = previous_hook

@@ -21,8 +21,8 @@ def print_outcome(outcome: RunOutcome, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
     else:
-        click.echo(report.summary(outcome.record))
-        click.echo(f"\nrecord written to {outcome.path}")
+        click.echo(printable(report.summary(outcome.record)))
+        click.echo(f"\nrecord written to {printable(str(outcome.path))}")
 
 
 def print_properties(record: Node, path: Path, as_json: bool) -> None:

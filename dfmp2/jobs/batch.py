@@ -51,6 +51,8 @@ INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
 # A molecule whose record another dfmp2 run holds is left to that run: not a failure here.
 RUNNING_ELSEWHERE = "running elsewhere"
 OTHER_RUN = "(other run)"
+# First characters that make a spreadsheet read a CSV cell as a formula.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 @dataclass
@@ -321,12 +323,21 @@ def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]
     writer = csv.DictWriter(table, fieldnames=SUMMARY_FIELDS)
     writer.writeheader()
     for row in rows:
-        writer.writerow({key: row.get(key, "") for key in SUMMARY_FIELDS})
-    # A file name that is not UTF-8 is shown with \xNN escapes, as on the terminal; the JSON
-    # keeps its exact bytes as \udcNN escapes (os.fsencode gives the name back).
-    _replace_file(csv_path, printable(table.getvalue()))
+        writer.writerow({key: _csv_cell(row.get(key, "")) for key in SUMMARY_FIELDS})
+    _replace_file(csv_path, table.getvalue())
     _replace_file(json_path, json.dumps(rows, indent=1, default=str) + "\n")
     return rows, csv_path, json_path
+
+
+def _csv_cell(value):
+    """A summary value for the CSV. Text is shown as on the terminal (bytes that are not UTF-8
+    and control characters as escapes; the JSON keeps the exact text, and os.fsencode of its
+    \\udcNN escapes gives a name's bytes back), and text that a spreadsheet would take for a
+    formula (a file named ``=cmd|...``) starts with a quote, as OWASP advises for CSV files."""
+    if not isinstance(value, str):
+        return value
+    text = printable(value, one_line=True)
+    return f"'{text}" if text.startswith(FORMULA_STARTS) else text
 
 
 def format_table(rows: list[dict]) -> str:
@@ -335,10 +346,12 @@ def format_table(rows: list[dict]) -> str:
     for row in rows:
         e_corr = f"{row['e_corr']:16.10f}" if "e_corr" in row else f"{'-':>16}"
         e_tot = f"{row['e_tot']:18.10f}" if "e_tot" in row else f"{'-':>18}"
-        lines.append(f"{row['index']:>3} {Path(row['molecule']).name[:32]:<32} "
-                     f"{row['basis'][:10]:<10} {row['status'][:24]:<24} {e_corr} {e_tot} "
+        name, basis, status = (printable(text, one_line=True) for text in
+                               (Path(row["molecule"]).name, row["basis"], row["status"]))
+        lines.append(f"{row['index']:>3} {name[:32]:<32} "
+                     f"{basis[:10]:<10} {status[:24]:<24} {e_corr} {e_tot} "
                      f"{row['seconds']:7.1f}")
-    left = [Path(row["molecule"]).name for row in rows
+    left = [printable(Path(row["molecule"]).name, one_line=True) for row in rows
             if row["status"] == RUNNING_ELSEWHERE or row["status"].endswith(OTHER_RUN)]
     if left:
         lines += ["", f"left to another dfmp2 run that held their records: {', '.join(left)}"]

@@ -157,10 +157,19 @@ def check_name_length(path: Path, folder: Path) -> None:
                          "choose a shorter -o")
 
 
-def printable(text: str) -> str:
+# C0 control characters but tab and newline, DEL and the C1 controls: in a file name they could
+# clear or recolour the user's terminal, move its cursor, or forge a line of our output.
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))
+             if code not in (0x09, 0x0A)}
+_CONTROLS_AND_BREAKS = {**_CONTROLS, 0x09: "\\t", 0x0A: "\\n"}
+
+
+def printable(text: str, one_line: bool = False) -> str:
     """``text`` for a terminal of any locale: bytes of a file name that are not UTF-8 (surrogate
-    escapes in a str) shown as ``\\xNN`` rather than failing the print."""
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    escapes in a str) shown as ``\\xNN`` rather than failing the print, and control characters
+    as escapes (tabs and newlines too with ``one_line``: for a table cell or an error line)."""
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text.translate(_CONTROLS_AND_BREAKS if one_line else _CONTROLS)
 
 
 def disk_reason(exc: OSError, remedy: str) -> str:
