@@ -144,14 +144,11 @@ def test_out_of_core_jk_tensor_gives_the_same_cycles_and_energies(run_cli, tmp_p
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32"])
 def test_jk_bits_do_not_follow_the_memory_budget(precision, tmp_path, monkeypatch):
-    """The same J and K, to the bit, from a tensor in memory and from a file read one
-    summation block or several at a time, in several chunks of pairs and in half-transform
-    products of several blocks each (issue 21: the budget used to set the block over which
-    the fit functions were summed)."""
+    """The same J and K, to the bit, from a tensor in memory and from a file, taken one
+    summation block or several at a time (each AO function's pairs gathered for one block or
+    for several), in several chunks of pairs (issue 21: the budget used to set the block
+    over which the fit functions were summed)."""
     monkeypatch.setattr(jk, "SUMMATION_BLOCK", 64)
-    # Two fp64 blocks of the dimer's G (48 AOs, 10 orbitals) per product: a window from
-    # memory is one product, one from a file several.
-    monkeypatch.setattr(jk, "PRODUCT_BYTES", 2 * 8 * 48 * 10 * 64)
     monkeypatch.setattr(jk_tensor, "CHUNK_PAIRS", 300)
     mol = pyscf_molecule("water_dimer", "cc-pvdz")
     mf = scf.RHF(mol)
@@ -163,7 +160,11 @@ def test_jk_bits_do_not_follow_the_memory_budget(precision, tmp_path, monkeypatc
     kernel_set = kernels.load("torch", precision)
     exact = kernels.load("torch", "fp64")
     results = []
-    for budget, work in ((2 * 10**9, None), (2 * 10**6, None), (2 * 10**6, 2**30)):
+    # A work budget that holds one block's G (48 AOs, 10 orbitals, 64 fit functions) and a
+    # little: windows of one block, from memory and from a file; the others take several.
+    one_block = 2 * 8 * 48 * 10 * 64 + 1000
+    for budget, work in ((2 * 10**9, None), (2 * 10**9, one_block), (2 * 10**6, one_block),
+                         (2 * 10**6, 2**30)):
         engine_df = KernelDF(mol, aux, ScfKernels(kernel_set, exact), budget,
                              ScratchArea(tmp_path, f"b{budget}")).build()
         engine = engine_df.engine

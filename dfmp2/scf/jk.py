@@ -11,8 +11,8 @@ eigenvectors of D, positive and negative parts separately. The half-transformed 
 G[mu, (i, P)] = (F^T B_P)[i, mu] is built one AO function at a time: function mu's
 significant pairs (:class:`dfmp2.scf.jk_tensor.PairIndex`, as row and as column of the
 packed triangle) are gathered into one block of rows and multiplied by the factor's rows of
-their partners, a matrix product whose inner size is mu's number of partners and whose width
-is whole summation blocks (below), as many as ``PRODUCT_BYTES`` of G holds. Then
+their partners, a matrix product whose inner size is mu's number of partners, one per
+summation block (below) of the fit functions taken at once (gathered once for all). Then
 K = G G^T by a symmetric rank-k update. Per build that is 2 naux nocc (2 n_pairs) + naux
 nao^2 nocc multiply-adds, where n_pairs is the number of significant pairs (at most
 nao (nao + 1) / 2).
@@ -21,10 +21,10 @@ Summation order. The fit index P is cut into fixed blocks of SUMMATION_BLOCK fun
 block's rho, J part and K part (G G^T of that block, in the kernel set's precision) are
 formed on their own and added into fp64 J and K in block order. The tensor's rows are read
 in chunks fixed by the sizes alone (:data:`dfmp2.scf.jk_tensor.CHUNK_PAIRS`); an AO
-function's row of G adds the chunks' products in chunk order; the products' width follows
-the sizes alone. The memory budget only decides how many products' fit functions are read
-from a tensor file at once, so a build's bits do not depend on it, and an fp32 K is fp32
-within a block and fp64 across blocks.
+function's row of G adds the chunks' products in chunk order. The memory budget only
+decides how many blocks are taken at once (gathered together, and read together from a
+tensor file), so a build's bits do not depend on it, and an fp32 K is fp32 within a block
+and fp64 across blocks.
 
 J and K are both sums over the fit index P, so a tensor that holds only some of the fit
 functions (one rank's slice, :mod:`dfmp2.scf.jk_tensor`) builds that rank's part of them; the
@@ -46,7 +46,8 @@ from kernels.interface import KernelSet
 # Eigenvalues of an untagged density below this (relative to the largest) carry no exchange
 # worth a column of F: 1e-14 of it is far below the SCF's 1e-12 Eh energy threshold.
 FACTOR_CUTOFF = 1e-14
-# Work arrays of one build: the half-transformed tensor G of the fit functions read at once.
+# Work arrays of one build: the half-transformed tensor G of the fit functions taken at once
+# (a window: one gather of each AO function's pairs serves all of its summation blocks).
 DEFAULT_WORK_BYTES = 512 * 2**20
 # Fit functions per partial sum of J and K. Every build adds the partial sums of consecutive
 # blocks of this many fit functions in the same order, whatever the memory budget (which sets
@@ -54,13 +55,6 @@ DEFAULT_WORK_BYTES = 512 * 2**20
 # SCF's cycle count, do not follow the budget (issue 21). Each block's K is one rank-k update
 # of nao rows with an inner size of nocc 512 (40,960 for (H2O)16), near the dgemm rate.
 SUMMATION_BLOCK = 512
-# Half-transformed tensor G held for one half-transform product: the products span as many
-# whole summation blocks as this holds (at least one, at most the tensor's width). Their width
-# follows only the sizes, so a build's bits do not follow the memory budget. Products over all
-# of (H2O)16's 1856 fit functions instead of 512 at a time: one gather per AO function instead
-# of four, in wider products (the half transform 0.61-0.64 s -> 0.52-0.57 s per fp64 build);
-# their G, 0.46 GB, is held until the rank-k updates.
-PRODUCT_BYTES = 512 * 2**20
 # Below this many multiply-adds a build runs on one thread: its products are too small to
 # gain from two, and a core busy with another process makes each parallel region wait.
 SINGLE_THREAD_WORK = 2e8
@@ -156,15 +150,14 @@ class JkEngine:
                   None if f.right is None else
                   torch.as_tensor(f.right, dtype=ks.dtype, device=ks.device))
                  for n, fs in enumerate(factors if with_k else []) for f in fs]
-        product = self._product_width(nao, max(columns, 1))
-        for w0, w1 in self._windows(nao, max(columns, 1), product):
+        for w0, w1 in self._windows(nao, max(columns, 1)):
             sums = [(s0, min(w1, s0 + SUMMATION_BLOCK)) for s0 in range(w0, w1, SUMMATION_BLOCK)]
             halves = [[self._halves(nao, slot, j, s1 - s0, left, right)
                        for slot, (_, _, left, right) in enumerate(sides)]
                       for j, (s0, s1) in enumerate(sums)]
             rho = [torch.zeros((nset, s1 - s0), dtype=js.dtype, device=js.device)
                    for s0, s1 in sums]
-            self._half_transform(w0, w1, product, sums, density, sides, halves, rho)
+            self._half_transform(w0, w1, sums, density, sides, halves, rho)
             for block_halves in halves:
                 self._exchange(sides, block_halves, vk, k_scale, nao)
             if with_j:
@@ -179,33 +172,24 @@ class JkEngine:
             vj = square + square.transpose(0, 2, 1)
         return vj, vk
 
-    def _product_width(self, nao: int, columns: int) -> int:
-        """Fit functions per half-transform product: whole summation blocks, as many as
-        ``PRODUCT_BYTES`` of G holds, at least one, at most the tensor's width. It follows
-        only the sizes."""
-        itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
-        blocks = max(1, PRODUCT_BYTES // (itemsize * nao * columns * SUMMATION_BLOCK))
-        return min(self.tensor.width, blocks * SUMMATION_BLOCK)
-
-    def _windows(self, nao: int, columns: int, product: int) -> list[tuple[int, int]]:
-        """The fit functions read from the tensor at once: one product's from memory; from a
-        file, as many whole products' as the work budget holds, so that its narrow column
-        chunks are read in fewer, wider pieces. Only this span follows the budget."""
+    def _windows(self, nao: int, columns: int) -> list[tuple[int, int]]:
+        """The fit functions taken at once: as many whole summation blocks as the work budget
+        holds of their G (and, from a tensor file, of their rows read), at least one. Each
+        AO function's pairs are gathered once per window, and a file's narrow column chunks
+        are read in fewer, wider pieces. Only this span follows the budget."""
         width = self.tensor.width
-        span = product
+        itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
+        per_aux = itemsize * 2 * nao * columns
         if self.tensor.store.location != "memory":
-            itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
-            widest = max(chunk.rows for chunk in self.tensor.layout.chunks)
-            per_aux = itemsize * 2 * nao * columns + FP64_BYTES * widest
-            span *= max(1, self.work_bytes // (per_aux * span))
+            per_aux += FP64_BYTES * max(chunk.rows for chunk in self.tensor.layout.chunks)
+        span = SUMMATION_BLOCK * max(1, self.work_bytes // (per_aux * SUMMATION_BLOCK))
         return [(w0, min(width, w0 + span)) for w0 in range(0, width, span)]
 
-    def _half_transform(self, w0: int, w1: int, product: int, sums: list[tuple[int, int]],
+    def _half_transform(self, w0: int, w1: int, sums: list[tuple[int, int]],
                         density: torch.Tensor | None, sides: list, halves: list,
                         rho: list[torch.Tensor]) -> None:
         """Each summation block's G (and, with ``density`` = D + D^T on the packed pairs,
-        its fitted density rho) from the tensor's window [w0, w1), chunk by chunk, in
-        products ``product`` fit functions wide (whole summation blocks)."""
+        its fitted density rho) from the tensor's window [w0, w1), chunk by chunk."""
         js = self.coulomb_set
         pairs = self.tensor.pairs
         for index, chunk in enumerate(self.tensor.layout.chunks):
@@ -215,11 +199,10 @@ class JkEngine:
                     rho[j] += js.gemm(density[:, chunk.offset:chunk.offset + chunk.rows],
                                       window[:, s0 - w0:s1 - w0].to(dtype=js.dtype,
                                                                     device=js.device))
-            for p0 in range(w0, w1, product) if sides else ():
-                p1 = min(w1, p0 + product)
-                targets = [(halves[j], s0 - p0, s1 - p0) for j, (s0, s1) in enumerate(sums)
-                           if p0 <= s0 < p1]
-                self._transform_chunk(index, window[:, p0 - w0:p1 - w0], sides, targets)
+            if sides:
+                self._transform_chunk(index, window, sides,
+                                      [(block_halves, s0 - w0, s1 - w0)
+                                       for block_halves, (s0, s1) in zip(halves, sums)])
         for block_halves in halves:
             for g_left, g_right in block_halves:
                 for g in (g_left, g_right):
@@ -228,11 +211,11 @@ class JkEngine:
 
     def _transform_chunk(self, index: int, rows: torch.Tensor, sides: list,
                          targets: list) -> None:
-        """Every AO function's part of G from one chunk's rows (fp64, one product's fit
-        functions): its pairs gathered where the tensor is, times the factor's rows of their
-        partners in one product, whose columns go to the summation blocks ``targets``
-        (each block's G pair and its columns in the product); written at the function's first
-        chunk, added at later ones."""
+        """Every AO function's part of G from one chunk's rows (fp64, the window's fit
+        functions): its pairs gathered once where the tensor is, then for each summation
+        block of ``targets`` (its G and its columns in the window) times the factor's rows
+        of their partners; written at the function's first chunk, added at later ones. Each
+        block's product is the same whatever the window, so are its bits."""
         ks = self.kernel_set
         chunk_pairs = self.tensor.pairs.chunks[index]
         partners_on_device = self._device_partners(index)
@@ -249,15 +232,13 @@ class JkEngine:
                 for side, factor in enumerate((left, right)):
                     if factor is None:
                         continue
-                    out = self._buffer(("product",), factor.shape[1] * width)
-                    product = ks.gemm(factor[partners].T, block,
-                                      out=out.view(factor.shape[1], width))
+                    transposed = factor[partners].T
                     for block_halves, b0, b1 in targets:
                         g = block_halves[slot][side][mu]
                         if first[mu] == index:
-                            g.copy_(product[:, b0:b1])
+                            ks.gemm(transposed, block[:, b0:b1], out=g)
                         else:
-                            g += product[:, b0:b1]
+                            g += ks.gemm(transposed, block[:, b0:b1])
 
     def _device_partners(self, index: int) -> torch.Tensor:
         """One chunk's partner index on the kernel set's device."""
