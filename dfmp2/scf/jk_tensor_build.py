@@ -37,8 +37,10 @@ from dfmp2.system.memory import FP64_BYTES, JK_TENSOR_IN_MEMORY_SHARE, fits_in_m
 
 log = logging.getLogger(__name__)
 # Fitted rows computed at once (at least one AO row's pairs): one triangular solve, and on
-# several ranks one rank's piece of a round.
-UNIT_BYTES = 64 * 2**20
+# several ranks one rank's piece of a round. (H2O)16's tensor, 32 MB against 64 MB: 7.13-7.17 s
+# against 7.48-7.52 s in one process (two threads), and 34 units instead of 17, which two ranks
+# share evenly (with 17, one rank fitted a unit more and the other waited 0.8 s for it).
+UNIT_BYTES = 32 * 2**20
 
 
 def _open_slice(layout: PairLayout, width: int, widest: int, budget: int,
