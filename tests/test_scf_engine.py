@@ -86,10 +86,12 @@ def test_engine_builds_match_pyscf_for_tagged_untagged_and_general_densities():
 
 @pytest.mark.parametrize("fit_screen", [1e-12, 1.0])
 def test_builds_equal_the_dense_contraction_of_the_stored_pairs(fit_screen, monkeypatch):
-    """J and K from the significant pairs, read in several chunks, equal the contraction of
-    the whole stored tensor; with a screen of 1.0 most pairs, and every pair of some AO
-    functions, are left out (their rows of G are zero)."""
+    """J and K from the significant pairs, read in several chunks and taken several
+    summation blocks at a time, equal the contraction of the whole stored tensor, for a
+    symmetric density and for a general one (two-sided factors); with a screen of 1.0 most
+    pairs, and every pair of some AO functions, are left out (their rows of G are zero)."""
     monkeypatch.setattr(jk_tensor, "CHUNK_PAIRS", 200)
+    monkeypatch.setattr(jk, "SUMMATION_BLOCK", 64)
     monkeypatch.setattr(jk_tensor, "FIT_SCREEN", fit_screen)
     mol = pyscf_molecule("water_dimer", "cc-pvdz")
     auxmol = df.addons.make_auxmol(mol, df.make_auxbasis(mol))
@@ -101,13 +103,15 @@ def test_builds_equal_the_dense_contraction_of_the_stored_pairs(fit_screen, monk
     stored = np.zeros((tensor.naux, mol.nao, mol.nao))
     stored[:, lower[0], lower[1]] = tensor.store.read_rows(0, tensor.layout.npacked).numpy().T
     stored += stored.transpose(0, 2, 1)
-    density = np.random.default_rng(5).standard_normal((mol.nao, mol.nao))
-    density = density @ density.T
-    vj, vk = JkEngine(tensor, fp64).build(density[None], [factorize(density, 1)])
-    expected_j = np.einsum("pmn,p->mn", stored, np.einsum("pls,ls->p", stored, density))
-    expected_k = np.einsum("pml,ls,psn->mn", stored, density, stored)
-    assert np.abs(vj[0] - expected_j).max() <= 1e-12 * np.abs(expected_j).max()
-    assert np.abs(vk[0] - expected_k).max() <= 1e-12 * np.abs(expected_k).max()
+    assert tensor.naux > 3 * jk.SUMMATION_BLOCK
+    random = np.random.default_rng(5).standard_normal((mol.nao, mol.nao))
+    for density, hermi in ((random @ random.T, 1), (random, 0)):
+        vj, vk = JkEngine(tensor, fp64, work_bytes=2**30).build(density[None],
+                                                                [factorize(density, hermi)])
+        expected_j = np.einsum("pmn,p->mn", stored, np.einsum("pls,ls->p", stored, density))
+        expected_k = np.einsum("pml,ls,psn->mn", stored, density, stored)
+        assert np.abs(vj[0] - expected_j).max() <= 1e-12 * np.abs(expected_j).max()
+        assert np.abs(vk[0] - expected_k).max() <= 1e-12 * np.abs(expected_k).max()
 
 
 def test_hybrid_kohn_sham_through_the_engine_matches_pyscf():
