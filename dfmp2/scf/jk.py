@@ -51,7 +51,7 @@ FACTOR_CUTOFF = 1e-14
 DEFAULT_WORK_BYTES = 512 * 2**20
 # Fit functions per partial sum of J and K. Every build adds the partial sums of consecutive
 # blocks of this many fit functions in the same order, whatever the memory budget (which sets
-# only how many blocks are read from a tensor file at once), so that a build's bits, and the
+# only how many blocks a build takes at once), so that a build's bits, and the
 # SCF's cycle count, do not follow the budget (issue 21). Each block's K is one rank-k update
 # of nao rows with an inner size of nocc 512 (40,960 for (H2O)16), near the dgemm rate.
 SUMMATION_BLOCK = 512
