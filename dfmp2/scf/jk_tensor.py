@@ -46,9 +46,9 @@ FIT_SCREEN = 1e-12
 GATHER_SHARE = 0.1
 # AO pairs per chunk of rows that a build reads at once (whole AO rows, at least one). An AO
 # function's pairs in two chunks make two thinner products instead of one, so the chunk is
-# large (every molecule up to 511 basis functions is one chunk); from a scratch file one
-# chunk of one summation block is what a build holds, 512 MB at most. The cut follows only
-# the sizes, so a tensor in memory and one in a file give the same bits.
+# large (every molecule up to 511 basis functions is one chunk); from a scratch file a build
+# holds one chunk's rows of the summation blocks it takes at once, 512 MiB per block at most.
+# The cut follows only the sizes, so a tensor in memory and one in a file give the same bits.
 CHUNK_PAIRS = 2**17
 
 
