@@ -34,7 +34,7 @@ from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.optimize import SAME_GEOMETRY_BOHR
 from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded
-from dfmp2.mp2.methods import method_scales
+from dfmp2.jobs.stages import energy_scales, method_name
 from dfmp2.records.checkpoint import RESUME, REUSE, examine_previous, save_checkpoint
 from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesSection, Point,
                                                copy_reference, has_reference, read_points,
@@ -117,10 +117,10 @@ def check_budgets(calc: Calculation, env: Environment) -> None:
                           calc.auxbasis_functions(), calc.mol.nao_nr(), env.budget)
 
 
-def displacement_section(settings: RunSettings, options: FrequencyOptions,
+def displacement_section(calc: Calculation, settings: RunSettings, options: FrequencyOptions,
                          natoms: int) -> DisplacementSection:
-    os_scale, ss_scale = method_scales(settings.method, settings.scs_os, settings.scs_ss)
-    return DisplacementSection(settings.method, os_scale, ss_scale, options.step,
+    os_scale, ss_scale = energy_scales(calc, settings)
+    return DisplacementSection(method_name(calc, settings), os_scale, ss_scale, options.step,
                                point_count(natoms), f"{options.shard[0]}/{options.shard[1]}")
 
 
@@ -208,7 +208,7 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
     calc = job.calculation(settings.charge, settings.spin)
     check_budgets(calc, job.env)
     inputs = run_inputs(calc, settings, job.env)
-    expected = displacement_section(settings, options, job.geometry.natoms)
+    expected = displacement_section(calc, settings, options, job.geometry.natoms)
     reference = np.asarray(calc.mol.atom_coords())
     with RecordSession(path, job.env) as session:
         points, holder = {}, None
@@ -232,7 +232,7 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
             outcome = FrequencyOutcome(root, path, points[REFERENCE_POINT].energy, options,
                                        sorted(points))
             if not options.sharded:
-                _analyse(calc, settings.method, points, options, outcome)
+                _analyse(calc, method_name(calc, settings), points, options, outcome)
             session.finish(root, COMPLETE)
             return outcome
 

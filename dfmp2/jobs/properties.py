@@ -24,8 +24,8 @@ from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.preamble import active_sizes, make_plan, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded, shared_previous_run
-from dfmp2.jobs.stages import RunContext, mp2_section, reference_stage
-from dfmp2.mp2.methods import method_scales
+from dfmp2.jobs.stages import (RunContext, energy_scales, method_name, reference_stage,
+                               write_energies)
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.props.analysis import analyse
 from dfmp2.props.molden import check_molden_path, write_molden
@@ -110,8 +110,7 @@ def density_of(ctx: RunContext, scf_result: ScfResult, relaxed: bool) -> Mp2Dens
     settings, env = ctx.settings, ctx.env
     try:
         return mp2_densities(scf_result.mf, ctx.calc.nfrozen, ctx.calc.auxbasis,
-                             env.kernel_set,
-                             method_scales(settings.method, settings.scs_os, settings.scs_ss),
+                             env.kernel_set, energy_scales(ctx.calc, settings),
                              settings.occ_block, env.budget, ctx.scratch, env.world, relaxed)
     finally:
         release_integrals(scf_result.mf)
@@ -127,10 +126,11 @@ def properties_stage(ctx: RunContext, scf_result: ScfResult,
     ctx.timings["properties"] = time.perf_counter() - t0
     ctx.timings.update({f"properties_{k}": v for k, v in densities.timings.items()})
     write_timings(node, ctx.timings)
-    mp2_section(Mp2Energies(densities.e_os, densities.e_ss), densities.e_scf,
-                settings).write(node)
+    write_energies(ctx, scf_result, Mp2Energies(densities.e_os, densities.e_ss),
+                   densities.e_scf)
+    method = method_name(ctx.calc, settings)
     if not all(np.all(np.isfinite(d)) for d in densities.total):
-        raise RunFailure(f"the {settings.method} density overflowed to non-finite numbers; "
+        raise RunFailure(f"the {method} density overflowed to non-finite numbers; "
                          "give --scs-os/--scs-ss values of an ordinary size")
     given = request.origin is not None
     origin = np.asarray(request.origin, dtype=float) if given else nuclear_charge_centre(mol)
@@ -143,7 +143,8 @@ def properties_stage(ctx: RunContext, scf_result: ScfResult,
                                   mp2.natural_occupations))
     response = densities.response
     section = PropertiesSection(
-        settings.method, "relaxed" if request.relaxed else "unrelaxed", densities.e_tot,
+        method, "relaxed" if request.relaxed else "unrelaxed",
+        densities.e_tot + ctx.calc.e_disp,
         densities.e_scf, origin.tolist(), "given" if given else CENTRE,
         response_solver=response.solver if response else "",
         response_iterations=response.iterations if response else -1,

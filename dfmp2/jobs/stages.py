@@ -176,6 +176,20 @@ def calculate(ctx: RunContext) -> CalculationOutcome:
     return CalculationOutcome(scf_result, mp2_stage(ctx, scf_result))
 
 
+def energy_scales(calc: Calculation, settings: RunSettings) -> tuple[float, float]:
+    """(opposite-spin, same-spin) scales of the correlation energy the job computes (and
+    differentiates): the double hybrid's with ``--xc``, else the method's."""
+    functional = calc.functional
+    if functional is not None:
+        return functional.os_scale, functional.ss_scale
+    return method_scales(settings.method, settings.scs_os, settings.scs_ss)
+
+
+def method_name(calc: Calculation, settings: RunSettings) -> str:
+    """What the job's energy is: the double hybrid's name with ``--xc``, else the method."""
+    return settings.method if calc.functional is None else calc.functional.name
+
+
 def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf,
                   scratch: ScratchArea) -> GradientResult:
     """The relaxed gradient of the chosen method (or of the double hybrid, its dispersion
@@ -183,10 +197,9 @@ def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf
     in ``scratch`` when they do not fit), spread over the ranks of ``env.world`` (every rank
     calls this with its own ``mf``)."""
     functional = calc.functional
-    scales = (method_scales(settings.method, settings.scs_os, settings.scs_ss)
-              if functional is None else (functional.os_scale, functional.ss_scale))
     result = gradient.kernel(mf, calc.nfrozen, calc.auxbasis, calc.jk_auxbasis, env.kernel_set,
-                             scales, settings.occ_block, env.budget, scratch, env.world)
+                             energy_scales(calc, settings), settings.occ_block, env.budget,
+                             scratch, env.world)
     if functional is None or functional.dispersion is None:
         return result
     return dataclasses.replace(
@@ -208,15 +221,11 @@ def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
     ctx.timings["gradient"] = time.perf_counter() - t0
     ctx.timings.update({f"gradient_{k}": v for k, v in result.timings.items()})
     write_timings(node, ctx.timings)
-    energies = Mp2Energies(result.e_os, result.e_ss)
-    mp2_section(energies, result.e_scf, settings).write(node)
-    if ctx.calc.functional is not None:
-        double_hybrid_section(ctx.calc, scf_result, energies).write(node)
+    write_energies(ctx, scf_result, Mp2Energies(result.e_os, result.e_ss), result.e_scf)
+    method = method_name(ctx.calc, settings)
     if not np.all(np.isfinite(result.gradient)):
-        raise RunFailure(f"the {settings.method} gradient overflowed to non-finite numbers; "
+        raise RunFailure(f"the {method} gradient overflowed to non-finite numbers; "
                          "give --scs-os/--scs-ss values of an ordinary size")
-    functional = ctx.calc.functional
-    method = settings.method if functional is None else functional.name
     write_gradient(node, GradientSection(method, result.e_tot, *result.scales,
                                          result.jk_builds,
                                          tensors="scratch" if result.out_of_core else "memory",
@@ -228,6 +237,15 @@ def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
     if world.size > 1:
         write_distributed(node, world.size, world.backend, result.ranks)
     return result
+
+
+def write_energies(ctx: RunContext, scf_result: ScfResult, energies: Mp2Energies,
+                   e_scf: float) -> None:
+    """The MP2 energies of a gradient or density into the context's node, and with ``--xc``
+    the double hybrid's."""
+    mp2_section(energies, e_scf, ctx.settings).write(ctx.node)
+    if ctx.calc.functional is not None:
+        double_hybrid_section(ctx.calc, scf_result, energies).write(ctx.node)
 
 
 def mp2_section(energies: Mp2Energies, e_scf: float, settings: RunSettings) -> Mp2Section:

@@ -20,7 +20,7 @@ from dfmp2.input.calculation import Calculation
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs.optimize import geometry_at, job_scf, scf_and_gradient
 from dfmp2.jobs.preamble import Job
-from dfmp2.jobs.stages import mp2_section
+from dfmp2.jobs.stages import method_name, mp2_section
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.records.frequencies_section import Point, ReferenceSections
 from dfmp2.records.sections import GradientSection
@@ -42,11 +42,12 @@ class Finished:
     reference: ReferenceSections | None = None
 
 
-def reference_sections(settings: RunSettings, scf: ScfResult,
+def reference_sections(calc: Calculation, settings: RunSettings, scf: ScfResult,
                        result: GradientResult) -> ReferenceSections:
     """The input geometry's SCF, MP2 energies and gradient as ``dfmp2 gradient`` records them."""
     response = result.response
-    section = GradientSection(settings.method, result.e_tot, *result.scales, result.jk_builds,
+    section = GradientSection(method_name(calc, settings), result.e_tot, *result.scales,
+                              result.jk_builds,
                               tensors="scratch" if result.out_of_core else "memory",
                               response_solver=response.solver,
                               response_iterations=response.iterations,
@@ -94,15 +95,15 @@ class PointEvaluator:
         scf, result = scf_and_gradient(self.job, calc, self.scratch, self.density,
                                        _where(index))
         if not np.all(np.isfinite(result.gradient)):
-            raise RunFailure(f"the {settings.method} gradient overflowed to non-finite numbers "
-                             f"at {_where(index)}")
+            raise RunFailure(f"the {method_name(calc, settings)} gradient overflowed to "
+                             f"non-finite numbers at {_where(index)}")
         dipole = dipole_moment(calc.mol, sum(result.relaxed_densities))
         point = Point(index, np.asarray(coords, dtype=float), float(result.e_tot),
                       np.asarray(result.gradient), dipole)
         log.info("point %d: E = %.10f Eh, dipole %s a.u.", index, point.energy,
                  np.array2string(dipole, precision=6))
         if index == REFERENCE_POINT:
-            return Finished(point, reference_sections(settings, scf, result))
+            return Finished(point, reference_sections(calc, settings, scf, result))
         return Finished(point)
 
 
