@@ -84,3 +84,20 @@ def test_explicit_ecp_name_on_another_basis(run_cli, tmp_path):
                      "--backend", "torch", "--json", "-o", tmp_path / "l.h5")
     assert result.code == 0, result.err
     assert abs(json.loads(result.out)["e_scf"] - mf.e_tot) <= 1e-9
+
+
+def test_explicit_ecp_on_an_all_electron_basis_warns(caplog):
+    """--ecp lanl2dz with def2-SVP on ICl: iodine's def2-SVP is made for a core potential,
+    chlorine's is all-electron, so LANL2DZ's potential on chlorine leaves its core functions
+    as low virtuals (E(SCF) -25.6 Eh instead of about -756): said in a warning naming Cl."""
+    from dfmp2.input.molecule import resolve_ecp
+
+    assert resolve_ecp("def2-svp", "lanl2dz", ("I", "Cl")) == {"I": "lanl2dz",
+                                                               "Cl": "lanl2dz"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "Cl gets a core potential" in warnings[0]
+    assert "I," not in warnings[0]
+    caplog.clear()
+    assert resolve_ecp("def2-svp", "lanl2dz", ("I", "C", "H")) == {"I": "lanl2dz"}
+    assert resolve_ecp("def2-svp", None, ("I", "Cl")) == {"I": "def2-svp"}
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

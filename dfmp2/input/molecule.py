@@ -84,7 +84,21 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
     if ecp is not None and not chosen:
         raise InputError(f"ECP '{ecp}' has no core potential for any of "
                          f"{', '.join(present)}; choose another --ecp or 'none'")
+    if ecp is not None and _in_library(basis):
+        all_electron = [s for s in chosen if not element_ecp(basis, s)]
+        if all_electron:
+            log.warning("--ecp %s: %s get%s a core potential, but %s has all-electron functions "
+                        "there (their core functions stay, as low virtual orbitals); leave "
+                        "--ecp out to keep the basis's own potentials, or choose a basis made "
+                        "for %s", name, ", ".join(all_electron),
+                        "s" if len(all_electron) == 1 else "", basis, name)
     return chosen
+
+
+def _in_library(basis: str) -> bool:
+    """Whether ``basis`` names one of PySCF's bundled basis sets (whose core potentials, if
+    any, :func:`element_ecp` finds)."""
+    return gto.basis.ALIAS.get(gto.basis._format_basis_name(basis)) is not None
 
 
 def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
