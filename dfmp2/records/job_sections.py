@@ -87,7 +87,8 @@ class InteractionInputs(Section):
 def write_interaction(root: Node, energies: dict[str, tuple[float, float]],
                       kcal_per_hartree: float) -> None:
     """``/interaction``: for each kind (scf, mp2, scs, sos) the counterpoise-corrected and
-    uncorrected interaction energies in Eh and kcal/mol, and the BSSE."""
+    uncorrected interaction energies in Eh and kcal/mol, and the BSSE as uncorrected minus
+    corrected (negative where the uncorrected energy overbinds)."""
     group = root.group("interaction")
     for kind, (cp, nocp) in energies.items():
         group.attrs.update({f"e_int_{kind}_cp": cp, f"e_int_{kind}_nocp": nocp,
