@@ -213,6 +213,28 @@ def test_rank_variables_without_a_launcher_are_one_error_line(run_cli, tmp_path,
     assert not (tmp_path / "w.h5").exists()
 
 
+@pytest.mark.parametrize("variables, fragment", [
+    ({"MASTER_ADDR": ""}, "MASTER_ADDR is not (or is empty)"),
+    ({"MASTER_ADDR": "  "}, "MASTER_ADDR is not (or is empty)"),
+    ({"MASTER_ADDR": "no such host!"}, "MASTER_ADDR='no such host!' does not resolve"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a TCP"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http"}, "MASTER_PORT='http' is not a whole"),
+])
+@pytest.mark.parametrize("command", ["run", "batch"])
+def test_a_bad_rendezvous_address_is_one_error_line(variables, fragment, command, run_cli,
+                                                    tmp_path, monkeypatch):
+    """Rank variables with an empty, unresolvable or junk rendezvous address: one line, exit 2,
+    before any work (an empty MASTER_ADDR was a traceback from torch, an unresolvable one
+    retried with C++ stack traces until the timeout; batch ran half of its molecules)."""
+    for name, value in {"RANK": "1", "WORLD_SIZE": "2", "DFMP2_DIST_TIMEOUT": "5",
+                        **variables}.items():
+        monkeypatch.setenv(name, value)
+    args = ["-o", tmp_path / "w.h5"] if command == "run" else ["--out", tmp_path / "out"]
+    result = run_cli(command, molecule_path("water"), "--basis", "sto-3g", *args)
+    _assert_one_line_error(result, fragment)
+    assert not (tmp_path / "w.h5").exists() and not (tmp_path / "out").exists()
+
+
 def test_a_slurm_batch_scripts_own_shell_runs_one_process(run_cli, tmp_path, monkeypatch,
                                                            slurm_batch_shell):
     """`dfmp2 run` called in an sbatch script without srun sees the job's SLURM_NTASKS and

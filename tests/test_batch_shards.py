@@ -83,11 +83,26 @@ def test_junk_in_an_array_variable_is_an_input_error(name, value):
         parse_shard(None, environ)
 
 
-def test_explicit_shard_and_ranks_win_over_the_array():
+def test_an_explicit_shard_wins_over_the_array():
     environ = slurm_environment([3, 7, 9], 7, None)
     assert parse_shard("1/2", environ) == (1, 2)
-    assert parse_shard(None, environ, rank=1, world_size=3) == (1, 3)
     assert parse_shard(None, {}) == (0, 1)
+
+
+@pytest.mark.parametrize("form", REGULAR_ARRAYS)
+def test_ranks_split_their_task_s_shard(form):
+    """srun -n R inside each task of an array (or torchrun under --shard K/N): the ranks of a
+    task take that task's molecules between them, and all the processes of all the tasks
+    take every molecule once (before, the ranks ran every molecule in every task)."""
+    ids, step = REGULAR_ARRAYS[form]
+    molecules, taken = range(23), []
+    for task in ids:
+        for rank in range(3):
+            k, n = parse_shard(None, slurm_environment(list(ids), task, step), rank, 3)
+            taken += list(molecules[k::n])
+    assert sorted(taken) == list(molecules)
+    assert parse_shard("1/2", {}, rank=2, world_size=3) == (5, 6)
+    assert parse_shard(None, {}, rank=1, world_size=3) == (1, 3)
 
 
 @pytest.fixture

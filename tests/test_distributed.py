@@ -163,6 +163,23 @@ def test_batch_under_torchrun_spreads_molecules(tmp_path):
     assert len(list(out.glob("*.h5"))) == 3
 
 
+def test_a_batch_with_rank_variables_but_no_other_ranks_fails_in_one_line(tmp_path):
+    """RANK, WORLD_SIZE and MASTER_ADDR left in a shell, nobody listening: the batch's ranks
+    meet first, so it ends with one error line (torch's C++ retry logs silenced) and runs
+    nothing, where it used to run shard 1 of 2 and exit 0."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [python_exe(), "-m", "dfmp2", "batch", str(molecule_path("water")),
+         str(molecule_path("methane")), "--basis", "sto-3g", "--out", str(out)],
+        capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+        env={**environment(), "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(free_port()), "DFMP2_DIST_TIMEOUT": "2"})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: cannot join the distributed job")
+    assert not out.exists()
+
+
 def test_two_ranks_resume_with_a_new_block_size(tmp_path):
     """A record interrupted with blocks of one orbital, resumed by two ranks with blocks of
     two: the plan is reconciled with the checkpoint once, on rank 0, before either rank

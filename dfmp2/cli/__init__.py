@@ -20,6 +20,10 @@ import threading
 
 import click
 
+# Before torch is imported: its C++ layer logs every failed try to reach rank 0 with a stack
+# of fifty lines; the command says what failed in one line. Setting the variable shows them.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+
 # Importing the command modules registers their commands on the group.
 from dfmp2.cli import calculate, frequencies, manage, properties  # noqa: F401
 from dfmp2.cli.group import cli

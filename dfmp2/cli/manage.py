@@ -46,10 +46,18 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
     commands = {"run": run_command, "interaction": interaction_command}
     items = batch.collect_items(list(inputs), commands, dimers)
     launch = distributed.launch_from(os.environ)
-    shard_k_n = batch.parse_shard(shard, os.environ, launch.rank, launch.size)
+    # Joining checks that the other ranks exist: rank variables left over in a shell would
+    # otherwise make a batch that runs only its share and looks complete.
+    world = distributed.init_world(launch)
+    shard_k_n = batch.parse_shard(shard, os.environ, world.rank, world.size)
     base = RunSettings(molecule=Path(), command=obj["command"], **options,
                        **environment_settings())
-    rows = batch.run_batch(items, base, out_dir, shard_k_n)
+    try:
+        rows = batch.run_batch(items, base, out_dir, shard_k_n)
+    except BaseException:
+        world.close(failed=True)
+        raise
+    world.close()
     rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
     views.print_batch(rows, csv_path, json_path, as_json)
     failed = [row for row in rows if row["status"] == "failed"]

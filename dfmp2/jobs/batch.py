@@ -136,19 +136,20 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
 
 def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
                 world_size: int = 1) -> tuple[int, int]:
-    """``K/N`` (0 <= K < N); by default this process's rank under torchrun/srun (molecules are
-    spread over ranks), else the task of a Slurm array job (from ``environ``), else 0/1."""
-    if text is None and world_size > 1:
-        return rank, world_size
+    """This process's shard (K, N), 0 <= K < N: the molecules K, K + N, ... The shard of the
+    job is ``text`` (``K/N``), by default the task of a Slurm array job (from ``environ``),
+    else 0/1; under torchrun or srun its ranks split it: rank r of R takes K R + r of N R,
+    so together the ranks of every task run that task's molecules, each one once."""
     if text is None:
-        return slurm_array_shard(environ) or (0, 1)
-    try:
-        k, n = (int(part) for part in text.split("/"))
-    except ValueError:
-        raise InputError(f"--shard {text!r}: write it as K/N, e.g. 0/4") from None
-    if not 0 <= k < n:
-        raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
-    return k, n
+        k, n = slurm_array_shard(environ) or (0, 1)
+    else:
+        try:
+            k, n = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise InputError(f"--shard {text!r}: write it as K/N, e.g. 0/4") from None
+        if not 0 <= k < n:
+            raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
+    return k * world_size + rank, n * world_size
 
 
 def _slurm_number(environ: Mapping[str, str], name: str, default: int | None = None

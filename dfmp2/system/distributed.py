@@ -63,19 +63,40 @@ def launch_from(environ: Mapping[str, str]) -> Launch:
     if "RANK" in environ and "WORLD_SIZE" in environ:
         size = environment_integer(environ, "WORLD_SIZE", 1, minimum=1)
         rank = _rank(environ, "RANK", size)
-        if size > 1 and "MASTER_ADDR" not in environ:
+        if size > 1 and not environ.get("MASTER_ADDR", "").strip():
             raise InputError(f"RANK={rank} and WORLD_SIZE={size} are set but MASTER_ADDR is "
-                             "not: start the ranks with torchrun (which sets all three) or "
-                             "unset RANK and WORLD_SIZE to run one process")
-        return Launch(rank, size, environ.get("MASTER_ADDR", "127.0.0.1"),
-                      environ.get("MASTER_PORT", DEFAULT_MASTER_PORT), timeout)
+                             "not (or is empty): start the ranks with torchrun (which sets "
+                             "all three) or unset RANK and WORLD_SIZE to run one process")
+        if size == 1:
+            return Launch(timeout_seconds=timeout)
+        return Launch(rank, size, environ["MASTER_ADDR"].strip(), _port(environ), timeout)
     tasks = environment_integer(environ, "SLURM_STEP_NUM_TASKS", 1, minimum=1)
     if "SLURM_PROCID" in environ and tasks > 1:
-        return Launch(_rank(environ, "SLURM_PROCID", tasks), tasks,
-                      environ.get("MASTER_ADDR",
-                                  environ.get("SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1")),
-                      environ.get("MASTER_PORT", DEFAULT_MASTER_PORT), timeout)
+        address = (environ.get("MASTER_ADDR", "").strip()
+                   or environ.get("SLURM_LAUNCH_NODE_IPADDR", "").strip() or "127.0.0.1")
+        return Launch(_rank(environ, "SLURM_PROCID", tasks), tasks, address, _port(environ),
+                      timeout)
     return Launch(timeout_seconds=timeout)
+
+
+def _port(environ: Mapping[str, str]) -> str:
+    port = environment_integer(environ, "MASTER_PORT", int(DEFAULT_MASTER_PORT), minimum=1,
+                               remedy="give a TCP port from 1 to 65535, or unset it")
+    if port > 65535:
+        raise InputError(f"MASTER_PORT={port} is not a TCP port; give one from 1 to 65535, "
+                         "or unset it")
+    return str(port)
+
+
+def check_reachable(launch: Launch) -> None:
+    """Refuse a rendezvous address that does not resolve, before torch tries it (its C++
+    layer would retry and print stack traces until the timeout)."""
+    try:
+        socket.getaddrinfo(launch.master_addr, int(launch.master_port))
+    except (OSError, UnicodeError) as exc:
+        raise InputError(f"MASTER_ADDR={launch.master_addr!r} does not resolve "
+                         f"({exc.strerror if isinstance(exc, OSError) else exc}); give the "
+                         "address of the host of rank 0") from None
 
 
 def environment_integer(environ: Mapping[str, str], name: str, default: int | None,
@@ -268,6 +289,7 @@ def init_world(launch: Launch) -> World:
     """Join the process group of a launch with more than one rank."""
     if launch.size < 2:
         return World()
+    check_reachable(launch)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     try:
         torch_dist.init_process_group(
@@ -275,7 +297,9 @@ def init_world(launch: Launch) -> World:
             rank=launch.rank, world_size=launch.size,
             timeout=dt.timedelta(seconds=launch.timeout_seconds))
     except (RuntimeError, ValueError) as exc:
-        raise RunFailure(f"cannot join the distributed job ({exc}); launch with torchrun or "
+        # torch's message goes on with the C++ stack of where it was raised.
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RunFailure(f"cannot join the distributed job ({reason}); launch with torchrun or "
                          "srun, with MASTER_ADDR/MASTER_PORT reachable") from None
     world = World(launch.size, torch_dist.get_rank(), backend,
                   timeout_seconds=launch.timeout_seconds)
