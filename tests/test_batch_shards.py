@@ -240,3 +240,32 @@ def test_no_failed_record_under_another_runs_lock(tmp_path, run_cli, no_slurm_ar
     assert not (out / "broken-sto-3g.h5").exists()
     assert summary_rows(out)["broken.xyz"]["status"] == "failed"
     assert not list(out.glob(".*.tmp"))
+
+
+def test_a_signal_stops_the_batch(hydrogens, tmp_path, run_cli, monkeypatch, no_slurm_array):
+    """SIGTERM during the second of four molecules (the run raises what the signal handler
+    raises): the batch stops there with 143, the summaries say complete, interrupted, not
+    started, not started, and no record is written for the molecules never started (they all
+    used to be started in turn, each interrupted at once and reported failed, exit 1)."""
+    from dfmp2.errors import Interrupted
+    from dfmp2.jobs import run as run_job
+
+    real_run, calls = run_job.run, []
+
+    def run_until_the_signal(settings, **kwargs):
+        calls.append(settings.molecule)
+        if len(calls) == 2:
+            raise Interrupted("terminated by signal SIGTERM; what was finished is in the "
+                              "record, and rerunning the same command resumes it", 143)
+        return real_run(settings, **kwargs)
+
+    monkeypatch.setattr(run_job, "run", run_until_the_signal)
+    out = tmp_path / "out"
+    result = run_batch(run_cli, hydrogens, out, "--json")
+    assert result.code == 143
+    assert result.err.strip().splitlines()[-1].startswith("Error: terminated by signal SIGTERM")
+    assert len(calls) == 2
+    rows = json.loads((out / "summary.json").read_text())
+    assert [row["status"] for row in rows] == ["complete", "interrupted", "not started",
+                                              "not started"]
+    assert sorted(path.name for path in out.glob("*.h5")) == ["h2_0-sto-3g.h5"]

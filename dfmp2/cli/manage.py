@@ -53,13 +53,15 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
     base = RunSettings(molecule=Path(), command=obj["command"], **options,
                        **environment_settings())
     try:
-        rows = batch.run_batch(items, base, out_dir, shard_k_n)
+        rows, stop = batch.run_batch(items, base, out_dir, shard_k_n)
     except BaseException:
         world.close(failed=True)
         raise
-    world.close()
+    world.close(failed=stop is not None)
     rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
     views.print_batch(rows, csv_path, json_path, as_json)
+    if stop is not None:
+        raise stop
     failed = [row for row in rows if row["status"] == "failed"]
     if failed:
         names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)

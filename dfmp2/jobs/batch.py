@@ -33,7 +33,7 @@ import click
 
 from dfmp2.jobs import preamble, run as run_job
 from dfmp2.system.distributed import environment_integer
-from dfmp2.errors import Dfmp2Error, InputError, RunFailure
+from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.system.files import printable
 from dfmp2.system.progress import Progress
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA, Node,
@@ -50,6 +50,10 @@ SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
 # A molecule whose record another dfmp2 run holds is left to that run: not a failure here.
 RUNNING_ELSEWHERE = "running elsewhere"
+# A signal stops a batch: the molecule it interrupted resumes from its record, the molecules
+# after it were never started.
+INTERRUPTED = "interrupted"
+NOT_STARTED = "not started"
 OTHER_RUN = "(other run)"
 # First characters that make a spreadsheet read a CSV cell as a formula.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -231,6 +235,8 @@ def run_item(item: BatchItem, settings: RunSettings) -> dict:
             state = ("complete (skipped)" if outcome.reused else
                      "complete" if outcome.exit_code == 0 else "complete (check failed)")
             values = {"status": state, **_energies(outcome.record, outcome.path)}
+    except Interrupted:
+        raise
     except RecordInUse as exc:
         # The run holding the record writes it and reports on it; a failure here would
         # contradict the record once that run completes it.
@@ -264,7 +270,11 @@ def _run_dimer(item: BatchItem, settings: RunSettings) -> dict:
 
 
 def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
-              shard: tuple[int, int], show_progress: bool | None = None) -> list[dict]:
+              shard: tuple[int, int], show_progress: bool | None = None
+              ) -> tuple[list[dict], Interrupted | None]:
+    """One row per molecule of the shard, and the signal that stopped the batch (None: it ran
+    to its end). After a signal the molecule it interrupted is ``interrupted`` (its record
+    resumes) and the ones after it ``not started``: none of them has failed."""
     out_dir.mkdir(parents=True, exist_ok=True)
     all_settings = [dataclasses.replace(base, molecule=item.molecule, **item.overrides)
                     for item in items]
@@ -273,11 +283,29 @@ def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
     chosen = [(item, dataclasses.replace(s, output=out_dir / name, show_progress=False))
               for item, s, name in zip(items, all_settings, names) if item.index % n == k]
     progress = Progress(len(chosen), f"batch {k}/{n}", show_progress)
-    rows = []
-    for item, settings in chosen:
-        rows.append(run_item(item, settings))
-        progress.advance()
-    return rows
+    rows: list[dict] = []
+    running, start = None, 0.0
+    try:
+        for item, settings in chosen:
+            running, start = item, time.perf_counter()
+            rows.append(run_item(item, settings))
+            running = None
+            progress.advance()
+    except Interrupted as stop:
+        rows += [_stopped_row(item, settings, stop, start if item is running else None)
+                 for item, settings in chosen[len(rows):]]
+        return rows, stop
+    return rows, None
+
+
+def _stopped_row(item: BatchItem, settings: RunSettings, stop: Interrupted,
+                 start: float | None) -> dict:
+    """The row of a molecule a signal interrupted (``start``: when it started) or left
+    unstarted (None)."""
+    return {"index": item.index, "molecule": str(item.molecule), "basis": settings.basis,
+            "record": str(settings.output), "status": NOT_STARTED if start is None else INTERRUPTED,
+            "error": "" if start is None else str(stop),
+            "seconds": 0.0 if start is None else time.perf_counter() - start}
 
 
 def _as_on_disk(row: dict) -> dict:
