@@ -197,3 +197,16 @@ def test_an_optimisation_that_runs_out_of_steps_fails_then_resumes(run_cli, tmp_
         assert h5.attrs["status"] == "complete"
         assert h5["optimize"].attrs["replayed_steps"] >= recorded
     assert json.loads(resumed.out)["converged"]
+
+
+def test_an_optimisation_never_writes_over_its_input(run_cli, tmp_path):
+    """`-o w.h5` beside w.xyz: the optimised geometry would go to w.xyz, the input itself
+    (it used to be replaced without a word); refused before any work, the file untouched."""
+    molecule = tmp_path / "w.xyz"
+    molecule.write_text(molecule_path("water").read_text())
+    before = molecule.read_bytes()
+    result = run_cli("optimize", molecule, "--basis", "sto-3g", "-o", tmp_path / "w.h5")
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and "which is the input molecule" in lines[0], result.err
+    assert molecule.read_bytes() == before and not (tmp_path / "w.h5").exists()

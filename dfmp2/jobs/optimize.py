@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -224,6 +225,11 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     path, env, start = job.path, job.env, job.geometry
     if start.natoms < 2:
         raise InputError("an optimisation needs at least two atoms")
+    xyz_path = path.with_suffix(".xyz")
+    if _same_file(xyz_path, settings.molecule):
+        raise InputError(f"the optimised geometry goes beside the record, to {xyz_path}, "
+                         f"which is the input molecule; choose another -o (e.g. "
+                         f"{path.with_name(path.stem + '-opt.h5')})")
     calc = job.calculation(settings.charge, settings.spin)
     make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
@@ -240,7 +246,6 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
         log_steps = StepLog(recorded or Steps.empty(start.natoms), save)
         evaluate = evaluator or AnalyticEvaluator(
             job, ScratchArea(env.scratch_dir, f"{path.name}.opt"))
-        xyz_path = path.with_suffix(".xyz")
         refuse_unless_regular(xyz_path, XYZ_REMEDY)
 
         def work() -> OptimizeOutcome:
@@ -259,6 +264,13 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                                    len(log_steps.steps.energies), criteria(convergence))
 
         return guarded(session, root, work)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return Path(os.path.abspath(a)) == Path(os.path.abspath(b))
 
 
 def json_summary(outcome: OptimizeOutcome) -> dict:
