@@ -104,3 +104,29 @@ def test_resume_from_a_corrupt_record_is_refused(tmp_path, run_cli):
                      "-o", record)
     assert result.code == 2 and result.err.startswith("Error:")
     assert len(result.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("state", ["interrupted", "running", "failed"])
+def test_resume_of_a_run_stopped_before_its_scf_starts_it_again(state, run_cli, tmp_path,
+                                                                 caplog):
+    """A run stopped (SIGTERM, SIGKILL, a failure) before its SCF was saved holds nothing to
+    resume: `--resume` (which a requeued job passes every time) starts it again with a
+    warning and ends with the energy of a fresh run (it used to be refused: 'holds no
+    checkpoint')."""
+    args = ["run", molecule_path("water"), "--basis", "sto-3g", "--json"]
+    fresh = run_cli(*args, "-o", tmp_path / "fresh.h5")
+    assert fresh.code == 0, fresh.err
+    record = tmp_path / "stopped.h5"
+    assert run_cli(*args, "-o", record).code == 0
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = state
+        for name in ("scf", "mp2", "checkpoint"):
+            if name in h5:
+                del h5[name]
+    resumed = run_cli(*args, "--resume", "-o", record)
+    assert resumed.code == 0, resumed.err
+    assert any("starting it again" in r.getMessage() for r in caplog.records)
+    assert json.loads(resumed.out)["e_tot"] == pytest.approx(json.loads(fresh.out)["e_tot"],
+                                                             abs=1e-10)
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"

@@ -94,21 +94,21 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
     stored_scf = read_scf(previous)
     resumable = (read_checkpoint(previous) is not None or read_steps(previous) is not None
                  or (stored_scf is not None and stored_scf[1] is not None))
-    if state == FAILED:
-        if differing or not resumable:
-            if resume_required:
-                reason = ("different " + ", ".join(differing)) if differing else "no checkpoint"
-                raise InputError(f"cannot resume from {path}: it holds a failed run with "
-                                 f"{reason}")
-            return PreviousRun(FRESH)
-        return PreviousRun(RESUME, previous)
+    if state == FAILED and differing:
+        if resume_required:
+            raise InputError(f"cannot resume from {path}: it holds a failed run with different "
+                             f"{', '.join(differing)}")
+        return PreviousRun(FRESH)
     if differing:
         raise InputError(f"{path} holds an interrupted run with different "
                          f"{', '.join(differing)}; resume it with the same molecule and options, "
                          "or choose another -o")
     if not resumable:
+        # Stopped before its SCF was saved: starting again loses nothing, and a requeued job
+        # that always passes --resume must not fail on it.
         if resume_required:
-            raise InputError(f"cannot resume from {path}: it holds no checkpoint")
+            log.warning("%s holds a run of these inputs stopped before it finished anything; "
+                        "starting it again", path)
         return PreviousRun(FRESH)
     return PreviousRun(RESUME, previous)
 
