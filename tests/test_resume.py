@@ -130,3 +130,29 @@ def test_resume_of_a_run_stopped_before_its_scf_starts_it_again(state, run_cli, 
                                                              abs=1e-10)
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"
+
+
+@pytest.mark.parametrize("change", ["scaled", "other shape"])
+def test_stored_orbitals_that_do_not_fit_the_basis_are_not_resumed(change, run_cli, tmp_path,
+                                                                    caplog):
+    """An interrupted record whose orbitals are not orthonormal in the molecule's basis (a
+    record altered, or written before a basis set's definition changed) or have another
+    shape: the run starts again, SCF and pairs (theirs came from those orbitals), with a
+    warning; it used to resume on them and give a wrong energy, status complete."""
+    args = ["run", molecule_path("water"), "--basis", "sto-3g", "--occ-block", "1", "--json"]
+    fresh = run_cli(*args, "-o", tmp_path / "fresh.h5")
+    assert fresh.code == 0, fresh.err
+    record = tmp_path / "altered.h5"
+    assert run_cli(*args, "-o", record).code == 0
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+        del h5["mp2"]
+        coeff = h5["scf/mo_coeff"][()]
+        del h5["scf/mo_coeff"]
+        h5["scf/mo_coeff"] = coeff * 1.01 if change == "scaled" else coeff[:, :-1]
+        h5["checkpoint/sums"][...] = 2 * h5["checkpoint/sums"][()]
+    resumed = run_cli(*args, "-o", record)
+    assert resumed.code == 0, resumed.err
+    assert any("starts again" in r.getMessage() for r in caplog.records)
+    assert json.loads(resumed.out)["e_tot"] == pytest.approx(json.loads(fresh.out)["e_tot"],
+                                                             abs=1e-10)

@@ -31,8 +31,8 @@ from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Sec
                                     write_distributed, write_gradient, write_kernel_ledger,
                                     write_scf, write_timings)
 from dfmp2.records.tree import Node, set_resumed
-from dfmp2.scf.reference import (ScfOptions, ScfResult, release_integrals, restored_scf,
-                                 run_scf)
+from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release_integrals,
+                                 restored_scf, run_scf)
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,18 @@ def obtain_reference(ctx: RunContext, keep_integrals: bool = False) -> ScfResult
     world, settings = ctx.env.world, ctx.settings
     options = ScfOptions(settings.scf_engine, ctx.env.scf_kernels, ctx.env.budget, ctx.scratch,
                          keep_integrals, stability=settings.stability, world=world)
-    stored = None
+    stored, problem = None, None
     if world.is_root and ctx.previous is not None:
         stored = read_scf(ctx.previous)
         stored = stored if stored is not None and stored[1] is not None else None
-    stored = world.broadcast(stored, "sharing the stored SCF")
+        problem = stored and orbital_problem(ctx.calc.mol, stored[1])
+        if problem:
+            log.warning("the interrupted run's SCF orbitals %s; the calculation starts again, "
+                        "without its SCF or finished pairs", problem)
+    stored, problem = world.broadcast((stored, problem), "sharing the stored SCF")
+    if problem:
+        # Its pairs were computed from those orbitals.
+        ctx.previous, stored = None, None
     if stored is not None:
         result = restored_scf(ctx.calc, stored[0], stored[1], options)
     else:

@@ -302,6 +302,30 @@ def engine_name(calc: Calculation, options: ScfOptions) -> str:
     return options.engine
 
 
+# Stored orbitals further than this from orthonormal (max |C^T S C - 1|) were not made in
+# this basis: an SCF leaves them within 1e-13, and the record keeps them exactly.
+ORTHONORMAL_TOLERANCE = 1e-8
+
+
+def orbital_problem(mol: gto.Mole, orbitals: StoredOrbitals) -> str | None:
+    """Why an interrupted run's orbitals cannot serve ``mol`` (None: they can): another
+    shape, another electron count, or not orthonormal in its basis (a record written with
+    another basis definition, or altered since)."""
+    coeff, occ = np.asarray(orbitals.mo_coeff), np.asarray(orbitals.mo_occ)
+    channels = coeff if coeff.ndim == 3 else coeff[None]
+    nao = mol.nao_nr()
+    if (channels.ndim != 3 or channels.shape[1] != nao
+            or occ.size != channels.shape[0] * channels.shape[2]):
+        return f"have the shape {coeff.shape}, not that of {nao} basis functions"
+    if not (np.all(np.isfinite(channels)) and abs(float(occ.sum()) - mol.nelectron) < 1e-8):
+        return f"hold {float(occ.sum()):g} electrons, not {mol.nelectron}"
+    overlap = mol.intor_symmetric("int1e_ovlp")
+    worst = max(float(np.abs(c.T @ overlap @ c - np.eye(c.shape[1])).max()) for c in channels)
+    if not worst < ORTHONORMAL_TOLERANCE:
+        return f"are not orthonormal in this basis (off by {worst:.1e})"
+    return None
+
+
 def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals,
                  options: ScfOptions = ScfOptions()) -> ScfResult:
     """The SCF of an interrupted run, as a PySCF object carrying its orbitals (whose J/K, if
