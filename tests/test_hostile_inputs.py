@@ -190,6 +190,8 @@ FILE_CASES = [
      ["run", "water.xyz", *OUT_OF_CORE, "-o", "out.h5"], 2, "b0.bin is a symbolic link"),
     ("FIFO at -o", _fifo("fifo.h5"), ["run", "water.xyz", "-o", "fifo.h5"], 2,
      "is a FIFO (named pipe), not a regular file"),
+    ("FIFO given as the molecule", _fifo("fifo.xyz"), ["run", "fifo.xyz", "-o", "f.h5"], 2,
+     "fifo.xyz is a named pipe (FIFO), not an XYZ file"),
     ("FIFO given to show", _fifo("fifo.h5"), ["show", "fifo.h5"], 2, "is a FIFO"),
     ("FIFO given to compare", _fifo("fifo.h5"), ["compare", "fifo.h5"], 2, "is a FIFO"),
     ("record name of 250 bytes", None, ["run", "water.xyz", "-o", "r" * 247 + ".h5"], 2,

@@ -7,7 +7,9 @@ words in it are ignored, but a value given to one of those three keys must be va
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,8 +66,25 @@ class Geometry:
         return Geometry(symbols, np.array(coords), comment, None, None, text, self.source)
 
 
+def _named_pipe(path: Path) -> bool:
+    """A FIFO other than this process's standard input (``/dev/stdin`` fed by a pipe works)."""
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISFIFO(status.st_mode):
+        return False
+    try:
+        return not os.path.samestat(status, os.fstat(0))
+    except OSError:
+        return True
+
+
 def read_xyz(path: str | Path) -> Geometry:
     path = Path(path)
+    if _named_pipe(path):
+        raise InputError(f"{path} is a named pipe (FIFO), not an XYZ file: reading it would "
+                         "wait for a writer; give the file itself (or pipe it to /dev/stdin)")
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_XYZ_BYTES + 1)

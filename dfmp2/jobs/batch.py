@@ -128,7 +128,8 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
             continue
         path = Path(text)
         if not path.is_file():
-            items.append(BatchItem(len(items), path, {}, error=f"{text}: no such file"))
+            problem = "not a regular file" if path.exists() else "no such file"
+            items.append(BatchItem(len(items), path, {}, error=f"{text}: {problem}"))
         elif path.suffix.lower() == ".xyz":
             items.append(BatchItem(len(items), path, {}, as_dimer))
         else:
