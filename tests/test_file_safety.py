@@ -192,3 +192,26 @@ def test_a_fifo_given_to_show_or_compare_is_refused(tmp_path, command):
     result = run_process(command, "fifo.h5", cwd=tmp_path)
     assert result.returncode == 2
     assert "fifo.h5 is a FIFO (named pipe)" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize("name", ["*.h5", "[x].h5", "?.h5"])
+def test_a_record_name_is_not_a_pattern(name, run_cli, tmp_path, monkeypatch):
+    """`-o '*.h5'` (or '[x].h5', '?.h5'): the clean-up of an earlier run's temporaries and
+    scratch files takes the files of that name only. The names were used as glob patterns,
+    so such a run deleted other records' temporaries and a killed run's reusable B."""
+    from dfmp2.df.store import ScratchArea
+    from dfmp2.records.tree import stale_temporaries
+
+    others = [tmp_path / ".x.h5.0123abcd.tmp", tmp_path / ".x.h5.run.b0.bin",
+              tmp_path / ".x.h5.run.jk.bin"]
+    for path in others:
+        path.write_bytes(b"another run's")
+    own = tmp_path / f".{name}.89abcdef.tmp"
+    own.write_bytes(b"left by this record")
+    assert stale_temporaries(tmp_path / name) == [own]
+    assert ScratchArea(tmp_path, f"{name}.run").leftovers() == []
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "-o", name)
+    assert result.code == 0, result.err
+    assert all(path.read_bytes() == b"another run's" for path in others)
+    assert not own.exists()

@@ -7,6 +7,7 @@ the file, and a failed file is removed.
 """
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -72,7 +73,8 @@ class ScratchArea:
         return path
 
     def leftovers(self) -> list[Path]:
-        return sorted(self.folder.glob(f".{self.prefix}.*.bin"))
+        # The prefix is a record's name, not a pattern: '*.h5' must not take other files.
+        return sorted(self.folder.glob(f".{glob.escape(self.prefix)}.*.bin"))
 
     def remove_leftovers(self) -> None:
         for path in self.leftovers():

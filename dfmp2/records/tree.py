@@ -12,10 +12,12 @@ Root attributes: ``schema``, ``status``, ``created``, ``command`` (``error`` whe
 from __future__ import annotations
 
 import datetime as dt
+import glob
 import io
 import json
 import contextlib
 import os
+import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,8 +161,12 @@ def _remove_quietly(name: str | None) -> None:
 
 
 def stale_temporaries(path: Path) -> list[Path]:
-    """Temporary files an interrupted write of ``path`` left behind."""
-    return list(path.parent.glob(f".{path.name}.*.tmp"))
+    """Temporary files an interrupted write of ``path`` left behind: its name exactly (a name
+    is not a pattern: ``-o '*.h5'`` must not take other records' files), then the random
+    part :func:`write_record` gives them."""
+    name = re.compile(rf"\.{re.escape(path.name)}\.[0-9a-f]{{8}}\.tmp")
+    return [found for found in path.parent.glob(f".{glob.escape(path.name)}.*.tmp")
+            if name.fullmatch(found.name)]
 
 
 def _read_node(group: h5py.Group) -> Node:
