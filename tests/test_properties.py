@@ -322,3 +322,20 @@ def test_failed_density_leaves_a_failed_record_and_the_rerun_resumes_its_scf(
     assert stored.attrs["status"] == "complete" and stored.attrs["resumed"]
     assert json.loads(resumed.out)["e_scf"] == pytest.approx(
         stored.groups["scf"].attrs["e_tot"], abs=0)
+
+
+@pytest.mark.parametrize("command", ["properties", "frequencies"])
+@pytest.mark.parametrize("target, name", [("w.xyz", "input molecule"), ("w.h5", "record")])
+def test_molden_never_replaces_the_molecule_or_the_record(command, target, name, run_cli,
+                                                          tmp_path):
+    """--molden naming the input molecule or the job's record: refused before any work,
+    both files untouched (one output used to destroy the other, exit 0)."""
+    molecule = tmp_path / "w.xyz"
+    molecule.write_text(molecule_path("water").read_text())
+    before = molecule.read_bytes()
+    result = run_cli(command, molecule, "--basis", "sto-3g", "-o", tmp_path / "w.h5",
+                     "--molden", tmp_path / target)
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and f"is the {name}; choose another --molden" in lines[0], result.err
+    assert molecule.read_bytes() == before and not (tmp_path / "w.h5").exists()

@@ -45,6 +45,7 @@ from dfmp2.records.tree import (COMPLETE, FREQUENCIES_SCHEMA, Node, read_record,
                                 set_resumed, write_record)
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
+from dfmp2.system.files import refuse_overwriting
 from dfmp2.system.progress import Progress
 from dfmp2.vib.analysis import Thermochemistry, Vibrations, harmonic, thermochemistry
 from dfmp2.vib.displacements import (DEFAULT_STEP_BOHR, REFERENCE_POINT, central_differences,
@@ -203,6 +204,10 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
     main_path = settings.output_path("-freq")
     path = shard_record_path(main_path, options.shard) if options.sharded else main_path
     job = start_job(settings, path, world, geometry)
+    if options.molden is not None:
+        refuse_overwriting(options.molden, "--molden",
+                           {"input molecule": settings.molecule, "record": path},
+                           "choose another --molden")
     if job.geometry.natoms < 2:
         raise InputError("a single atom has no vibrations; give a molecule of two or more atoms")
     calc = job.calculation(settings.charge, settings.spin)

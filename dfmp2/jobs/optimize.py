@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -36,7 +35,7 @@ from dfmp2.records.sections import write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
-from dfmp2.system.files import refuse_unless_regular, write_new_text
+from dfmp2.system.files import refuse_overwriting, refuse_unless_regular, write_new_text
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +225,9 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     if start.natoms < 2:
         raise InputError("an optimisation needs at least two atoms")
     xyz_path = path.with_suffix(".xyz")
-    if _same_file(xyz_path, settings.molecule):
-        raise InputError(f"the optimised geometry goes beside the record, to {xyz_path}, "
-                         f"which is the input molecule; choose another -o (e.g. "
-                         f"{path.with_name(path.stem + '-opt.h5')})")
+    refuse_overwriting(xyz_path, "the optimised geometry's file (beside the record)",
+                       {"input molecule": settings.molecule},
+                       f"choose another -o (e.g. {path.with_name(path.stem + '-opt.h5')})")
     calc = job.calculation(settings.charge, settings.spin)
     make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
@@ -264,13 +262,6 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                                    len(log_steps.steps.energies), criteria(convergence))
 
         return guarded(session, root, work)
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet)
-        return Path(os.path.abspath(a)) == Path(os.path.abspath(b))
 
 
 def json_summary(outcome: OptimizeOutcome) -> dict:

@@ -36,6 +36,7 @@ from dfmp2.records.sections import write_timings
 from dfmp2.records.tree import COMPLETE, Node
 from dfmp2.scf.reference import ScfResult, release_integrals
 from dfmp2.system.distributed import World
+from dfmp2.system.files import refuse_overwriting
 
 TASK = "properties"
 CENTRE = "centre of nuclear charge"
@@ -77,6 +78,10 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
     settings = replace(settings, task=TASK)
     job = start_job(settings, settings.output_path(), world, geometry)
     path, env = job.path, job.env
+    if request.molden is not None:
+        refuse_overwriting(Path(request.molden), "--molden",
+                           {"input molecule": settings.molecule, "record": path},
+                           "choose another --molden")
     calc = job.calculation(settings.charge, settings.spin, ghosts)
     plan = make_plan(calc, settings, env)
     sizes = active_sizes(calc)

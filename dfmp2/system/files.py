@@ -75,6 +75,22 @@ def refuse_unless_regular(path: Path, remedy: str) -> None:
         raise InputError(f"{shown(path)} is {kind}, not a regular file; remove it or {remedy}")
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file (or, where one does not exist yet, would)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return Path(os.path.abspath(a)) == Path(os.path.abspath(b))
+
+
+def refuse_overwriting(target: Path, what: str, others: dict[str, Path], remedy: str) -> None:
+    """Refuse, before any work, an output ``target`` that is one of the job's other files
+    (``others``: the molecule, the record), which writing it would destroy."""
+    for name, other in others.items():
+        if same_file(target, other):
+            raise InputError(f"{what} {shown(target)} is the {name}; {remedy}")
+
+
 def create_exclusive(path: Path, remedy: str, mode: int = 0o600) -> int:
     """A new, empty file at ``path``, opened read-write, that no link can redirect. A regular
     file already there (an earlier run's) is replaced; a link or anything else is refused.
