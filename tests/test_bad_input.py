@@ -15,6 +15,9 @@ XYZ_CASES = {
     "count_not_a_number": ("three\n\nO 0 0 0\n", "number of atoms"),
     "unknown_element": ("1\n\nQx 0 0 0\n", "unknown element 'Qx'"),
     "non_numeric": ("2\n\nH 0 0 0\nH 0 0 abc\n", "'abc' is not a number"),
+    # float() reads both as numbers: '1_0' as 10, the full-width digit as 1.
+    "underscore": ("2\n\nH 0 0 0\nH 0 0 0_7\n", "'0_7' is not a number"),
+    "full_width_digit": ("2\n\nH 0 0 0\nH 0 0 \uff11\n", "is not a number"),
     "nan": ("2\n\nH 0 0 0\nH 0 0 nan\n", "not finite"),
     "inf": ("2\n\nH 0 0 0\nH 0 inf 0\n", "not finite"),
     "too_close": ("2\n\nH 0 0 0\nH 0 0 0.05\n", "Angstrom apart"),

@@ -30,6 +30,7 @@ UTF8_BOM = b"\xef\xbb\xbf"
 # About 250,000 atoms at 60 bytes a line: far beyond what an MP2 run can hold, and a bound on
 # what is read from a device or pipe given as the molecule (``/dev/zero`` never ends).
 MAX_XYZ_BYTES = 16 * 2**20
+DECIMAL_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -140,12 +141,16 @@ def _parse_symbol(token: str, where: str) -> str:
 
 
 def _parse_coordinate(token: str, where: str, angstrom_per_unit: float) -> float:
-    try:
-        value = float(token)
-    except ValueError:
-        raise InputError(f"{where}: coordinate '{token}' is not a number") from None
-    if not math.isfinite(value):
-        raise InputError(f"{where}: coordinate '{token}' is not finite")
+    # Python's float() also takes '1_0' (10) and digits of other scripts; a coordinate is
+    # written in ASCII decimal or exponent form, as every chemistry program reads it.
+    if not DECIMAL_NUMBER.fullmatch(token):
+        try:
+            finite = math.isfinite(float(token))
+        except ValueError:
+            finite = True
+        raise InputError(f"{where}: coordinate '{token}' is "
+                         f"{'not a number' if finite else 'not finite'}")
+    value = float(token)
     angstrom = value * angstrom_per_unit
     if abs(angstrom) > MAX_COORDINATE_ANGSTROM:
         raise InputError(f"{where}: coordinate {token} is beyond "
