@@ -13,6 +13,7 @@ import weakref
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from conftest import MOLECULES, molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, \
@@ -382,3 +383,32 @@ def test_batch_runs_the_good_lines_of_a_manifest_with_bad_ones(tmp_path, run_cli
     assert "does not exist" in rows["missing.xyz"]["error"]
     assert "line 3" in rows["ammonia.xyz"]["error"] and "--fast" in rows["ammonia.xyz"]["error"]
     assert read_record(out / "missing-cc-pvdz.h5").attrs["status"] == "failed"
+
+
+@pytest.mark.parametrize("command", ["show", "show --all", "compare", "run"])
+@pytest.mark.parametrize("group, name, value", [
+    ("sizes", "nocc", np.array([5, 4])),
+    ("scf", "cycles", float("nan")),
+    ("checkpoint", "occ_block", "junk"),
+    ("", "status", np.arange(3)),
+])
+def test_a_record_with_values_of_another_kind_is_one_error_line(command, group, name, value,
+                                                                  run_cli, tmp_path):
+    """Attributes of another type or shape than dfmp2 writes (a record written by something
+    else, or altered): show, compare and a run resuming it end with one error line, exit 2,
+    where they ended in tracebacks (TypeError, ValueError), or go on where they do not read
+    the attribute (`show --all` prints it as it is)."""
+    record = tmp_path / "w.h5"
+    args = ["run", molecule_path("water"), "--basis", "sto-3g", "--occ-block", "1",
+            "-o", record]
+    assert run_cli(*args).code == 0
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+        (h5[group] if group else h5).attrs[name] = value
+    words = command.split()
+    result = run_cli(*(args if words == ["run"] else [*words, record]))
+    assert "Traceback" not in result.err
+    if result.code != 0:
+        assert result.code == 2, result.err
+        lines = result.err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error:"), result.err

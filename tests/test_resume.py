@@ -132,13 +132,9 @@ def test_resume_of_a_run_stopped_before_its_scf_starts_it_again(state, run_cli, 
         assert h5.attrs["status"] == "complete"
 
 
-@pytest.mark.parametrize("change", ["scaled", "other shape"])
-def test_stored_orbitals_that_do_not_fit_the_basis_are_not_resumed(change, run_cli, tmp_path,
-                                                                    caplog):
-    """An interrupted record whose orbitals are not orthonormal in the molecule's basis (a
-    record altered, or written before a basis set's definition changed) or have another
-    shape: the run starts again, SCF and pairs (theirs came from those orbitals), with a
-    warning; it used to resume on them and give a wrong energy, status complete."""
+def _resumed_after_altering(run_cli, tmp_path, alter) -> tuple[float, object]:
+    """A fresh water/STO-3G run's E_tot, and the result of resuming a copy of it made
+    interrupted (its MP2 section gone) and then changed by ``alter(h5)``."""
     args = ["run", molecule_path("water"), "--basis", "sto-3g", "--occ-block", "1", "--json"]
     fresh = run_cli(*args, "-o", tmp_path / "fresh.h5")
     assert fresh.code == 0, fresh.err
@@ -147,12 +143,38 @@ def test_stored_orbitals_that_do_not_fit_the_basis_are_not_resumed(change, run_c
     with h5py.File(record, "r+") as h5:
         h5.attrs["status"] = "interrupted"
         del h5["mp2"]
+        alter(h5)
+    resumed = run_cli(*args, "-o", record)
+    assert resumed.code == 0, resumed.err
+    return json.loads(fresh.out)["e_tot"], resumed
+
+
+@pytest.mark.parametrize("change", ["scaled", "other shape"])
+def test_stored_orbitals_that_do_not_fit_the_basis_are_not_resumed(change, run_cli, tmp_path,
+                                                                    caplog):
+    """An interrupted record whose orbitals are not orthonormal in the molecule's basis (a
+    record altered, or written before a basis set's definition changed) or have another
+    shape: the run starts again, SCF and pairs (theirs came from those orbitals), with a
+    warning; it used to resume on them and give a wrong energy, status complete."""
+    def alter(h5):
         coeff = h5["scf/mo_coeff"][()]
         del h5["scf/mo_coeff"]
         h5["scf/mo_coeff"] = coeff * 1.01 if change == "scaled" else coeff[:, :-1]
         h5["checkpoint/sums"][...] = 2 * h5["checkpoint/sums"][()]
-    resumed = run_cli(*args, "-o", record)
-    assert resumed.code == 0, resumed.err
+
+    e_fresh, resumed = _resumed_after_altering(run_cli, tmp_path, alter)
     assert any("starts again" in r.getMessage() for r in caplog.records)
-    assert json.loads(resumed.out)["e_tot"] == pytest.approx(json.loads(fresh.out)["e_tot"],
-                                                             abs=1e-10)
+    assert json.loads(resumed.out)["e_tot"] == pytest.approx(e_fresh, abs=1e-10)
+
+
+def test_non_finite_checkpoint_sums_are_computed_again(run_cli, tmp_path, caplog):
+    """A finished pair whose stored sums are NaN (an altered record) is computed again, with
+    a warning; it made the energy NaN, reported as an overflow of the SCS scales."""
+    def alter(h5):
+        sums = h5["checkpoint/sums"][()]
+        sums[0] = float("nan")
+        h5["checkpoint/sums"][...] = sums
+
+    e_fresh, resumed = _resumed_after_altering(run_cli, tmp_path, alter)
+    assert any("non-finite sums" in r.getMessage() for r in caplog.records)
+    assert json.loads(resumed.out)["e_tot"] == pytest.approx(e_fresh, abs=1e-10)

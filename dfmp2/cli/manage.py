@@ -15,7 +15,7 @@ from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, VERBOSE, X
 from dfmp2.errors import RunFailure
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, bench, compare
-from dfmp2.records.tree import read_record
+from dfmp2.records.tree import interpreting, read_record
 from dfmp2.system import distributed
 
 
@@ -110,5 +110,7 @@ def compare_command(records: tuple[Path, ...], reference: str, as_json: bool) ->
 @VERBOSE
 def show_command(record: Path, show_all: bool) -> int:
     """Print a run record readably."""
-    views.print_record(read_record(record), show_all)
+    root = read_record(record)
+    with interpreting(record):
+        views.print_record(root, show_all)
     return 0

@@ -13,7 +13,7 @@ from pathlib import Path
 from dfmp2.input.calculation import define_calculation, request_from_inputs
 from dfmp2.errors import InputError
 from dfmp2.jobs.check import pyscf_recipe
-from dfmp2.records.tree import COMPLETE, Node, read_record, status
+from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, status
 from dfmp2.records.sections import DoubleHybridSection, Mp2Section, ScfSection, read_inputs
 
 
@@ -54,8 +54,11 @@ def pyscf_row(path: Path, root: Node) -> Row:
 
 def compare(paths: list[Path], reference: str | None) -> list[tuple[Row, Row | None]]:
     """Each record with what it is compared against: PySCF, or the first record."""
-    loaded = [(path, read_record(path)) for path in paths]
-    rows = [(record_row(path, root), path, root) for path, root in loaded]
+    rows = []
+    for path in paths:
+        root = read_record(path)
+        with interpreting(path):
+            rows.append((record_row(path, root), path, root))
     if reference == "pyscf":
         return [(row, pyscf_row(path, root)) for row, path, root in rows]
     first = rows[0][0]

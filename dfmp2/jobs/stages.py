@@ -72,7 +72,9 @@ def obtain_reference(ctx: RunContext, keep_integrals: bool = False) -> ScfResult
     if world.is_root and ctx.previous is not None:
         stored = read_scf(ctx.previous)
         stored = stored if stored is not None and stored[1] is not None else None
-        problem = stored and orbital_problem(ctx.calc.mol, stored[1])
+        problem = stored and (orbital_problem(ctx.calc.mol, stored[1])
+                              or ("come with a non-finite E(SCF)"
+                                  if not math.isfinite(stored[0].e_tot) else None))
         if problem:
             log.warning("the interrupted run's SCF orbitals %s; the calculation starts again, "
                         "without its SCF or finished pairs", problem)

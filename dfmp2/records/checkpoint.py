@@ -18,6 +18,7 @@ Policy for a record already at the output path:
 from __future__ import annotations
 
 import logging
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from dfmp2.records.tree import (
     FAILED,
     Node,
     created,
+    interpreting,
     read_record,
     schema,
     stale_temporaries,
@@ -73,6 +75,13 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
         previous = read_record(path)
     except InputError as exc:
         raise InputError(f"cannot resume from {path}: {exc}") from None
+    with interpreting(path):
+        return _previous_run(path, previous, expected_schema, inputs, resume_required,
+                             reuse_complete)
+
+
+def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: CalculationInputs,
+                  resume_required: bool, reuse_complete: bool) -> PreviousRun:
     if schema(previous) != expected_schema:
         raise InputError(f"{path} holds a {schema(previous)} record, not a {expected_schema} "
                          "one; choose another -o")
@@ -136,7 +145,12 @@ def resumable_pairs(previous: Node | None, plan: BlockPlan) -> dict[PairKey, tup
                      "are recomputed with blocks of %d", stored.occ_block, len(stored.pairs),
                      plan.occ_block)
         return {}
-    return dict(stored.pairs)
+    finite = {key: sums for key, sums in stored.pairs.items()
+              if all(math.isfinite(value) for value in sums)}
+    if len(finite) < len(stored.pairs):
+        log.warning("%d of the interrupted run's finished pairs hold non-finite sums; they "
+                    "are computed again", len(stored.pairs) - len(finite))
+    return finite
 
 
 def stored_occ_block(previous: Node | None) -> int | None:

@@ -13,7 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dfmp2.errors import InputError
 from dfmp2.records.tree import Node
+from dfmp2.system.files import printable
 
 
 class Section:
@@ -36,20 +38,37 @@ class Section:
         values = {}
         for item in dataclasses.fields(cls):
             if item.name in group.attrs:
-                values[item.name] = _from_attr(group.attrs[item.name], item.type)
+                values[item.name] = _from_attr(group.attrs[item.name], item.type,
+                                               f"/{cls.group_name} {item.name}")
             elif item.default is dataclasses.MISSING:
                 return None
         return cls(**values)
 
 
-def _from_attr(value: Any, annotation: str) -> Any:
-    if annotation == "bool":
-        return bool(value)
-    if annotation == "int":
-        return int(value)
-    if annotation == "float":
-        return float(value)
-    return value
+def _from_attr(value: Any, annotation: str, where: str) -> Any:
+    """An attribute as its field's type; a value of another kind (a record written by
+    something else, or altered) is an input error naming the attribute, not a traceback."""
+    kind = annotation.removesuffix(" | None")
+    if kind not in ("bool", "int", "float", "str"):
+        return value
+    if kind == "str":
+        if isinstance(value, str):
+            return value
+    elif np.ndim(value) == 0 and not isinstance(value, (str, bytes)):
+        number = value.item() if isinstance(value, np.generic) else value
+        if kind == "float" and isinstance(number, (int, float)):
+            return float(number)
+        if kind == "int" and isinstance(number, int):
+            return int(number)
+        if kind == "int" and isinstance(number, float) and number.is_integer():
+            return int(number)
+        if kind == "bool" and isinstance(number, (bool, int)):
+            return bool(number)
+    expected = {"bool": "a true/false value", "int": "an integer", "float": "a number",
+                "str": "text"}[kind]
+    raise InputError(f"the record's {where} holds {printable(repr(value)[:40], one_line=True)}, "
+                     f"not {expected}; it was not written by this version of dfmp2, or was "
+                     "altered")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.system.files import FILE, disk_reason, existing_kind
+from dfmp2.system.files import FILE, disk_reason, existing_kind, printable, shown
 
 SCHEMA = "dfmp2.run/1"
 
@@ -197,9 +197,11 @@ def read_record(path: str | Path) -> Node:
             root = _read_node(h5)
     except OSError:
         raise InputError(f"{path} is not a readable HDF5 run record") from None
-    if root.attrs.get("schema") not in KNOWN_SCHEMAS:
+    found = root.attrs.get("schema")
+    if not (isinstance(found, str) and found in KNOWN_SCHEMAS):
         raise InputError(f"{path} is an HDF5 file but not a dfmp2 record "
-                         f"(schema {root.attrs.get('schema')!r}, expected {SCHEMA!r})")
+                         f"(schema {printable(repr(found)[:60], one_line=True)}, "
+                         f"expected {SCHEMA!r})")
     return root
 
 
@@ -219,20 +221,41 @@ def new_record(schema: str, command: str, versions: dict[str, str]) -> Node:
     return root
 
 
+def _text(root: Node, name: str) -> str | None:
+    value = root.attrs.get(name)
+    if value is None or isinstance(value, str):
+        return value
+    raise InputError(f"the record's /{name} is not text; it was not written by this version "
+                     "of dfmp2, or was altered")
+
+
+@contextlib.contextmanager
+def interpreting(path: Path):
+    """Reading the contents of the record at ``path``: a value of another kind or shape than
+    dfmp2 writes (a record written by something else, or altered) is an input error naming
+    the file, not a traceback."""
+    try:
+        yield
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        raise InputError(f"cannot read {shown(path)} as a dfmp2 record "
+                         f"({type(exc).__name__}: {printable(str(exc), one_line=True)[:80]}); "
+                         "it was not written by this version of dfmp2, or was altered") from None
+
+
 def schema(root: Node) -> str | None:
-    return root.attrs.get("schema")
+    return _text(root, "schema")
 
 
 def status(root: Node) -> str | None:
-    return root.attrs.get("status")
+    return _text(root, "status")
 
 
 def error(root: Node) -> str | None:
-    return root.attrs.get("error")
+    return _text(root, "error")
 
 
 def created(root: Node) -> str | None:
-    return root.attrs.get("created")
+    return _text(root, "created")
 
 
 def set_status(root: Node, value: str, error_text: str | None = None) -> None:

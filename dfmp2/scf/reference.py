@@ -314,10 +314,14 @@ def orbital_problem(mol: gto.Mole, orbitals: StoredOrbitals) -> str | None:
     coeff, occ = np.asarray(orbitals.mo_coeff), np.asarray(orbitals.mo_occ)
     channels = coeff if coeff.ndim == 3 else coeff[None]
     nao = mol.nao_nr()
+    energies = np.asarray(orbitals.mo_energy)
     if (channels.ndim != 3 or channels.shape[1] != nao
-            or occ.size != channels.shape[0] * channels.shape[2]):
-        return f"have the shape {coeff.shape}, not that of {nao} basis functions"
-    if not (np.all(np.isfinite(channels)) and abs(float(occ.sum()) - mol.nelectron) < 1e-8):
+            or not occ.size == energies.size == channels.shape[0] * channels.shape[2]):
+        return (f"have the shape {coeff.shape} ({occ.size} occupations, {energies.size} "
+                f"energies), not that of {nao} basis functions")
+    if not (np.all(np.isfinite(channels)) and np.all(np.isfinite(energies))):
+        return "hold non-finite numbers"
+    if not abs(float(occ.sum()) - mol.nelectron) < 1e-8:
         return f"hold {float(occ.sum()):g} electrons, not {mol.nelectron}"
     overlap = mol.intor_symmetric("int1e_ovlp")
     worst = max(float(np.abs(c.T @ overlap @ c - np.eye(c.shape[1])).max()) for c in channels)
