@@ -211,6 +211,20 @@ def test_a_signal_swallowed_where_it_landed_stops_the_run_at_its_next_checkpoint
     RecordSaver(tmp_path / "next.h5", Node()).save()
 
 
+def test_a_second_signal_does_not_break_off_the_first_ones_stop():
+    """Ctrl-C pressed again, or SIGTERM then SIGINT: the first signal stops the run, the
+    second is ignored (it used to land in the saving of the interrupted record, leaving it
+    `running` with two contradicting messages, or in torch's exit callbacks)."""
+    try:
+        with pytest.raises(Interrupted, match="SIGTERM"):
+            cli._raise_interrupted(signal.SIGTERM, None)
+        assert cli._raise_interrupted(signal.SIGINT, None) is None
+        with pytest.raises(Interrupted, match="SIGTERM"):
+            interrupts.raise_if_requested()
+    finally:
+        interrupts.clear()
+
+
 def test_an_interrupt_python_could_not_raise_is_not_printed(capsys, monkeypatch):
     """The kept request of a signal that landed in a weakref callback prints nothing (the run
     ends with one error line at its next checkpoint; 1 run in 20 of the SIGTERM test above

@@ -38,6 +38,10 @@ EXIT_SIGINT = 128 + signal.SIGINT
 
 
 def _raise_interrupted(signum: int, frame) -> None:
+    # A second signal (Ctrl-C pressed again, SIGTERM then SIGINT) must not break off the
+    # saving of the interrupted record that the first one started.
+    if interrupts.pending():
+        return
     raise interrupts.request(Interrupted(
         f"terminated by signal {signal.Signals(signum).name}; what was finished is in the "
         "record, and rerunning the same command resumes it", 128 + signum))
@@ -95,6 +99,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         sys.exit(exc.exit_code)
     finally:
         sys.unraisablehook = previous_hook
+        # After a stop, this process only exits: a later signal would land in torch's exit
+        # callbacks (a KeyboardInterrupt traceback) or end it before its message.
+        stopping = argv is None and interrupts.pending()
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            signal.signal(signum, signal.SIG_IGN if stopping else handler)
     sys.exit(code if isinstance(code, int) else 0)

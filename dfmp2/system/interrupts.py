@@ -26,6 +26,11 @@ def clear() -> None:
     _requested = None
 
 
+def pending() -> bool:
+    """Whether a signal asked to stop since :func:`clear`."""
+    return _requested is not None
+
+
 def raise_if_requested() -> None:
     """Raise the kept request, if a signal came since :func:`clear`."""
     if _requested is not None:
