@@ -426,3 +426,15 @@ def test_a_record_with_values_of_another_kind_is_one_error_line(command, group, 
         assert result.code == 2, result.err
         lines = result.err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error:"), result.err
+
+
+def test_compare_names_a_record_without_energies_for_what_it_is(run_cli, tmp_path):
+    """A complete record without SCF and MP2 energies (an optimisation's, say): compare says
+    so, where it said 'not a complete run record (status 'complete')'."""
+    record = tmp_path / "w.h5"
+    assert run_cli("run", molecule_path("water"), "--basis", "sto-3g", "-o", record).code == 0
+    with h5py.File(record, "r+") as h5:
+        del h5["mp2"]
+    result = run_cli("compare", record)
+    assert result.code == 2
+    assert "record without an SCF and MP2 energy to compare" in result.err

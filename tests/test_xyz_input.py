@@ -20,6 +20,7 @@ WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
     ("charge=1.5", "is not an integer"),
     ("charge=+1e0", "is not an integer"),
     ("charge=0 charge=1", "given twice"),
+    ("units=bohr units=angstrom", "'units' is given twice"),
     ("units=furlong", "units='furlong'"),
 ])
 def test_invalid_comment_values_are_refused(comment, fragment):

@@ -171,7 +171,8 @@ def parse_comment(comment: str, source: str) -> CommentFields:
     for match in COMMENT_FIELD.finditer(comment):
         key = match.group(1).lower().rstrip("s")
         if key in values:
-            raise InputError(f"{source}, line 2: '{key}' is given twice in the comment line")
+            raise InputError(f"{source}, line 2: '{match.group(1)}' is given twice in the "
+                             "comment line")
         values[key] = match.group(2)
     charge = multiplicity = None
     if "charge" in values:

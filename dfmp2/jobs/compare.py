@@ -13,7 +13,7 @@ from pathlib import Path
 from dfmp2.input.calculation import define_calculation, request_from_inputs
 from dfmp2.errors import InputError
 from dfmp2.jobs.check import pyscf_recipe
-from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, status
+from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, schema, status
 from dfmp2.records.sections import DoubleHybridSection, Mp2Section, ScfSection, read_inputs
 
 
@@ -29,8 +29,11 @@ class Row:
 
 def record_row(path: Path, root: Node) -> Row:
     energies, scf = Mp2Section.read(root), ScfSection.read(root)
-    if status(root) != COMPLETE or energies is None or scf is None:
+    if status(root) != COMPLETE:
         raise InputError(f"{path} is not a complete run record (status {status(root)!r})")
+    if energies is None or scf is None:
+        raise InputError(f"{path} is a {schema(root)} record without an SCF and MP2 energy "
+                         "to compare; give run, gradient or properties records")
     inputs = read_inputs(root)
     double_hybrid = DoubleHybridSection.read(root)
     e_tot = double_hybrid.e_tot if double_hybrid is not None else energies.e_tot
