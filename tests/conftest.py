@@ -106,5 +106,23 @@ def run_cli(capsys):
     return invoke
 
 
+# The run behind :func:`water_record`; a test that resumes a copy runs these again.
+WATER_RECORD_ARGS = ("run", str(Path(__file__).resolve().parents[1] / "molecules" / "water.xyz"),
+                     "--basis", "sto-3g", "--occ-block", "1")
+
+
+@pytest.fixture(scope="session")
+def water_record(tmp_path_factory) -> Path:
+    """A complete water/STO-3G record with one-orbital blocks (so it holds finished pairs),
+    made once; tests that alter a record alter a copy of it."""
+    from dfmp2.cli import main
+
+    path = tmp_path_factory.mktemp("water_record") / "water.h5"
+    with pytest.raises(SystemExit) as done:
+        main([*WATER_RECORD_ARGS, "-o", str(path)])
+    assert done.value.code == 0
+    return path
+
+
 def python_exe() -> str:
     return sys.executable

@@ -173,7 +173,7 @@ def test_a_batch_with_rank_variables_but_no_other_ranks_fails_in_one_line(tmp_pa
          str(molecule_path("methane")), "--basis", "sto-3g", "--out", str(out)],
         capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
         env={**environment(), "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(free_port()), "DFMP2_DIST_TIMEOUT": "2"})
+             "MASTER_PORT": str(free_port()), "DFMP2_DIST_TIMEOUT": "1"})
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: cannot join the distributed job")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import sys
 import subprocess
@@ -16,8 +17,8 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import MOLECULES, molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, \
-    pyscf_molecule, python_exe, stored_orbitals_e_corr
+from conftest import MOLECULES, WATER_RECORD_ARGS, molecule_path, pyscf_df_rhf, \
+    pyscf_dfmp2_reference, pyscf_molecule, python_exe, stored_orbitals_e_corr
 from dfmp2 import cli
 from dfmp2.errors import InputError, Interrupted
 from dfmp2.records.checkpoint import RecordSaver
@@ -407,15 +408,15 @@ def test_batch_runs_the_good_lines_of_a_manifest_with_bad_ones(tmp_path, run_cli
     ("", "status", np.arange(3)),
 ])
 def test_a_record_with_values_of_another_kind_is_one_error_line(command, group, name, value,
-                                                                  run_cli, tmp_path):
+                                                                  run_cli, tmp_path,
+                                                                  water_record):
     """Attributes of another type or shape than dfmp2 writes (a record written by something
     else, or altered): show, compare and a run resuming it end with one error line, exit 2,
     where they ended in tracebacks (TypeError, ValueError), or go on where they do not read
     the attribute (`show --all` prints it as it is)."""
     record = tmp_path / "w.h5"
-    args = ["run", molecule_path("water"), "--basis", "sto-3g", "--occ-block", "1",
-            "-o", record]
-    assert run_cli(*args).code == 0
+    args = [*WATER_RECORD_ARGS, "-o", record]
+    shutil.copy(water_record, record)
     with h5py.File(record, "r+") as h5:
         h5.attrs["status"] = "interrupted"
         (h5[group] if group else h5).attrs[name] = value
@@ -428,11 +429,12 @@ def test_a_record_with_values_of_another_kind_is_one_error_line(command, group, 
         assert len(lines) == 1 and lines[0].startswith("Error:"), result.err
 
 
-def test_compare_names_a_record_without_energies_for_what_it_is(run_cli, tmp_path):
+def test_compare_names_a_record_without_energies_for_what_it_is(run_cli, tmp_path,
+                                                               water_record):
     """A complete record without SCF and MP2 energies (an optimisation's, say): compare says
     so, where it said 'not a complete run record (status 'complete')'."""
     record = tmp_path / "w.h5"
-    assert run_cli("run", molecule_path("water"), "--basis", "sto-3g", "-o", record).code == 0
+    shutil.copy(water_record, record)
     with h5py.File(record, "r+") as h5:
         del h5["mp2"]
     result = run_cli("compare", record)

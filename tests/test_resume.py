@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -10,7 +11,7 @@ import time
 import h5py
 import pytest
 
-from conftest import molecule_path, python_exe, stored_orbitals_e_corr
+from conftest import WATER_RECORD_ARGS, molecule_path, python_exe, stored_orbitals_e_corr
 from dfmp2.errors import InputError
 from dfmp2.records.tree import read_record
 
@@ -108,50 +109,44 @@ def test_resume_from_a_corrupt_record_is_refused(tmp_path, run_cli):
 
 @pytest.mark.parametrize("state", ["interrupted", "running", "failed"])
 def test_resume_of_a_run_stopped_before_its_scf_starts_it_again(state, run_cli, tmp_path,
-                                                                 caplog):
+                                                                 caplog, water_record):
     """A run stopped (SIGTERM, SIGKILL, a failure) before its SCF was saved holds nothing to
     resume: `--resume` (which a requeued job passes every time) starts it again with a
     warning and ends with the energy of a fresh run (it used to be refused: 'holds no
     checkpoint')."""
-    args = ["run", molecule_path("water"), "--basis", "sto-3g", "--json"]
-    fresh = run_cli(*args, "-o", tmp_path / "fresh.h5")
-    assert fresh.code == 0, fresh.err
     record = tmp_path / "stopped.h5"
-    assert run_cli(*args, "-o", record).code == 0
+    shutil.copy(water_record, record)
     with h5py.File(record, "r+") as h5:
+        e_fresh = float(h5["mp2"].attrs["e_tot"])
         h5.attrs["status"] = state
         for name in ("scf", "mp2", "checkpoint"):
-            if name in h5:
-                del h5[name]
-    resumed = run_cli(*args, "--resume", "-o", record)
+            del h5[name]
+    resumed = run_cli(*WATER_RECORD_ARGS, "--json", "--resume", "-o", record)
     assert resumed.code == 0, resumed.err
     assert any("starting it again" in r.getMessage() for r in caplog.records)
-    assert json.loads(resumed.out)["e_tot"] == pytest.approx(json.loads(fresh.out)["e_tot"],
-                                                             abs=1e-10)
+    assert json.loads(resumed.out)["e_tot"] == pytest.approx(e_fresh, abs=1e-10)
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"
 
 
-def _resumed_after_altering(run_cli, tmp_path, alter) -> tuple[float, object]:
-    """A fresh water/STO-3G run's E_tot, and the result of resuming a copy of it made
-    interrupted (its MP2 section gone) and then changed by ``alter(h5)``."""
-    args = ["run", molecule_path("water"), "--basis", "sto-3g", "--occ-block", "1", "--json"]
-    fresh = run_cli(*args, "-o", tmp_path / "fresh.h5")
-    assert fresh.code == 0, fresh.err
+def _resumed_after_altering(run_cli, tmp_path, water_record, alter) -> tuple[float, object]:
+    """The E_tot of the complete water/STO-3G record, and the result of resuming a copy of it
+    made interrupted (its MP2 section gone) and then changed by ``alter(h5)``."""
     record = tmp_path / "altered.h5"
-    assert run_cli(*args, "-o", record).code == 0
+    shutil.copy(water_record, record)
     with h5py.File(record, "r+") as h5:
+        e_fresh = float(h5["mp2"].attrs["e_tot"])
         h5.attrs["status"] = "interrupted"
         del h5["mp2"]
         alter(h5)
-    resumed = run_cli(*args, "-o", record)
+    resumed = run_cli(*WATER_RECORD_ARGS, "--json", "-o", record)
     assert resumed.code == 0, resumed.err
-    return json.loads(fresh.out)["e_tot"], resumed
+    return e_fresh, resumed
 
 
 @pytest.mark.parametrize("change", ["scaled", "other shape"])
 def test_stored_orbitals_that_do_not_fit_the_basis_are_not_resumed(change, run_cli, tmp_path,
-                                                                    caplog):
+                                                                    caplog, water_record):
     """An interrupted record whose orbitals are not orthonormal in the molecule's basis (a
     record altered, or written before a basis set's definition changed) or have another
     shape: the run starts again, SCF and pairs (theirs came from those orbitals), with a
@@ -162,12 +157,13 @@ def test_stored_orbitals_that_do_not_fit_the_basis_are_not_resumed(change, run_c
         h5["scf/mo_coeff"] = coeff * 1.01 if change == "scaled" else coeff[:, :-1]
         h5["checkpoint/sums"][...] = 2 * h5["checkpoint/sums"][()]
 
-    e_fresh, resumed = _resumed_after_altering(run_cli, tmp_path, alter)
+    e_fresh, resumed = _resumed_after_altering(run_cli, tmp_path, water_record, alter)
     assert any("starts again" in r.getMessage() for r in caplog.records)
     assert json.loads(resumed.out)["e_tot"] == pytest.approx(e_fresh, abs=1e-10)
 
 
-def test_non_finite_checkpoint_sums_are_computed_again(run_cli, tmp_path, caplog):
+def test_non_finite_checkpoint_sums_are_computed_again(run_cli, tmp_path, caplog,
+                                                        water_record):
     """A finished pair whose stored sums are NaN (an altered record) is computed again, with
     a warning; it made the energy NaN, reported as an overflow of the SCS scales."""
     def alter(h5):
@@ -175,6 +171,6 @@ def test_non_finite_checkpoint_sums_are_computed_again(run_cli, tmp_path, caplog
         sums[0] = float("nan")
         h5["checkpoint/sums"][...] = sums
 
-    e_fresh, resumed = _resumed_after_altering(run_cli, tmp_path, alter)
+    e_fresh, resumed = _resumed_after_altering(run_cli, tmp_path, water_record, alter)
     assert any("non-finite sums" in r.getMessage() for r in caplog.records)
     assert json.loads(resumed.out)["e_tot"] == pytest.approx(e_fresh, abs=1e-10)
