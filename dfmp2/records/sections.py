@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dfmp2.errors import InputError
-from dfmp2.records.tree import Node
+from dfmp2.records.tree import FOREIGN_RECORD, Node
 from dfmp2.system.files import printable
 
 
@@ -67,8 +67,7 @@ def _from_attr(value: Any, annotation: str, where: str) -> Any:
     expected = {"bool": "a true/false value", "int": "an integer", "float": "a number",
                 "str": "text"}[kind]
     raise InputError(f"the record's {where} holds {printable(repr(value)[:40], one_line=True)}, "
-                     f"not {expected}; it was not written by this version of dfmp2, or was "
-                     "altered")
+                     f"not {expected}; {FOREIGN_RECORD}")
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ FREQUENCIES_SCHEMA = "dfmp2.frequencies/1"
 
 
 KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA, FREQUENCIES_SCHEMA)
+# Why a record holds values of a kind dfmp2 does not write.
+FOREIGN_RECORD = "it was not written by this version of dfmp2, or was altered"
 
 
 RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
@@ -225,8 +227,7 @@ def _text(root: Node, name: str) -> str | None:
     value = root.attrs.get(name)
     if value is None or isinstance(value, str):
         return value
-    raise InputError(f"the record's /{name} is not text; it was not written by this version "
-                     "of dfmp2, or was altered")
+    raise InputError(f"the record's /{name} is not text; {FOREIGN_RECORD}")
 
 
 @contextlib.contextmanager
@@ -239,7 +240,7 @@ def interpreting(path: Path):
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
         raise InputError(f"cannot read {shown(path)} as a dfmp2 record "
                          f"({type(exc).__name__}: {printable(str(exc), one_line=True)[:80]}); "
-                         "it was not written by this version of dfmp2, or was altered") from None
+                         f"{FOREIGN_RECORD}") from None
 
 
 def schema(root: Node) -> str | None:
