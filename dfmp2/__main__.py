@@ -1,3 +1,3 @@
-from dfmp2.cli import main
+from dfmp2.entry import main
 
-main(prog_name="dfmp2")
+main()

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 
 import h5py
 import pytest
@@ -95,6 +97,21 @@ def test_python_dash_m_is_the_same_program(tmp_path):
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error:") and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_ctrl_c_while_the_program_starts_is_one_line_and_status_130(tmp_path):
+    """0.5 s in, Python is importing torch and PySCF, before the command's handlers exist:
+    this used to print a KeyboardInterrupt traceback from inside an import."""
+    record = tmp_path / "w.h5"
+    proc = subprocess.Popen([python_exe(), "-m", "dfmp2", "run", str(molecule_path("water")),
+                             "--basis", "sto-3g", "-o", str(record)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert err == "Error: interrupted while starting; nothing was run\n" and out == ""
+    assert not record.exists()
 
 
 def test_small_memory_budget_runs_out_of_core(run_cli, tmp_path, water_reference):

@@ -28,13 +28,12 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 from dfmp2.cli import calculate, frequencies, manage, properties  # noqa: F401
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import NKI_PLATFORM_ENV
+from dfmp2.entry import EXIT_SIGINT
 from dfmp2.errors import Dfmp2Error, Interrupted
 from dfmp2.system import interrupts
 from dfmp2.system.files import printable
 
 __all__ = ["main", "cli"]
-
-EXIT_SIGINT = 128 + signal.SIGINT
 
 
 def _raise_interrupted(signum: int, frame) -> None:
