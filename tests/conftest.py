@@ -1,6 +1,8 @@
 """Shared helpers: molecules from the bundled XYZ files and PySCF references built in the test."""
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from pathlib import Path
 
@@ -85,6 +87,27 @@ def slurm_batch_shell(monkeypatch):
                         ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0")):
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("SLURM_STEP_NUM_TASKS", raising=False)
+
+
+def run_in_process(*args) -> CliResult:
+    """The dfmp2 CLI run in this process, its output captured: for a reference run that needs
+    no process of its own (a new one pays about 2.5 s of imports). Threads are put back as
+    they were, since ``--threads`` sets them for the whole process."""
+    from dfmp2.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    threads = lib.num_threads(), torch.get_num_threads()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main([str(a) for a in args])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    else:
+        code = 0
+    finally:
+        lib.num_threads(threads[0])
+        torch.set_num_threads(threads[1])
+    return CliResult(code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture

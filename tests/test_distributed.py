@@ -11,7 +11,8 @@ import time
 
 import h5py
 
-from conftest import molecule_path, python_exe, stored_orbitals_e_corr
+from conftest import (CliResult, molecule_path, python_exe, run_in_process,
+                      stored_orbitals_e_corr)
 from dfmp2.errors import InputError
 from dfmp2.records.tree import read_record
 
@@ -28,6 +29,16 @@ def torchrun(nproc: int, *args: str, command: str = "run") -> list[str]:
     return [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
             "-m", "dfmp2", command, *map(str, args)]
+
+
+def on_ranks(nranks: int, command: str, *args) -> CliResult:
+    """``dfmp2 COMMAND ARGS`` under torchrun on ``nranks`` ranks, or in this process for one
+    (the single process a distributed result is checked against)."""
+    if nranks == 1:
+        return run_in_process(command, *args)
+    job = subprocess.run(torchrun(nranks, *args, command=command), capture_output=True,
+                         text=True, timeout=JOB_TIMEOUT_SECONDS, env=environment())
+    return CliResult(job.returncode, job.stdout, job.stderr)
 
 
 def rank_reports(script: str, folder, nranks: int) -> list[dict]:
@@ -138,14 +149,12 @@ def test_a_dead_rank_ends_the_job_and_resume_works_with_one_rank(tmp_path):
     done = _pairs_done(record)
     assert 4 <= done < 21 * 22 // 2
 
-    resumed = subprocess.run([python_exe(), "-m", "dfmp2", "run", *map(str, args)],
-                             capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
-                             env=environment())
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = run_in_process("run", *args)
+    assert resumed.code == 0, resumed.err
     # PySCF's DF-MP2 on the orbitals the killed job's SCF stored and the resumed run reused:
     # the resumed energy is exact. (A fresh SCF is not the reference: two SCFs converged to a
     # 1e-7 orbital gradient give E_corr up to a few 1e-10 Eh apart.)
-    assert abs(json.loads(resumed.stdout)["e_corr"] - stored_orbitals_e_corr(record)) <= 1e-10
+    assert abs(json.loads(resumed.out)["e_corr"] - stored_orbitals_e_corr(record)) <= 1e-10
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
 
@@ -187,10 +196,8 @@ def test_two_ranks_resume_with_a_new_block_size(tmp_path):
     record = tmp_path / "dimer.h5"
     args = [molecule_path("water_dimer"), "--basis", "cc-pvdz", "--backend", "torch",
             "--threads", "1", "--json"]
-    single = subprocess.run([python_exe(), "-m", "dfmp2", "run", *map(str, args), "--occ-block",
-                             "1", "-o", str(record)], capture_output=True, text=True,
-                            timeout=JOB_TIMEOUT_SECONDS, env=environment())
-    assert single.returncode == 0, single.stderr
+    single = run_in_process("run", *args, "--occ-block", "1", "-o", record)
+    assert single.code == 0, single.err
     with h5py.File(record, "r+") as h5:
         h5.attrs["status"] = "running"
         del h5["mp2"]
@@ -202,7 +209,7 @@ def test_two_ranks_resume_with_a_new_block_size(tmp_path):
                              env=environment())
     assert resumed.returncode == 0, resumed.stderr
     line = [entry for entry in resumed.stdout.splitlines() if entry.strip()][0]
-    assert abs(json.loads(line)["e_corr"] - json.loads(single.stdout)["e_corr"]) <= 1e-10
+    assert abs(json.loads(line)["e_corr"] - json.loads(single.out)["e_corr"]) <= 1e-10
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
         assert h5["checkpoint"].attrs["occ_block"] == 2

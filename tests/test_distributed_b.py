@@ -21,7 +21,7 @@ import pytest
 import scipy.linalg
 
 import kernels
-from conftest import molecule_path, pyscf_molecule, python_exe
+from conftest import molecule_path, pyscf_molecule, stored_orbitals_e_corr
 from dfmp2.df import store as b_store
 from dfmp2.df.auxbasis import ri_basis
 from dfmp2.df.fitted import build_fitted_tensors, column_share
@@ -29,9 +29,8 @@ from dfmp2.df.store import ScratchArea
 from dfmp2.mp2.kernel import FitBasis, fit_basis
 from dfmp2.records.tree import read_record
 from dfmp2.system.distributed import init_world, launch_from
-from conftest import stored_orbitals_e_corr
-from test_distributed import (environment, JOB_TIMEOUT_SECONDS, kill_ranks_when, rank_reports,
-                              torchrun)
+from test_distributed import (environment, JOB_TIMEOUT_SECONDS, kill_ranks_when, on_ranks,
+                              rank_reports, torchrun)
 
 # About 40 auxiliary functions per integral block: several blocks in every rank's share.
 SMALL_BLOCK_BYTES = 40 * 8 * (48 * 49 // 2 + 48 * 48 + 48 * 5 + 5 * 30)
@@ -118,11 +117,14 @@ def cli_args(molecule: str) -> list:
 
 
 # Closed shell on three ranks, open shell on two: the deal of B's columns and pairs is uneven
-# on three (2 ranks are the in-core and killed-build tests' case).
+# on three (2 ranks are the in-core and killed-build tests' case). The shared B file is in a
+# --scratch folder, named by rank 0 for all.
 @pytest.mark.parametrize("molecule,nranks", [("water_dimer", 3), ("hydroxyl", 2)])
 def test_energies_on_several_ranks_match_pyscf_on_their_orbitals(tmp_path, molecule, nranks):
-    record = tmp_path / "shared.h5"
-    job = subprocess.run(torchrun(nranks, *cli_args(molecule), "-o", record),
+    record, scratch = tmp_path / "shared.h5", tmp_path / "scratch"
+    scratch.mkdir()
+    job = subprocess.run(torchrun(nranks, *cli_args(molecule), "--scratch", scratch, "-o",
+                                  record),
                          capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
                          env=environment())
     assert job.returncode == 0, job.stderr
@@ -135,7 +137,7 @@ def test_energies_on_several_ranks_match_pyscf_on_their_orbitals(tmp_path, molec
         assert h5["plan"].attrs["out_of_core"]
         assert h5["distributed"].attrs["world_size"] == nranks
         assert h5["timings"].attrs["integrals"] > 0 and h5["timings"].attrs["fit"] > 0
-    assert not list(tmp_path.glob(".shared.h5.*"))
+    assert not list(tmp_path.glob(".shared.h5.*")) and not list(scratch.iterdir())
 
 
 def _children(pid: int) -> list[int]:
@@ -170,16 +172,13 @@ def test_a_build_killed_halfway_is_rebuilt_on_resume(tmp_path, killed, resume_ra
     if killed == "every":
         assert _signature(scratch) is None, "killed before B was finished"
 
-    resumed = subprocess.run(torchrun(resume_ranks, *args) if resume_ranks > 1 else
-                             [python_exe(), "-m", "dfmp2", "run", *map(str, args)],
-                             capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
-                             env=environment())
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = on_ranks(resume_ranks, "run", *args)
+    assert resumed.code == 0, resumed.err
     # The single-process energy on the orbitals the killed job's SCF stored (the resumed run
     # reuses them): PySCF's DF-MP2 on them.
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
-    line = [entry for entry in resumed.stdout.splitlines() if entry.strip()][0]
+    line = [entry for entry in resumed.out.splitlines() if entry.strip()][0]
     assert abs(json.loads(line)["e_corr"] - stored_orbitals_e_corr(record)) <= 1e-10
     assert not list(tmp_path.glob(".benzene.h5.*.bin"))
 

@@ -4,29 +4,27 @@ the job with an error; and the splitting of the gradient's work and tensors over
 from __future__ import annotations
 
 import json
-import subprocess
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
-from conftest import molecule_path, python_exe
+from conftest import molecule_path
 from dfmp2.df.store import InMemoryB
 from dfmp2.grad.amplitudes import deal_column_blocks
 from dfmp2.grad.sharing import ColumnSplit, RowSplit, deal_ranges, spans
 from dfmp2.records.tree import read_record
 from dfmp2.system.distributed import World
-from test_distributed import PROMPT_END_SECONDS, environment, kill_ranks_when, torchrun
+from test_distributed import PROMPT_END_SECONDS, kill_ranks_when, on_ranks, torchrun
 
 JOB_TIMEOUT_SECONDS = 240
 
 
-def _gradient(command: list[str]) -> dict:
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
-                          env=environment())
-    assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+def _gradient(nranks: int, *args) -> dict:
+    job = on_ranks(nranks, "gradient", *args)
+    assert job.code == 0, job.err
+    lines = [line for line in job.out.splitlines() if line.strip()]
     assert len(lines) == 1, "only rank 0 prints"
     return json.loads(lines[0])
 
@@ -34,10 +32,9 @@ def _gradient(command: list[str]) -> dict:
 def _compare(tmp_path, nproc: int, name: str, *options: str) -> None:
     args = [molecule_path(name), "--basis", "cc-pvdz", "--backend", "torch", "--threads", "1",
             "--json", *options]
-    single = _gradient([python_exe(), "-m", "dfmp2", "gradient", *map(str, args), "-o",
-                        str(tmp_path / "one.h5")])
+    single = _gradient(1, *args, "-o", tmp_path / "one.h5")
     record = tmp_path / "many.h5"
-    spread = _gradient(torchrun(nproc, *args, "-o", record, command="gradient"))
+    spread = _gradient(nproc, *args, "-o", record)
     assert abs(spread["e_tot"] - single["e_tot"]) <= 1e-9
     assert abs(spread["e_corr"] - single["e_corr"]) <= 1e-9
     difference = np.abs(np.array(spread["gradient"]) - np.array(single["gradient"])).max()

@@ -180,7 +180,7 @@ LONG_MOLECULE = "m" * 240 + ".xyz"
 OUT_OF_CORE = ["--scf", "conventional", "--memory", "100KB"]
 
 # (case, what to make in the corpus at test time, arguments after `dfmp2`, expected exit
-# status, fragment of the message): links, FIFOs and names a copied corpus cannot hold.
+# status, fragment of the message): links and names a copied corpus cannot hold.
 FILE_CASES = [
     ("record path is a link", _link("notes.h5", "linked.h5"),
      ["run", "water.xyz", "-o", "linked.h5"], 2, "linked.h5 is a symbolic link"),
@@ -188,18 +188,24 @@ FILE_CASES = [
      ["run", "water.xyz", "-o", "out.h5"], 2, ".out.h5.lock is a symbolic link"),
     ("scratch file is a link", _link("notes.h5", ".out.h5.run.b0.bin"),
      ["run", "water.xyz", *OUT_OF_CORE, "-o", "out.h5"], 2, "b0.bin is a symbolic link"),
-    ("FIFO at -o", _fifo("fifo.h5"), ["run", "water.xyz", "-o", "fifo.h5"], 2,
-     "is a FIFO (named pipe), not a regular file"),
-    ("FIFO given as the molecule", _fifo("fifo.xyz"), ["run", "fifo.xyz", "-o", "f.h5"], 2,
-     "fifo.xyz is a named pipe (FIFO), not an XYZ file"),
-    ("FIFO given to show", _fifo("fifo.h5"), ["show", "fifo.h5"], 2, "is a FIFO"),
-    ("FIFO given to compare", _fifo("fifo.h5"), ["compare", "fifo.h5"], 2, "is a FIFO"),
     ("record name of 250 bytes", None, ["run", "water.xyz", "-o", "r" * 247 + ".h5"], 2,
      "is too long by"),
     ("record name of 300 bytes", None, ["run", "water.xyz", "-o", "r" * 297 + ".h5"], 2,
      "is 300 bytes, longer than"),
     ("long molecule name, default -o", _copy("water.xyz", LONG_MOLECULE),
      ["run", LONG_MOLECULE], 2, "is too long by"),
+]
+
+# The same for cases that need a process of their own: FIFOs (a run that would wait on one
+# forever is stopped), and names that are not UTF-8 or that hold terminal controls, printed
+# to real standard streams under the process's own locale.
+OWN_PROCESS_CASES = [
+    ("FIFO at -o", _fifo("fifo.h5"), ["run", "water.xyz", "-o", "fifo.h5"], 2,
+     "is a FIFO (named pipe), not a regular file"),
+    ("FIFO given as the molecule", _fifo("fifo.xyz"), ["run", "fifo.xyz", "-o", "f.h5"], 2,
+     "fifo.xyz is a named pipe (FIFO), not an XYZ file"),
+    ("FIFO given to show", _fifo("fifo.h5"), ["show", "fifo.h5"], 2, "is a FIFO"),
+    ("FIFO given to compare", _fifo("fifo.h5"), ["compare", "fifo.h5"], 2, "is a FIFO"),
     ("junk molecule with a non-UTF-8 name", _copy("binary_junk.xyz", NOT_UTF8 + ".xyz"),
      ["run", NOT_UTF8 + ".xyz", "-o", NOT_UTF8 + ".h5"], 2, "not"),
     ("non-UTF-8 non-record given to show", _copy("notes.h5", NOT_UTF8 + ".h5"),
@@ -218,26 +224,43 @@ def _plain_files(folder: Path) -> dict[Path, bytes]:
             if path.is_file() and not path.is_symlink()}
 
 
+def _assert_refused(case: str, code: int, stderr: str, status: int, fragment: str) -> None:
+    assert code == status, (case, stderr)
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), (case, stderr)
+    assert "Traceback" not in stderr
+    assert fragment in lines[0], (case, lines[0])
+
+
+def _backend(args: list[str]) -> list[str]:
+    return ["--backend", "torch"] if args[0] == "run" else []
+
+
 @pytest.mark.parametrize("case,make,args,status,fragment", FILE_CASES,
                          ids=[c[0] for c in FILE_CASES])
-def test_hostile_file(case, make, args, status, fragment, corpus):
-    """In its own process, as a user meets it: real standard streams, and a run that would
-    wait on a FIFO forever is stopped."""
+def test_hostile_file(case, make, args, status, fragment, corpus, run_cli):
     if make is not None:
         make()
     before = _plain_files(corpus)
-    extra = ["--backend", "torch"] if args[0] == "run" else []
+    result = run_cli(*args, *_backend(args))
+    _assert_refused(case, result.code, result.err, status, fragment)
+    assert _plain_files(corpus) == before, case
+
+
+@pytest.mark.parametrize("case,make,args,status,fragment", OWN_PROCESS_CASES,
+                         ids=[c[0] for c in OWN_PROCESS_CASES])
+def test_hostile_file_in_its_own_process(case, make, args, status, fragment, corpus):
+    if make is not None:
+        make()
+    before = _plain_files(corpus)
     env = {**os.environ, "PYTHONPATH": str(HOSTILE.parents[1])}
     try:
-        result = subprocess.run([sys.executable, "-m", "dfmp2", *args, *extra], cwd=corpus,
-                                env=env, capture_output=True, text=True, timeout=120)
+        result = subprocess.run([sys.executable, "-m", "dfmp2", *args, *_backend(args)],
+                                cwd=corpus, env=env, capture_output=True, text=True,
+                                timeout=120)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{case}: dfmp2 hung")
-    assert result.returncode == status, (case, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error:"), (case, result.stderr)
-    assert "Traceback" not in result.stderr
-    assert fragment in lines[0], (case, lines[0])
+    _assert_refused(case, result.returncode, result.stderr, status, fragment)
     assert _plain_files(corpus) == before, case
 
 

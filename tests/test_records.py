@@ -158,7 +158,7 @@ def test_a_second_run_on_a_record_in_use_is_refused(tmp_path, run_cli):
 OUT_OF_CORE = ("--memory", "800KB")
 
 
-def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path):
+def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path, run_cli):
     record = tmp_path / "dimer.h5"
     args = (*DIMER, *OUT_OF_CORE, "-o", record)
     proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
@@ -175,14 +175,13 @@ def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path):
     done = len(killed.groups["checkpoint"].datasets["pairs"])
     assert leftovers(tmp_path) == []
 
-    resumed = subprocess.run(dfmp2_command("run", *args), capture_output=True, text=True,
-                             cwd=tmp_path, timeout=TIMEOUT_SECONDS)
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = run_cli("run", *args)
+    assert resumed.code == 0, resumed.err
     root = read_record(record)
     assert root.attrs["status"] == "complete" and root.attrs["resumed"]
     assert len(root.groups["checkpoint"].datasets["pairs"]) == DIMER_PAIRS > done
     # PySCF's DF-MP2 on the orbitals the interrupted run stored and the resumed one reused.
-    assert abs(json.loads(resumed.stdout)["e_corr"]
+    assert abs(json.loads(resumed.out)["e_corr"]
                - stored_orbitals_e_corr(record, "water_dimer")) <= 1e-10
     assert leftovers(tmp_path) == []
 
@@ -249,45 +248,92 @@ def test_an_interrupt_python_could_not_raise_is_not_printed(capsys, monkeypatch)
     assert printed[0] == "" and "a real bug" in printed[1]
 
 
-def test_sigkill_leaves_scratch_that_the_resume_reuses_then_removes(tmp_path):
-    record = tmp_path / "dimer.h5"
-    args = (*DIMER, *OUT_OF_CORE, "-o", record)
-    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def killed_dimer(tmp_path_factory) -> Path:
+    """The folder of a run killed (SIGKILL) three pairs into its energy, B out of core: the
+    record, its lock and the finished scratch file, made once; tests resume copies of it."""
+    folder = tmp_path_factory.mktemp("killed")
+    record = folder / "dimer.h5"
+    proc = subprocess.Popen(dfmp2_command("run", *DIMER, *OUT_OF_CORE, "-o", record),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=folder)
     _wait_for_pairs(proc, record, 3)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    return folder
+
+
+def _copy_of(folder: Path, into: Path) -> Path:
+    for path in folder.iterdir():
+        shutil.copy2(path, into / path.name)
+    return into / "dimer.h5"
+
+
+def test_sigkill_leaves_scratch_that_the_resume_reuses_then_removes(tmp_path, killed_dimer,
+                                                                     run_cli, caplog):
+    record = _copy_of(killed_dimer, tmp_path)
     left = leftovers(tmp_path)
     assert any(p.endswith(".bin") for p in left) and ".dimer.h5.lock" in left
 
-    resumed = subprocess.run(dfmp2_command("run", *args, "-v"), capture_output=True,
-                             text=True, cwd=tmp_path, timeout=TIMEOUT_SECONDS)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "reusing the fitted B" in resumed.stderr
+    resumed = run_cli("run", *DIMER, *OUT_OF_CORE, "-o", record, "-v")
+    assert resumed.code == 0, resumed.err
+    assert "reusing the fitted B" in caplog.text
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"
         assert h5["timings"].attrs["integrals"] == 0.0
     assert leftovers(tmp_path) == []
 
 
-def test_a_damaged_scratch_file_is_rebuilt(tmp_path):
-    record = tmp_path / "dimer.h5"
-    args = (*DIMER, *OUT_OF_CORE, "-o", record)
-    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    _wait_for_pairs(proc, record, 3)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+def test_a_damaged_scratch_file_is_rebuilt(tmp_path, killed_dimer, run_cli, caplog):
+    record = _copy_of(killed_dimer, tmp_path)
     scratch = next(p for p in tmp_path.iterdir() if p.suffix == ".bin")
     with open(scratch, "r+b") as handle:
         handle.truncate(scratch.stat().st_size // 2)
-    resumed = subprocess.run(dfmp2_command("run", *args, "-v"), capture_output=True,
-                             text=True, cwd=tmp_path, timeout=TIMEOUT_SECONDS)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "it will be rebuilt" in resumed.stderr
+    resumed = run_cli("run", *DIMER, *OUT_OF_CORE, "-o", record, "-v")
+    assert resumed.code == 0, resumed.err
+    assert "it will be rebuilt" in caplog.text
     with h5py.File(record, "r") as h5:
         assert h5["timings"].attrs["integrals"] > 0.0
     assert leftovers(tmp_path) == []
+
+
+def test_a_resume_that_keeps_b_in_memory_removes_the_killed_runs_scratch_file(
+        tmp_path, killed_dimer, run_cli):
+    """The killed run kept B in a file; resumed with room for B in memory, the run has no use
+    for it, and the file (of the size of B) used to stay on disk after it completed."""
+    record = _copy_of(killed_dimer, tmp_path)
+    resumed = run_cli("run", *DIMER, "-o", record)
+    assert resumed.code == 0, resumed.err
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
+        assert not h5["plan"].attrs["out_of_core"]
+    assert leftovers(tmp_path) == []
+
+
+def test_records_of_one_name_in_two_folders_keep_their_own_files_in_a_shared_scratch(
+        tmp_path, run_cli, caplog):
+    """a/dimer.h5 killed with B in the shared --scratch folder, then b/dimer.h5 run to the
+    end there: b's run took a's B as its own (same name) and removed it when it completed,
+    so a's resume had to build B again."""
+    shared, first, second = (tmp_path / name for name in ("scratch", "a", "b"))
+    for folder in (shared, first, second):
+        folder.mkdir()
+    args = (*DIMER, *OUT_OF_CORE, "--scratch", shared)
+    proc = subprocess.Popen(dfmp2_command("run", *args, "-o", first / "dimer.h5"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_pairs(proc, first / "dimer.h5", 2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    kept = leftovers(shared)
+    assert [name for name in kept if name.endswith(".b0.bin")], "B is not in the scratch folder"
+
+    other = run_cli("run", *args, "-o", second / "dimer.h5")
+    assert other.code == 0, other.err
+    assert leftovers(shared) == kept, "the other record's run touched the killed run's files"
+    resumed = run_cli("run", *args, "-o", first / "dimer.h5", "-v")
+    assert resumed.code == 0, resumed.err
+    assert "reusing the fitted B" in caplog.text
+    assert leftovers(shared) == []
 
 
 # --------------------------------------------------------------- failures after the SCF

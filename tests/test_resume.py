@@ -11,7 +11,8 @@ import time
 import h5py
 import pytest
 
-from conftest import WATER_RECORD_ARGS, molecule_path, python_exe, stored_orbitals_e_corr
+from conftest import (WATER_RECORD_ARGS, molecule_path, python_exe, run_in_process,
+                      stored_orbitals_e_corr)
 from dfmp2.errors import InputError
 from dfmp2.records.tree import read_record
 
@@ -26,11 +27,6 @@ def _pairs_done(record) -> int:
         return 0
     checkpoint = root.groups.get("checkpoint")
     return 0 if checkpoint is None else len(checkpoint.datasets.get("pairs", []))
-
-
-def _run(args, **kwargs):
-    return subprocess.run([python_exe(), "-m", "dfmp2", "run", *map(str, args)],
-                          capture_output=True, text=True, check=False, **kwargs)
 
 
 def test_sigkill_mid_energy_then_resume(tmp_path):
@@ -52,14 +48,14 @@ def test_sigkill_mid_energy_then_resume(tmp_path):
     assert 5 <= done < 21 * 22 // 2
     assert "mo_coeff" in killed.groups["scf"].datasets
 
-    resumed = _run(args)
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = run_in_process("run", *args)
+    assert resumed.code == 0, resumed.err
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
         assert len(h5["checkpoint/pairs"]) == 21 * 22 // 2
 
     # PySCF's DF-MP2 on the orbitals the killed run stored and the resumed one reused.
-    assert abs(json.loads(resumed.stdout)["e_corr"] - stored_orbitals_e_corr(record)) <= 1e-10
+    assert abs(json.loads(resumed.out)["e_corr"] - stored_orbitals_e_corr(record)) <= 1e-10
     assert not list(tmp_path.glob(".*.tmp"))
 
 

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dfmp2.df.store import ScratchArea
 from dfmp2.errors import Dfmp2Error, InputError
 from dfmp2.grad import kernel as gradient
 from dfmp2.input.calculation import Calculation
@@ -186,12 +185,12 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
     return points, holder
 
 
-def rank_evaluator(job: Job, world: World) -> PointEvaluator:
+def rank_evaluator(job: Job, session: RecordSession) -> PointEvaluator:
     """This rank's evaluator: whole gradients in a world of one, with scratch files of its
     own."""
     own = replace(job, env=replace(job.env, world=World()))
-    prefix = f"{job.path.name}.run" if world.rank == 0 else f"{job.path.name}.r{world.rank}"
-    return PointEvaluator(own, ScratchArea(job.env.scratch_dir, prefix))
+    rank = job.env.world.rank
+    return PointEvaluator(own, session.scratch_area("run" if rank == 0 else f"r{rank}"))
 
 
 def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
@@ -231,7 +230,8 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
         def work() -> FrequencyOutcome | None:
             if world.is_root:
                 write_record(path, root)
-            _compute(job, world, options, points, expected, root, reference)
+            _compute(job, rank_evaluator(job, session), options, points, expected, root,
+                     reference)
             if not world.is_root:
                 return None
             outcome = FrequencyOutcome(root, path, points[REFERENCE_POINT].energy, options,
@@ -244,12 +244,13 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
         return guarded(session, root, work)
 
 
-def _compute(job: Job, world: World, options: FrequencyOptions, points: dict[int, Point],
-             expected: DisplacementSection, root: Node, reference: np.ndarray) -> None:
+def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
+             points: dict[int, Point], expected: DisplacementSection, root: Node,
+             reference: np.ndarray) -> None:
     """The job's points that ``points`` lacks, each saved in the record (on rank 0) as it
     finishes."""
+    world = job.env.world
     pending = [i for i in shard_points(expected.points, options.shard) if i not in points]
-    evaluator = rank_evaluator(job, world)
 
     def keep(finished: list[Finished]) -> None:
         points.update((done.point.index, done.point) for done in finished)

@@ -12,7 +12,6 @@ import json
 import re
 from pathlib import Path
 
-from dfmp2.df.store import ScratchArea
 from dfmp2.input.calculation import Calculation
 from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.run import RunOutcome
@@ -152,9 +151,9 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
             for name in CALCULATIONS:
                 node = calculation_node(root, name)
                 inputs[name].write(node)
-                scratch = ScratchArea(env.scratch_dir, f"{path.name}.{name}")
                 try:
-                    calculate(RunContext(calcs[name], per_molecule, env, node, scratch,
+                    calculate(RunContext(calcs[name], per_molecule, env, node,
+                                         session.scratch_area(name),
                                          plans[name]))
                 except InputError as exc:
                     raise InputError(f"{name.replace('_', ' ')}: {exc}") from None

@@ -242,8 +242,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             save_checkpoint(path, root)
 
         log_steps = StepLog(recorded or Steps.empty(start.natoms), save)
-        evaluate = evaluator or AnalyticEvaluator(
-            job, ScratchArea(env.scratch_dir, f"{path.name}.opt"))
+        evaluate = evaluator or AnalyticEvaluator(job, session.scratch_area("opt"))
         refuse_unless_regular(xyz_path, XYZ_REMEDY)
 
         def work() -> OptimizeOutcome:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 
-from dfmp2.df.store import ScratchArea
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.grad import kernel as gradient
 from dfmp2.grad.density import Mp2Densities, mp2_densities
@@ -92,9 +91,8 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
         previous = shared_previous_run(session, inputs, settings.resume, reuse_complete=False)
         root = job.new_record()
         inputs.write(root)
-        ctx = RunContext(calc, settings, env, root, ScratchArea(env.scratch_dir,
-                                                                f"{path.name}.run"),
-                         plan, RecordSaver(path, root) if world.is_root else None,
+        ctx = RunContext(calc, settings, env, root, session.scratch_area("run"), plan,
+                         RecordSaver(path, root) if world.is_root else None,
                          previous.record if previous.action == RESUME else None)
 
         def work() -> int:

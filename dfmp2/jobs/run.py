@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfmp2.df.store import ScratchArea
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.check import run_check
@@ -49,8 +48,7 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
             return RunOutcome(previous.record, path, 0, reused=True)
         root = job.new_record()
         inputs.write(root)
-        scratch = ScratchArea(env.scratch_dir, f"{path.name}.run")
-        ctx = RunContext(calc, settings, env, root, scratch, plan,
+        ctx = RunContext(calc, settings, env, root, session.scratch_area("run"), plan,
                          RecordSaver(path, root) if world.is_root else None,
                          previous.record if previous.action == RESUME else None)
 

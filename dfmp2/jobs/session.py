@@ -5,24 +5,30 @@ disk and a signal during the last write included), with no temporary file left.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from dfmp2.df.store import ScratchArea
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
 from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
 from dfmp2.records.lock import RecordLock
 from dfmp2.records.sections import (CalculationInputs, read_inputs, write_kernel_ledger,
                                     write_timings)
-from dfmp2.records.tree import (FAILED, INTERRUPTED, SCHEMA, Node, RecordWriteError,
-                                read_record, set_status, write_record)
-from dfmp2.system.files import refuse_links_named_after
+from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, Node,
+                                RecordWriteError, read_record, set_status, write_record)
+from dfmp2.system.files import refuse_links_named_after, refuse_unless_regular
 
 log = logging.getLogger(__name__)
 # Tries at the final record write of a failed run before a signal is allowed to stop it.
 FINAL_WRITE_ATTEMPTS = 3
+# The stage of rank r's own scratch files (frequencies: each rank computes whole points).
+RANK_STAGE = re.compile(r"r[0-9]+")
 
 class RecordSession:
     """A record this process writes: locked for the whole run, saved as it goes, and ended
@@ -33,6 +39,20 @@ class RecordSession:
         self.path, self.env = path, env
         self.lock = RecordLock(path) if env.world.is_root else None
         self.t_start = time.perf_counter()
+        # Rank 0's, for every rank: a shared file must have one name on every node.
+        self._scratch_prefix = env.world.broadcast(
+            scratch_prefix(path, env.scratch_dir) if env.world.is_root else None,
+            "sharing the scratch files' name")
+        self._areas: list[ScratchArea] = []
+        self._complete = False
+
+    def scratch_area(self, stage: str) -> ScratchArea:
+        """The scratch files of one stage of the job, named after the record. Whatever an
+        earlier, killed run left there (files of ranks this run does not have, a B out of
+        core that this run keeps in memory) is removed once the job is complete."""
+        area = ScratchArea(self.env.scratch_dir, f"{self._scratch_prefix}.{stage}")
+        self._areas.append(area)
+        return area
 
     def __enter__(self) -> "RecordSession":
         if self.lock is not None:
@@ -47,9 +67,30 @@ class RecordSession:
 
     def __exit__(self, *exc) -> None:
         if self.lock is not None:
+            if self._complete:
+                self._remove_leftovers()
             self.lock.release()
 
+    def _remove_leftovers(self) -> None:
+        """Every scratch file of this record's stages, and of other ranks' stages, that is
+        still there (ours are removed as they are finished with): the result is written, so
+        none is needed again. A file that cannot go is reported, and the result stands."""
+        own = f".{self._scratch_prefix}."
+        stale = [path for area in self._areas for path in area.leftovers()]
+        with contextlib.suppress(OSError):
+            stale += sorted(path for path in self.env.scratch_dir.iterdir()
+                            if path.name.startswith(own) and path.name.endswith(".bin")
+                            and RANK_STAGE.fullmatch(path.name[len(own):].split(".")[0]))
+        for path in stale:
+            try:
+                refuse_unless_regular(path, "remove it by hand")
+                path.unlink(missing_ok=True)
+                log.info("removed the scratch file %s of an earlier run", path)
+            except (Dfmp2Error, OSError) as exc:
+                log.warning("the scratch file %s of an earlier run is left: %s", path, exc)
+
     def finish(self, root: Node, state: str, error: str | None = None) -> None:
+        self._complete = state == COMPLETE
         set_status(root, state, error)
         accounting = self.env.kernel_set.accounting
         write_kernel_ledger(root, dict(accounting.calls), accounting.fallbacks,
@@ -85,6 +126,17 @@ class RecordSession:
             except Interrupted:
                 log.info("a signal interrupted the final record write; writing it again")
         self.finish(root, state, error)
+
+def scratch_prefix(record: Path, scratch_dir: Path) -> str:
+    """What a record's scratch files are named after: the record's name beside it; in a
+    folder of their own (``--scratch``), which records of one name in other folders may share,
+    the name and a tag of the record's absolute path, so that their runs never take, reuse or
+    remove each other's files."""
+    if scratch_dir.resolve() == record.parent.resolve():
+        return record.name
+    where = os.fsencode(record.parent.resolve() / record.name)
+    return f"{record.name}.{hashlib.sha256(where).hexdigest()[:8]}"
+
 
 def without_datasets(node: Node) -> Node:
     """The record's attributes alone: what was run and how it ended, without the orbitals."""

@@ -18,10 +18,10 @@ from dfmp2.errors import InputError, RunFailure
 
 # The longest names dfmp2 derives from a record named NAME ("{}" below): the writability
 # probe (8 random characters), the raw B of an interaction's calculation and of a gradient
-# in scratch, and a complete record set aside (its creation time is 19 digits, then a
-# counter).
-DERIVED_NAMES = (".{}.12345678.probe", ".{}.monomer_a_cp.b0.raw.bin",
-                 ".{}.run.gradient.b0.raw.bin", "{}.superseded-YYYYMMDDTHHMMSSHHMM-NN")
+# in a --scratch folder (with the tag of the record's path), and a complete record set aside
+# (its creation time is 19 digits, then a counter).
+DERIVED_NAMES = (".{}.12345678.probe", ".{}.0123abcd.monomer_a_cp.b0.raw.bin",
+                 ".{}.0123abcd.run.gradient.b0.raw.bin", "{}.superseded-YYYYMMDDTHHMMSSHHMM-NN")
 ADDED_BYTES = max(len(template.format("")) for template in DERIVED_NAMES)
 DEFAULT_NAME_MAX = 255
 FILE = "file"
