@@ -269,18 +269,26 @@ def _copy_of(folder: Path, into: Path) -> Path:
     return into / "dimer.h5"
 
 
-def test_sigkill_leaves_scratch_that_the_resume_reuses_then_removes(tmp_path, killed_dimer,
-                                                                     run_cli, caplog):
+def test_sigkill_mid_energy_leaves_what_the_resume_reuses_to_the_exact_energy(
+        tmp_path, killed_dimer, run_cli, caplog):
     record = _copy_of(killed_dimer, tmp_path)
     left = leftovers(tmp_path)
     assert any(p.endswith(".bin") for p in left) and ".dimer.h5.lock" in left
+    killed = read_record(record)
+    assert killed.attrs["status"] == "running" and "mo_coeff" in killed.groups["scf"].datasets
+    done = len(killed.groups["checkpoint"].datasets["pairs"])
+    assert 3 <= done < DIMER_PAIRS
 
     resumed = run_cli("run", *DIMER, *OUT_OF_CORE, "-o", record, "-v")
     assert resumed.code == 0, resumed.err
     assert "reusing the fitted B" in caplog.text
     with h5py.File(record, "r") as h5:
-        assert h5.attrs["status"] == "complete"
+        assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
         assert h5["timings"].attrs["integrals"] == 0.0
+        assert len(h5["checkpoint/pairs"]) == DIMER_PAIRS
+    # PySCF's DF-MP2 on the orbitals the killed run stored and the resumed one reused.
+    assert abs(json.loads(resumed.out)["e_corr"]
+               - stored_orbitals_e_corr(record, "water_dimer")) <= 1e-10
     assert leftovers(tmp_path) == []
 
 
