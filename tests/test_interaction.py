@@ -18,9 +18,10 @@ def _atoms(name: str) -> list[str]:
     return lines[2:2 + int(lines[0])]
 
 
-def pyscf_energies(atom_lines: list[str], frozen_core: bool) -> dict[str, float]:
+def pyscf_energies(atom_lines: list[str], frozen_core: bool, charge: int = 0
+                   ) -> dict[str, float]:
     """SCF, MP2 and SCS-MP2 totals from PySCF's own DF-RHF and DFMP2 (ghost- prefixes kept)."""
-    mol = gto.M(atom="\n".join(atom_lines), basis="cc-pvdz", verbose=0)
+    mol = gto.M(atom="\n".join(atom_lines), basis="cc-pvdz", charge=charge, verbose=0)
     mf = pyscf_df_rhf(mol)
     pt = pyscf_dfmp2_reference(mf, elements.chemcore(mol) if frozen_core else 0)
     return {"scf": mf.e_tot, "mp2": mf.e_tot + pt.e_corr,
@@ -76,3 +77,44 @@ def test_split_from_the_comment_line_and_bad_split(run_cli, tmp_path):
     odd = run_cli("interaction", molecule_path("water_dimer"), "--split", "2", "--backend",
                   "torch", "-o", tmp_path / "c.h5")
     assert odd.code == 2 and odd.err.startswith("Error: monomer a cp:")
+
+
+HYDRONIUM_WATER = ["O 0 0 0", "H 0 0 1.0", "H 0.94 0 -0.33", "H -0.47 0.81 -0.33",
+                   "O 0 0 2.55", "H 0 0.76 3.14", "H 0 -0.76 3.14"]
+
+
+def test_a_charge_in_the_comment_line_is_split_by_charges_or_refused(run_cli, tmp_path):
+    """H3O+ . H2O with charge=1 in its comment line: every fragment used to be computed
+    neutral, an interaction energy wrong by orders of magnitude, with status 0. Now --charges
+    must split the declared charge, and then the result is PySCF's counterpoise one."""
+    xyz = tmp_path / "hydronium_water.xyz"
+    xyz.write_text("7\ncharge=1 hydronium and water\n" + "\n".join(HYDRONIUM_WATER) + "\n")
+    common = ("--split", "4", "--backend", "torch", "--json")
+    missing = run_cli("interaction", xyz, *common, "-o", tmp_path / "a.h5")
+    assert missing.code == 2 and "declares charge=1 for the dimer: give --charges" in missing.err
+    wrong = run_cli("interaction", xyz, *common, "--charges", "0,0", "-o", tmp_path / "b.h5")
+    assert wrong.code == 2 and "--charges 0,0 adds up to 0" in wrong.err
+    assert not list(tmp_path.glob("*.h5"))
+
+    result = run_cli("interaction", xyz, *common, "--charges", "1,0", "-o", tmp_path / "c.h5")
+    assert result.code == 0, result.err
+    ghosts = ["ghost-" + line for line in HYDRONIUM_WATER]
+    dimer = pyscf_energies(HYDRONIUM_WATER, False, charge=1)
+    hydronium = pyscf_energies(HYDRONIUM_WATER[:4] + ghosts[4:], False, charge=1)
+    water = pyscf_energies(ghosts[:4] + HYDRONIUM_WATER[4:], False)
+    expected = dimer["mp2"] - hydronium["mp2"] - water["mp2"]
+    assert abs(json.loads(result.out)["e_int_mp2_cp"] - expected) <= 1e-8
+    assert expected < -0.01, "an ion binds water by tens of kcal/mol"
+
+
+def test_a_multiplicity_in_the_comment_line_is_split_by_spins_or_refused(run_cli, tmp_path):
+    xyz = tmp_path / "oh_water.xyz"
+    xyz.write_text("5\nmultiplicity=2 hydroxyl radical and water\nO 0 0 0\nH 0 0 0.97\n"
+                   "O 0 0 2.9\nH 0 0.76 3.49\nH 0 -0.76 3.49\n")
+    missing = run_cli("interaction", xyz, "--split", "2", "--backend", "torch", "-o",
+                      tmp_path / "a.h5")
+    assert missing.code == 2
+    assert "declares multiplicity=2 (2S = 1) for the dimer: give --spins a,b" in missing.err
+    wrong = run_cli("interaction", xyz, "--split", "2", "--spins", "1,2", "--backend", "torch",
+                    "-o", tmp_path / "b.h5")
+    assert wrong.code == 2 and "--spins 1,2 adds up to 3" in wrong.err

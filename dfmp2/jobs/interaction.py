@@ -38,14 +38,33 @@ HARTREE_FOCK_KINDS = ("scf", "mp2", "scs", "sos")
 DOUBLE_HYBRID_KINDS = ("scf", "dh")
 
 
-def parse_pair(text: str | None, option: str) -> tuple[int, int]:
+def parse_pair(text: str | None, option: str) -> tuple[int, int] | None:
+    """``a,b`` as two integers; None when the option was not given."""
     if text is None:
-        return 0, 0
+        return None
     try:
         a, b = (int(part) for part in text.split(","))
     except ValueError:
         raise InputError(f"{option} {text!r}: write two integers as a,b (e.g. 0,0)") from None
     return a, b
+
+
+def monomer_pair(given: tuple[int, int] | None, dimer_value: int | None, option: str,
+                 declared: str) -> tuple[int, int]:
+    """The monomers' charges (or spins) from ``option``, checked against the dimer's value that
+    the comment line declares (``declared``, e.g. 'charge=2'); 0,0 where neither says. A
+    declared value that the option does not split between the monomers is refused: computing
+    the monomers neutral (or closed-shell) would give a wrong interaction energy."""
+    if given is None:
+        if dimer_value:
+            raise InputError(f"the comment line declares {declared} for the dimer: give "
+                             f"{option} a,b, the two monomers' values, adding up to "
+                             f"{dimer_value}")
+        return 0, 0
+    if dimer_value is not None and sum(given) != dimer_value:
+        raise InputError(f"{option} {given[0]},{given[1]} adds up to {sum(given)}, but the "
+                         f"comment line declares {declared} for the dimer; make them agree")
+    return given
 
 
 def resolve_split(geometry: Geometry, split: int | None) -> int:
@@ -127,12 +146,19 @@ def keep_complete_record(path: Path) -> None:
         set_aside(path, previous)
 
 
-def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int],
-                    spins: tuple[int, int], output: Path | None,
+def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int] | None,
+                    spins: tuple[int, int] | None, output: Path | None,
                     reuse_complete: bool = False) -> RunOutcome:
+    """The five calculations of the dimer in ``settings.molecule``. ``charges`` and ``spins``
+    (2S) are the monomers'; when not given, the dimer's comment line must not declare a charge
+    or multiplicity they would have to split."""
     job = start_job(settings, output or settings.output_path("-interaction"))
     path, env, geometry = job.path, job.env, job.geometry
     split = resolve_split(geometry, split)
+    charges = monomer_pair(charges, geometry.charge, "--charges", f"charge={geometry.charge}")
+    multiplicity = geometry.multiplicity
+    spins = monomer_pair(spins, None if multiplicity is None else multiplicity - 1, "--spins",
+                         f"multiplicity={multiplicity} (2S = {(multiplicity or 1) - 1})")
     per_molecule = dataclasses.replace(settings, resume=False)
     calcs = _calculations(job, per_molecule, split, charges, spins)
     plans = {name: make_plan(calc, per_molecule, env) for name, calc in calcs.items()}
@@ -183,7 +209,9 @@ def _calculations(job: Job, settings: RunSettings, split: int, charges: tuple[in
         try:
             calcs[name] = job.calculation(charge, spin, ghosts, geom, settings)
         except InputError as exc:
-            hint = str(exc).replace("need --spin (2S", "need --spins a,b (2S per monomer")
+            hint = str(exc).replace("need --spin (2S, e.g. --spin 1 for a doublet)",
+                                    "need --spins a,b (2S per monomer, e.g. --spins 1,0 "
+                                    "for a doublet and a singlet)")
             raise InputError(f"{name.replace('_', ' ')}: {hint}") from None
     return calcs
 
