@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 
 import h5py
 import pytest
 
 from conftest import MOLECULES, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
+from dfmp2.jobs.batch import without_comment
 
 
 @pytest.fixture
@@ -85,8 +87,10 @@ def test_compare_records_and_pyscf(tmp_path, run_cli):
 
 def test_batch_accepts_dimers(tmp_path, run_cli):
     manifest = tmp_path / "dimers.txt"
-    manifest.write_text(f"{MOLECULES / 'water_dimer.xyz'} --split 3 --basis sto-3g\n"
-                        f"{MOLECULES / 'water.xyz'} --basis sto-3g\n")
+    # Trailing comments as in the README's example, which used to fail their lines ("Got
+    # unexpected extra arguments").
+    manifest.write_text(f"{MOLECULES / 'water_dimer.xyz'} --split 3 --basis sto-3g   # a dimer\n"
+                        f"{MOLECULES / 'water.xyz'} --basis sto-3g #monomer\n")
     out = tmp_path / "out"
     result = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
     assert result.code == 0, result.err
@@ -95,4 +99,15 @@ def test_batch_accepts_dimers(tmp_path, run_cli):
     with h5py.File(rows[0]["record"], "r") as h5:
         assert h5.attrs["schema"] == "dfmp2.interaction/1"
         assert h5["interaction"].attrs["e_int_mp2_cp"] == pytest.approx(rows[0]["e_int_mp2_cp"])
-    assert "e_int_mp2_cp" not in rows[1]
+    assert "e_int_mp2_cp" not in rows[1] and rows[1]["basis"] == "sto-3g"
+
+
+@pytest.mark.parametrize("line,tokens", [
+    ("w.xyz --basis sto-3g  # note", ["w.xyz", "--basis", "sto-3g"]),
+    ("a#1.xyz --frozen-core", ["a#1.xyz", "--frozen-core"]),
+    ('"x # y.xyz" --basis sto-3g # note', ["x # y.xyz", "--basis", "sto-3g"]),
+    ("'it''s # x' # note", ["its # x"]),
+    ("a\\ #b.xyz #note", ["a #b.xyz"]),
+])
+def test_manifest_comments_start_a_word_outside_quotes_as_in_a_shell(line, tokens):
+    assert shlex.split(without_comment(line)) == tokens

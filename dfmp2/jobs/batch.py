@@ -83,11 +83,30 @@ def _manifest_items(manifest: Path, commands: dict[str, click.Command],
     return items
 
 
+def without_comment(line: str) -> str:
+    """``line`` up to a comment: a ``#`` that starts a word outside quotes, as in a shell (so
+    ``a#1.xyz`` is a file name, and ``# note`` after the options is not an option)."""
+    quote, escaped, word_start = None, False, True
+    for position, char in enumerate(line):
+        if char == "#" and word_start and quote is None and not escaped:
+            return line[:position]
+        word_start = char.isspace() and quote is None and not escaped
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+    return line
+
+
 def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click.Command],
                index: int) -> BatchItem:
     where = f"{manifest}, line {number}"
     try:
-        tokens = shlex.split(line)
+        tokens = shlex.split(without_comment(line))
     except ValueError as exc:
         return BatchItem(index, manifest, {}, error=f"{where}: {exc}")
     path = Path(tokens[0])
