@@ -196,6 +196,7 @@ def test_linear_co2_has_3n_minus_5_modes_and_the_cli_reports_them(run_cli, tmp_p
         assert h5["frequencies/hessian"].shape == (9, 9)
     shown = run_cli("show", record)
     assert shown.code == 0 and "harmonic frequencies" in shown.out and "ZPE" in shown.out
+    assert shown.out.startswith("dfmp2 frequencies record: status complete")
 
 
 def test_a_killed_run_resumes_without_recomputing_finished_points(run_cli, tmp_path, water,

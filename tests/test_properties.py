@@ -339,3 +339,15 @@ def test_molden_never_replaces_the_molecule_or_the_record(command, target, name,
     lines = result.err.strip().splitlines()
     assert len(lines) == 1 and f"is the {name}; choose another --molden" in lines[0], result.err
     assert molecule.read_bytes() == before and not (tmp_path / "w.h5").exists()
+
+
+def test_a_spin_without_occupied_orbitals_is_named_not_blamed_on_freezing(run_cli, tmp_path):
+    """The hydrogen atom has no beta electron: properties said 'cannot freeze 0 orbitals',
+    though nothing was frozen."""
+    atom = tmp_path / "h.xyz"
+    atom.write_text("1\nhydrogen atom\nH 0 0 0\n")
+    result = run_cli("properties", atom, "--basis", "cc-pvdz", "--spin", "1", "--backend",
+                     "torch", "-o", tmp_path / "h.h5")
+    assert result.code == 2
+    assert "the beta orbitals are all empty" in result.err and "freeze" not in result.err
+    assert len(result.err.strip().splitlines()) == 1

@@ -237,10 +237,17 @@ def reference_channels(mf, nfrozen: int) -> list[Channel]:
         raise RunFailure("the SCF is not converged: its MP2 density and gradient would be "
                          "meaningless")
     channels = split_channels(mf.mo_energy, mf.mo_coeff, mf.mo_occ, nfrozen)
-    for channel in channels:
-        if nfrozen < 0 or len(channel.active) == 0 or len(channel.virtual) == 0:
-            raise InputError(f"cannot freeze {nfrozen} orbitals: every spin channel needs "
-                             "active occupied and virtual orbitals")
+    spins = ["closed-shell"] if len(channels) == 1 else ["alpha", "beta"]
+    for spin, channel in zip(spins, channels):
+        occupied, virtual = len(channel.occupied), len(channel.virtual)
+        if occupied == 0 or virtual == 0:
+            raise InputError(
+                f"the {spin} orbitals are {'all empty' if occupied == 0 else 'all occupied'}: "
+                "the MP2 density, properties, gradient and frequencies need occupied and "
+                "virtual orbitals of each spin (the energy alone: dfmp2 run)")
+        if nfrozen < 0 or len(channel.active) == 0:
+            raise InputError(f"cannot freeze {nfrozen} of the {occupied} occupied {spin} "
+                             "orbitals: every spin needs active occupied orbitals")
     return channels
 
 

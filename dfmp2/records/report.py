@@ -18,7 +18,7 @@ from dfmp2.records.sections import (
 )
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
-from dfmp2.records.tree import Node, error, status
+from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status
 
 TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "gradient",
                 "properties", "reference", "total")
@@ -47,7 +47,8 @@ def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None,
 
 def summary(root: Node) -> str:
     inputs = read_inputs(root)
-    lines = [f"dfmp2 run record: status {status(root)}"]
+    kind = "frequencies" if schema(root) == FREQUENCIES_SCHEMA else "run"
+    lines = [f"dfmp2 {kind} record: status {status(root)}"]
     if inputs is not None:
         lines.append(f"  molecule {inputs.source}  basis {inputs.basis}  "
                      f"auxbasis {inputs.auxbasis}  charge {inputs.charge}  "
