@@ -39,6 +39,8 @@ CASES = [
     ("multiplicity negative", ["run", "multiplicity_negative.xyz"], 2, "multiplicity must be"),
     ("fractional charge", ["run", "charge_fraction.xyz"], 2, "is not an integer"),
     ("unknown units", ["run", "units_unknown.xyz"], 2, "units='furlong'"),
+    ("spin key the comment line does not read", ["run", "spin_key.xyz"], 2,
+     "'spin=2' is not read"),
     ("ECP element, basis without it", ["run", "methyl_iodide.xyz", "--basis", "cc-pvdz"], 2,
      "no functions for I"),
     ("ECP that covers nothing", ["run", "water.xyz", "--ecp", "def2-svp"], 2,

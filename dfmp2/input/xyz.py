@@ -2,7 +2,8 @@
 
 Standard XYZ: the atom count, a comment line, then ``Symbol x y z`` lines. The comment line may
 carry ``charge=N``, ``multiplicity=M`` and ``units=angstrom|bohr`` (``unit=`` too); any other
-words in it are ignored, but a value given to one of those three keys must be valid.
+words in it are ignored, but a value given to one of those three keys must be valid, and a
+``spin=`` or ``mult=`` without ``multiplicity=`` is refused rather than ignored.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ MAX_COORDINATE_ANGSTROM = 1.0e4
 KNOWN_SYMBOLS = {symbol.upper(): symbol for symbol in elements.ELEMENTS[1:]}
 # ``key=value`` in the comment line; the value runs to the next blank, comma or semicolon.
 COMMENT_FIELD = re.compile(r"\b(charge|multiplicity|units?)\s*=\s*([^\s,;]*)", re.IGNORECASE)
+# Keys other programs write for the spin, which dfmp2 does not read: 'spin=2' may mean 2S, S
+# or the multiplicity, and ignored it would give a singlet without a word.
+UNREAD_SPIN_FIELD = re.compile(r"\b(spin|mult)\s*=\s*[^\s,;]*", re.IGNORECASE)
 ANGSTROM_PER_UNIT = {"angstrom": 1.0, "bohr": param.BOHR}
 UTF8_BOM = b"\xef\xbb\xbf"
 # About 250,000 atoms at 60 bytes a line: far beyond what an MP2 run can hold, and a bound on
@@ -174,6 +178,11 @@ def parse_comment(comment: str, source: str) -> CommentFields:
             raise InputError(f"{source}, line 2: '{match.group(1)}' is given twice in the "
                              "comment line")
         values[key] = match.group(2)
+    unread = UNREAD_SPIN_FIELD.search(comment)
+    if unread and "multiplicity" not in values:
+        raise InputError(f"{source}, line 2: {unread.group(0)!r} is not read (dfmp2 reads "
+                         "charge=, multiplicity= and units=): write multiplicity=2S+1 in the "
+                         "comment line, or remove it and give --spin 2S")
     charge = multiplicity = None
     if "charge" in values:
         charge = _comment_integer(values["charge"], "charge", source)
