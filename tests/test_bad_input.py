@@ -266,6 +266,17 @@ def test_more_threads_than_cores_run_on_the_cores_with_a_warning(run_cli, tmp_pa
         assert json.loads(result.out)["e_corr"] < 0
 
 
+def test_more_memory_than_the_machine_has_runs_with_a_warning(run_cli, tmp_path, caplog):
+    """A budget beyond the installed memory was taken without a word; plans made for it can
+    exhaust the machine's memory, which ends the run without a message of its own."""
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--memory", "100TB",
+                     "--json", "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    assert "--memory 100.0 TB is more than the" in caplog.text
+    assert "of memory this machine has" in caplog.text
+    assert json.loads(result.out)["e_corr"] < 0
+
+
 def test_memory_beyond_64_bits_is_one_error_line(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--memory", "1000000000000000000000GB",
                      "-o", tmp_path / "w.h5")

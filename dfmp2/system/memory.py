@@ -2,11 +2,14 @@
 which share of the budget each large tensor may take and still stay in memory."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import resource
 
 from dfmp2.errors import InputError
+
+log = logging.getLogger(__name__)
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -70,15 +73,25 @@ def available_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return physical_bytes()
 
 
 def memory_budget(memory: int | None) -> int:
     """The budget of a calculation: ``memory`` bytes (checked), else a share of the memory
     available now."""
     if memory is not None:
-        return checked_size(memory)
+        installed = physical_bytes()
+        if checked_size(memory) > installed:
+            log.warning("--memory %s is more than the %s of memory this machine has: plans made "
+                        "for it can exhaust memory (the run is then killed); give at most what "
+                        "the machine has", format_size(memory), format_size(installed))
+        return memory
     return int(available_bytes() * DEFAULT_FRACTION_OF_AVAILABLE)
+
+
+def physical_bytes() -> int:
+    """The machine's installed memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def format_size(nbytes: float) -> str:
