@@ -99,18 +99,21 @@ def test_python_dash_m_is_the_same_program(tmp_path):
     assert proc.stderr.startswith("Error:") and len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_ctrl_c_while_the_program_starts_is_one_line_and_status_130(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_program_starts_is_one_line_and_128_plus_its_number(tmp_path,
+                                                                             signum):
     """0.5 s in, Python is importing torch and PySCF, before the command's handlers exist:
-    this used to print a KeyboardInterrupt traceback from inside an import."""
+    Ctrl-C used to print a KeyboardInterrupt traceback from inside an import, and SIGTERM
+    ended the process without a word."""
     record = tmp_path / "w.h5"
     proc = subprocess.Popen([python_exe(), "-m", "dfmp2", "run", str(molecule_path("water")),
                              "--basis", "sto-3g", "-o", str(record)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT, err
-    assert err == "Error: interrupted while starting; nothing was run\n" and out == ""
+    assert proc.returncode == 128 + signum, err
+    assert err == f"Error: {signum.name} while starting; nothing was run\n" and out == ""
     assert not record.exists()
 
 

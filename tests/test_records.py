@@ -346,6 +346,29 @@ def test_records_of_one_name_in_two_folders_keep_their_own_files_in_a_shared_scr
 
 # --------------------------------------------------------------- failures after the SCF
 
+def test_a_signal_that_code_caught_and_turned_into_another_error_stops_the_run(
+        tmp_path, run_cli, monkeypatch):
+    """A SIGTERM landing in PySCF's basis loader, which catches the handler's exception and
+    tries other basis names, ended in BasisNotFoundError: a traceback, status 1 and a record
+    marked failed. The kept request decides: the run was stopped."""
+    import dfmp2.mp2.kernel
+
+    def signal_then_other_error(*args):
+        interrupts.request(Interrupted("terminated by signal SIGTERM; what was finished is "
+                                       "in the record", 128 + signal.SIGTERM))
+        raise KeyError("ano")
+
+    monkeypatch.setattr(dfmp2.mp2.kernel, "fit_basis", signal_then_other_error)
+    record = tmp_path / "w.h5"
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                     "-o", record)
+    assert result.code == 128 + signal.SIGTERM
+    assert "terminated by signal SIGTERM" in one_error_line(result.err)
+    root = read_record(record)
+    assert root.attrs["status"] == "interrupted" and "SIGTERM" in root.attrs["error"]
+    assert "mo_coeff" in root.groups["scf"].datasets, "the finished SCF is kept for resuming"
+
+
 def test_an_error_after_the_scf_marks_the_record_failed(tmp_path, run_cli, monkeypatch):
     import dfmp2.mp2.kernel
     record = tmp_path / "w.h5"

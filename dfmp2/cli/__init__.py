@@ -96,11 +96,19 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     except Dfmp2Error as exc:
         click.echo(f"Error: {printable(str(exc), one_line=True)}", err=True)
         sys.exit(exc.exit_code)
+    except Exception:
+        # A signal's exception caught where it landed by code that then failed in another
+        # way (PySCF's basis loader tries other names): the command was stopped, not broken.
+        stop = interrupts.requested()
+        if stop is None:
+            raise
+        click.echo(f"Error: {printable(str(stop), one_line=True)}", err=True)
+        sys.exit(stop.exit_code)
     finally:
         sys.unraisablehook = previous_hook
-        # After a stop, this process only exits: a later signal would land in torch's exit
-        # callbacks (a KeyboardInterrupt traceback) or end it before its message.
-        stopping = argv is None and interrupts.pending()
+        # After the command, this process only exits: a signal then would land in torch's
+        # exit callbacks (a KeyboardInterrupt traceback), or end by the signal a command that
+        # finished and printed its result, which a job script would take for a stopped one.
         for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_IGN if stopping else handler)
+            signal.signal(signum, signal.SIG_IGN if argv is None else handler)
     sys.exit(code if isinstance(code, int) else 0)

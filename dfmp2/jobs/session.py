@@ -22,6 +22,7 @@ from dfmp2.records.sections import (CalculationInputs, read_inputs, write_kernel
                                     write_timings)
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, Node,
                                 RecordWriteError, read_record, set_status, write_record)
+from dfmp2.system import interrupts
 from dfmp2.system.files import refuse_links_named_after, refuse_unless_regular
 
 log = logging.getLogger(__name__)
@@ -148,14 +149,20 @@ def guarded(session: RecordSession, root: Node, work):
     raised again, with the record's path in the message of user-facing errors."""
     try:
         return work()
-    except MemoryError:
-        error = RunFailure("out of memory; lower --memory so that dfmp2 plans for less, or "
-                           "use a machine with more")
-        raise RunFailure(f"{error}{_record_note(session, root, error)}") from None
-    except Dfmp2Error as exc:
-        exc.args = (f"{exc}{_record_note(session, root, exc)}",)
-        raise
     except BaseException as exc:
+        stop = interrupts.requested()
+        if stop is not None and not isinstance(exc, Interrupted):
+            # The signal's exception was caught where it landed by code that then failed in
+            # another way (PySCF's basis loader tries other names, and ends in
+            # BasisNotFoundError): the run was stopped, not failed.
+            exc = stop
+        if isinstance(exc, MemoryError):
+            error = RunFailure("out of memory; lower --memory so that dfmp2 plans for less, "
+                               "or use a machine with more")
+            raise RunFailure(f"{error}{_record_note(session, root, error)}") from None
+        if isinstance(exc, Dfmp2Error):
+            exc.args = (f"{exc}{_record_note(session, root, exc)}",)
+            raise exc from None
         session.fail(root, exc)
         raise
 

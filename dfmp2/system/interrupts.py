@@ -31,7 +31,13 @@ def pending() -> bool:
     return _requested is not None
 
 
+def requested() -> Interrupted | None:
+    """The kept request as a new exception to raise, or None."""
+    return None if _requested is None else Interrupted(str(_requested), _requested.exit_code)
+
+
 def raise_if_requested() -> None:
     """Raise the kept request, if a signal came since :func:`clear`."""
-    if _requested is not None:
-        raise Interrupted(str(_requested), _requested.exit_code)
+    stop = requested()
+    if stop is not None:
+        raise stop
