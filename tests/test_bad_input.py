@@ -314,3 +314,17 @@ def test_energies_that_overflow_are_a_failure_not_infinity():
         -100.0 - 0.5 * SCS_SS_DEFAULT)
     with pytest.raises(RunFailure, match="e_scs, e_tot_scs overflowed"):
         mp2_section(Mp2Energies(-1e307, -0.5), -76.0, settings)
+
+
+def test_a_pyscf_tmpdir_that_is_not_a_folder_is_one_error_line(run_cli, tmp_path,
+                                                               monkeypatch):
+    """PYSCF_TMPDIR naming a missing folder: PySCF's SCF object could not open its file there
+    and the command ended in a FileNotFoundError traceback."""
+    from pyscf import lib
+    monkeypatch.setattr(lib.param, "TMPDIR", str(tmp_path / "missing"))
+    result = run_cli("properties", molecule_path("water"), "--basis", "sto-3g", "-o",
+                     tmp_path / "w.h5")
+    assert result.code == 2
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and "PYSCF_TMPDIR" in lines[0] and "missing" in lines[0]
+    assert not (tmp_path / "w.h5").exists()

@@ -107,6 +107,15 @@ class Environment:
     world: World = field(default_factory=World)
 
 
+def check_pyscf_tmpdir() -> None:
+    """PySCF opens a file in its temporary folder for every SCF object (dfmp2 removes it at
+    once): a folder that is not there ended the SCF in a FileNotFoundError traceback."""
+    folder = Path(pyscf.lib.param.TMPDIR)
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"PySCF's temporary folder {folder} (PYSCF_TMPDIR) is not a writable "
+                         "folder; set PYSCF_TMPDIR to one, or unset it")
+
+
 def resolve_environment(settings: RunSettings, record_path: Path,
                         world: World | None = None) -> Environment:
     try:
@@ -120,6 +129,7 @@ def resolve_environment(settings: RunSettings, record_path: Path,
     if not scratch_dir.is_dir() or not os.access(scratch_dir, os.W_OK | os.X_OK):
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
                          "choose another with --scratch")
+    check_pyscf_tmpdir()
     threads = apply_threads(settings.threads)
     return Environment(kernel_set, scf_kernel_sets, memory_budget(settings.memory), threads,
                        scratch_dir, world or World())
