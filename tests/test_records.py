@@ -35,14 +35,15 @@ def dfmp2_command(*args) -> list[str]:
     return [python_exe(), "-m", "dfmp2", *map(str, args)]
 
 
-def run_with_file_limit(limit: int, *args, cwd: Path) -> subprocess.CompletedProcess:
-    """``dfmp2 run`` where no file may grow beyond ``limit`` bytes (``ulimit -f``): writes past
-    it fail with EFBIG, exactly as writes on a full disk fail with ENOSPC."""
+def run_with_file_limit(limit: int, *args, cwd: Path, command: str = "run"
+                        ) -> subprocess.CompletedProcess:
+    """``dfmp2 COMMAND`` where no file may grow beyond ``limit`` bytes (``ulimit -f``): writes
+    past it fail with EFBIG, exactly as writes on a full disk fail with ENOSPC."""
     def limit_files() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    return subprocess.run(dfmp2_command("run", *args), capture_output=True, text=True,
+    return subprocess.run(dfmp2_command(command, *args), capture_output=True, text=True,
                           cwd=cwd, preexec_fn=limit_files, timeout=TIMEOUT_SECONDS, check=False)
 
 
@@ -105,6 +106,31 @@ def test_full_disk_at_a_checkpoint_leaves_a_failed_record(tmp_path):
     root = read_record(tmp_path / "w.h5")
     assert root.attrs["status"] == "failed" and "File too large" in root.attrs["error"]
     assert leftovers(tmp_path) == []
+
+
+def test_a_record_too_large_for_any_failed_version_keeps_its_last_save_and_says_so(tmp_path):
+    """A frequency record holding finished points, on a disk that then holds not even its
+    attributes: it stays as last saved (running, resumable), which the error line now says,
+    and the rerun with room finishes it from the saved points."""
+    args = (molecule_path("water"), "--basis", "sto-3g", "--backend", "torch", "--threads",
+            "1", "-o", "f.h5")
+    kept = []
+    for kib in (12, 14, 16):
+        (tmp_path / "f.h5").unlink(missing_ok=True)
+        result = run_with_file_limit(kib * 1024, *args, cwd=tmp_path, command="frequencies")
+        assert result.returncode == 1, result.stderr
+        line = one_error_line(result.stderr)
+        record = tmp_path / "f.h5"
+        if record.exists() and read_record(record).attrs["status"] == "running":
+            assert "the record keeps its last save, status running" in line
+            kept.append(kib)
+        else:
+            assert "keeps its last save" not in line
+    assert kept, "no limit left the record at its last save"
+    rerun = subprocess.run(dfmp2_command("frequencies", *args, "--json"), capture_output=True,
+                           text=True, cwd=tmp_path, timeout=TIMEOUT_SECONDS)
+    assert rerun.returncode == 0, rerun.stderr
+    assert read_record(tmp_path / "f.h5").attrs["status"] == "complete"
 
 
 # ------------------------------------------------------------------------- concurrent runs

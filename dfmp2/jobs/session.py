@@ -20,8 +20,9 @@ from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
 from dfmp2.records.lock import RecordLock
 from dfmp2.records.sections import (CalculationInputs, read_inputs, write_kernel_ledger,
                                     write_timings)
-from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, SCHEMA, Node,
-                                RecordWriteError, read_record, set_status, write_record)
+from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, RUNNING, SCHEMA, Node,
+                                RecordWriteError, read_record, set_status, status,
+                                write_record)
 from dfmp2.system import interrupts
 from dfmp2.system.files import refuse_links_named_after, refuse_unless_regular
 
@@ -172,8 +173,20 @@ def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
     if unwritten is None:
         return f" (record {session.path})"
     if isinstance(exc, RecordWriteError):
-        return ""
+        return _kept_note(session.path)
     return f" (record {session.path} not updated: {unwritten})"
+
+def _kept_note(path: Path) -> str:
+    """What a record that could not be rewritten at all still says: when its last save was
+    of this run (``running``), rerunning the command resumes from what it holds."""
+    try:
+        state = status(read_record(path))
+    except (Dfmp2Error, OSError):
+        return ""
+    if state != RUNNING:
+        return ""
+    return (f" (the record keeps its last save, status {RUNNING}: rerunning the command "
+            "resumes from it)")
 
 def drop_identical_copy(superseded: Path, inputs: CalculationInputs) -> None:
     """The set-aside complete record is redundant once a run of the same inputs completed."""
