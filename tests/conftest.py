@@ -90,9 +90,9 @@ def slurm_batch_shell(monkeypatch):
 
 
 def run_in_process(*args) -> CliResult:
-    """The dfmp2 CLI run in this process, its output captured: for a reference run that needs
-    no process of its own (a new one pays about 2.5 s of imports). Threads are put back as
-    they were, since ``--threads`` sets them for the whole process."""
+    """The dfmp2 CLI run in this process as the console script runs it, its output captured
+    (a process of its own pays about 2.5 s of imports). Threads are put back as they were,
+    since a run sets them for the whole process."""
     from dfmp2.cli import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -111,22 +111,9 @@ def run_in_process(*args) -> CliResult:
 
 
 @pytest.fixture
-def run_cli(capsys):
-    """Run the dfmp2 CLI in-process exactly as the console script does."""
-    from dfmp2.cli import main
-
-    def invoke(*args: str) -> CliResult:
-        capsys.readouterr()
-        try:
-            main([str(a) for a in args])
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        else:
-            code = 0
-        captured = capsys.readouterr()
-        return CliResult(code, captured.out, captured.err)
-
-    return invoke
+def run_cli():
+    """:func:`run_in_process`, for tests that take it as a fixture."""
+    return run_in_process
 
 
 # The run behind :func:`water_record`; a test that resumes a copy runs these again.
