@@ -52,6 +52,29 @@ def test_batch_finishes_good_ones_and_fails_the_broken_one(batch_inputs, run_cli
     assert statuses["broken.xyz"] == "failed"
 
 
+def test_a_calculation_listed_twice_is_computed_once(tmp_path, run_cli):
+    """Two listings of one calculation (one through another path to the file) share a record:
+    the second reuses the first's. The same molecule with other options gets its own record,
+    and a line whose options cannot be read names no basis."""
+    (tmp_path / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text("water.xyz --basis sto-3g\n"
+                        "./water.xyz --basis=sto-3g\n"
+                        "water.xyz --basis sto-3g --frozen-core\n"
+                        "water.xyz --basis cc-pvtz --no-such-option\n")
+    out = tmp_path / "out"
+    result = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
+    assert result.code == 1
+    rows = json.loads(result.out)
+    assert [row["status"] for row in rows] == ["complete", "complete (skipped)", "complete",
+                                               "failed"]
+    assert rows[0]["record"] == rows[1]["record"] != rows[2]["record"]
+    assert rows[0]["e_tot"] == rows[1]["e_tot"] != rows[2]["e_tot"]
+    assert rows[3]["basis"] == "" and "no-such-option" in rows[3]["error"]
+    assert sorted(p.name for p in out.glob("*.h5")) == [
+        "water-cc-pvdz.h5", "water-sto-3g-0.h5", "water-sto-3g-2.h5"]
+
+
 def test_shards_split_the_list(tmp_path, run_cli, monkeypatch):
     inputs = [str(MOLECULES / f"{name}.xyz") for name in ("water", "ammonia", "methane")]
     out = tmp_path / "out"

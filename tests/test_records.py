@@ -133,6 +133,26 @@ def test_a_record_too_large_for_any_failed_version_keeps_its_last_save_and_says_
     assert read_record(tmp_path / "f.h5").attrs["status"] == "complete"
 
 
+def test_an_optimised_geometry_file_stands_only_beside_a_complete_record(tmp_path):
+    """The final write of an optimisation's record fails on a full disk: the geometry file
+    written just before it must go too, or a script would take it for a finished result."""
+    args = (molecule_path("water"), "--basis", "sto-3g", "--backend", "torch", "--threads",
+            "1", "-o", "w.h5")
+    full = run_with_file_limit(10**7, *args, cwd=tmp_path, command="optimize")
+    assert full.returncode == 0, full.stderr
+    full_size = (tmp_path / "w.h5").stat().st_size
+    for short_by in (200, 600, 1000):
+        for name in ("w.h5", "w.xyz"):
+            (tmp_path / name).unlink(missing_ok=True)
+        result = run_with_file_limit(full_size - short_by, *args, cwd=tmp_path,
+                                     command="optimize")
+        assert result.returncode == 1, result.stderr
+        assert "cannot write the run record" in one_error_line(result.stderr)
+        assert read_record(tmp_path / "w.h5").attrs["status"] != "complete"
+        assert not (tmp_path / "w.xyz").exists()
+    assert leftovers(tmp_path) == []
+
+
 # ------------------------------------------------------------------------- concurrent runs
 
 def _pairs_done(record: Path) -> int:

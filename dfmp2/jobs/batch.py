@@ -5,7 +5,8 @@ options as ``dfmp2 run`` (e.g. ``water.xyz --basis cc-pvtz --frozen-core``). A l
 ``--split N`` (and optionally ``--charges a,b`` / ``--spins a,b``) is a dimer: it gets a
 counterpoise interaction-energy job with the options of ``dfmp2 interaction``. Paths are
 relative to the manifest's folder; blank lines and lines starting with ``#`` are ignored.
-Options on a line override the batch's own options for that molecule.
+Options on a line override the batch's own options for that molecule. A calculation listed
+twice shares one record, so it is computed once.
 
 A line that cannot run (a missing file, an unknown option) is recorded as failed and the
 batch goes on. A record that is already complete counts as done only when it was computed
@@ -66,6 +67,8 @@ class BatchItem:
     overrides: dict
     interaction: dict | None = None
     error: str | None = None
+    options_unread: bool = False
+    """A manifest line whose options could not be read: its basis is not known."""
 
 
 def _manifest_items(manifest: Path, commands: dict[str, click.Command],
@@ -108,7 +111,7 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     try:
         tokens = shlex.split(without_comment(line))
     except ValueError as exc:
-        return BatchItem(index, manifest, {}, error=f"{where}: {exc}")
+        return BatchItem(index, manifest, {}, error=f"{where}: {exc}", options_unread=True)
     path = Path(tokens[0])
     path = path if path.is_absolute() else manifest.parent / path
     is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
@@ -116,13 +119,14 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     try:
         ctx = commands[name].make_context(name, [str(path), *tokens[1:]], obj={"command": ""})
     except click.ClickException as exc:
-        return BatchItem(index, path, {}, error=f"{where}: {exc.format_message()}")
+        return BatchItem(index, path, {}, error=f"{where}: {exc.format_message()}",
+                         options_unread=True)
     overrides = {key: value for key, value in ctx.params.items()
                  if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
                  and key not in ("molecule", "dimer")}
     if overrides.pop("as_json", None) or overrides.pop("output", None):
         return BatchItem(index, path, {}, error=f"{where}: --json and -o are chosen by the "
-                                                "batch, not per molecule")
+                                                "batch, not per molecule", options_unread=True)
     interaction = None
     if is_dimer:
         interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
@@ -209,13 +213,34 @@ def slurm_array_shard(environ: Mapping[str, str]) -> tuple[int, int] | None:
 
 
 def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
-    """``<molecule>-<basis>[-<functional>].h5``, numbered where two molecules would share a
-    name."""
+    """``<molecule>-<basis>[-<functional>].h5``, numbered where two different calculations
+    would share a name. The same calculation listed twice (the same file, options and split)
+    shares one record, so it is computed once and the second listing reuses it."""
     names = [f"{s.molecule.stem}-{s.basis.lower()}{s.xc_suffix()}"
              + ("-interaction" if item.interaction is not None else "")
              for s, item in zip(settings, items)]
-    return [f"{name}.h5" if names.count(name) == 1 else f"{name}-{item.index}.h5"
-            for name, item in zip(names, items)]
+    identities = [_calculation(item, s) for item, s in zip(items, settings)]
+    chosen = []
+    for item, name, identity in zip(items, names, identities):
+        same_name = [(other_item, other) for other_item, other, other_name in
+                     zip(items, identities, names) if other_name == name]
+        if len(same_name) == 1 or (identity is not None
+                                   and all(other == identity for _, other in same_name)):
+            chosen.append(f"{name}.h5")
+        else:
+            first = item if identity is None else next(
+                other_item for other_item, other in same_name if other == identity)
+            chosen.append(f"{name}-{first.index}.h5")
+    return chosen
+
+
+def _calculation(item: BatchItem, settings: RunSettings) -> tuple | None:
+    """What a batch line computes, to tell two listings of one calculation (None: a line
+    that cannot run, never the same as another)."""
+    if item.error is not None:
+        return None
+    split = None if item.interaction is None else sorted(item.interaction.items())
+    return (settings.molecule.resolve(), dataclasses.replace(settings, molecule=Path()), split)
 
 
 def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
@@ -237,12 +262,13 @@ def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
 
 
 def _failed_row(row: dict, settings: RunSettings, error: str, start: float) -> dict:
-    _failed_record(settings.output, settings, error)
+    _failed_record(settings.output, dataclasses.replace(settings, basis=row["basis"]), error)
     return {**row, "status": "failed", "error": error, "seconds": time.perf_counter() - start}
 
 
 def run_item(item: BatchItem, settings: RunSettings) -> dict:
-    row = {"index": item.index, "molecule": str(item.molecule), "basis": settings.basis,
+    row = {"index": item.index, "molecule": str(item.molecule),
+           "basis": "" if item.options_unread else settings.basis,
            "record": str(settings.output), "error": ""}
     start = time.perf_counter()
     if item.error is not None:
@@ -396,7 +422,8 @@ def format_table(rows: list[dict]) -> str:
         e_corr = f"{row['e_corr']:16.10f}" if "e_corr" in row else f"{'-':>16}"
         e_tot = f"{row['e_tot']:18.10f}" if "e_tot" in row else f"{'-':>18}"
         name, basis, status = (printable(text, one_line=True) for text in
-                               (Path(row["molecule"]).name, row["basis"], row["status"]))
+                               (Path(row["molecule"]).name, row["basis"] or "-",
+                                row["status"]))
         lines.append(f"{row['index']:>3} {name[:32]:<32} "
                      f"{basis[:10]:<10} {status[:24]:<24} {e_corr} {e_tot} "
                      f"{row['seconds']:7.1f}")

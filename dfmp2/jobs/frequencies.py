@@ -40,7 +40,7 @@ from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesS
                                                write_frequencies, write_points,
                                                write_reference)
 from dfmp2.records.sections import CalculationInputs, read_inputs
-from dfmp2.records.tree import (COMPLETE, FREQUENCIES_SCHEMA, Node, read_record, schema,
+from dfmp2.records.tree import (FREQUENCIES_SCHEMA, Node, read_record, schema,
                                 set_resumed, write_record)
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
@@ -238,7 +238,7 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
                                        sorted(points))
             if not options.sharded:
                 _analyse(calc, method_name(calc, settings), points, options, outcome)
-            session.finish(root, COMPLETE)
+            session.complete(root, [options.molden] if options.molden else [])
             return outcome
 
         return guarded(session, root, work)

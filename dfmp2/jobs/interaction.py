@@ -184,7 +184,7 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
                 except InputError as exc:
                     raise InputError(f"{name.replace('_', ' ')}: {exc}") from None
             write_interaction(root, interaction_energies(root), KCAL_PER_HARTREE)
-            session.finish(root, COMPLETE)
+            session.complete(root)
             return 0
 
         guarded(session, root, work)

@@ -28,7 +28,7 @@ from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
 from dfmp2.records.checkpoint import RESUME, examine_previous, save_checkpoint
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.records.tree import COMPLETE, OPTIMIZE_SCHEMA, Node, write_record
+from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
 from dfmp2.records.sections import write_timings
@@ -256,7 +256,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                 True, convergence, json.dumps(criteria(convergence)), max_steps,
                 len(log_steps.steps.energies), log_steps.replayed, energy, final.text,
                 str(xyz_path)))
-            session.finish(root, COMPLETE)
+            session.complete(root, [xyz_path])
             return OptimizeOutcome(root, path, final, xyz_path, energy,
                                    len(log_steps.steps.energies), criteria(convergence))
 

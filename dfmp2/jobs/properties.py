@@ -32,7 +32,7 @@ from dfmp2.props.moments import nuclear_charge_centre
 from dfmp2.records.checkpoint import RESUME, RecordSaver
 from dfmp2.records.properties_section import PropertiesSection, write_properties
 from dfmp2.records.sections import write_timings
-from dfmp2.records.tree import COMPLETE, Node
+from dfmp2.records.tree import Node
 from dfmp2.scf.reference import ScfResult, release_integrals
 from dfmp2.system.distributed import World
 from dfmp2.system.files import refuse_overwriting
@@ -99,7 +99,7 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
             if ctx.saver is not None:
                 ctx.saver.save()
             properties_stage(ctx, reference_stage(ctx, keep_integrals=True), request)
-            session.finish(root, COMPLETE)
+            session.complete(root, [Path(request.molden)] if request.molden else [])
             return 0
 
         exit_code = guarded(session, root, work)

@@ -18,7 +18,7 @@ from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded, shar
 from dfmp2.jobs.stages import RunContext, calculate, gradient_stage, reference_stage
 from dfmp2.records.checkpoint import RESUME, REUSE, RecordSaver
 from dfmp2.records.sections import write_rank_stages
-from dfmp2.records.tree import COMPLETE, Node
+from dfmp2.records.tree import Node
 from dfmp2.system.distributed import World
 from dfmp2.system.memory import peak_resident_megabytes
 
@@ -66,7 +66,7 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
                 ranks = world.gather((ctx.timings, peak_resident_megabytes()),
                                      "gathering every rank's stage times")
                 write_rank_stages(root, [t for t, _ in ranks], [m for _, m in ranks])
-            session.finish(root, COMPLETE)
+            session.complete(root)
             return 0 if passed else 1
 
         exit_code = guarded(session, root, work)

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,7 +93,6 @@ class RecordSession:
                 log.warning("the scratch file %s of an earlier run is left: %s", path, exc)
 
     def finish(self, root: Node, state: str, error: str | None = None) -> None:
-        self._complete = state == COMPLETE
         set_status(root, state, error)
         accounting = self.env.kernel_set.accounting
         write_kernel_ledger(root, dict(accounting.calls), accounting.fallbacks,
@@ -100,6 +100,20 @@ class RecordSession:
         write_timings(root, {"total": time.perf_counter() - self.t_start})
         if self.env.world.is_root:
             write_record(self.path, root)
+        # Only a record that says complete makes the scratch files redundant.
+        self._complete = state == COMPLETE
+
+    def complete(self, root: Node, outputs: Sequence[Path] = ()) -> None:
+        """End the record ``complete``. The job's other files (``outputs``: the optimised
+        geometry, a Molden file) stand only beside a record that says so: when it cannot be
+        written, they are removed, and the record is left as ``fail`` leaves it."""
+        try:
+            self.finish(root, COMPLETE)
+        except BaseException:
+            for output in outputs:
+                with contextlib.suppress(OSError):
+                    output.unlink(missing_ok=True)
+            raise
 
     def fail(self, root: Node, exc: BaseException) -> str | None:
         """End the record after ``exc``. When the full record cannot be written (a full disk),

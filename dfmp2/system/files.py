@@ -112,6 +112,7 @@ def write_new_text(path: Path, text: str, remedy: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
     except OSError as exc:
+        path.unlink(missing_ok=True)
         raise RunFailure(f"cannot write {shown(path)}: "
                          f"{disk_reason(exc, 'free some space')}") from None
 
