@@ -5,13 +5,20 @@ command's own signal handling is not yet installed. This module imports nothing 
 guards that import, so that a Ctrl-C or a SIGTERM in those seconds ends the program with one
 line and status 130 or 143, as it does later, instead of a KeyboardInterrupt traceback from
 deep inside an import or a silent death by the signal.
+
+It also reads OMP_NUM_THREADS before the OpenMP runtimes do: each copy of libgomp (torch's and
+PySCF's) would print its own complaint about a value it cannot use, and then ignore it.
 """
 from __future__ import annotations
 
+import os
+import re
 import signal
 import sys
 
 EXIT_SIGINT = 128 + signal.SIGINT
+# What libgomp accepts: positive thread counts, one per nesting level, separated by commas.
+OPENMP_THREADS = re.compile(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*")
 
 
 class StoppedWhileStarting(BaseException):
@@ -23,7 +30,24 @@ def _stop(signum: int, frame) -> None:
     raise StoppedWhileStarting(signum)
 
 
+def drop_invalid_openmp_threads(environ=os.environ) -> str | None:
+    """Remove an OMP_NUM_THREADS that the OpenMP runtime would reject (and then ignore), and
+    return the warning that says so; None when it is absent or valid."""
+    value = environ.get("OMP_NUM_THREADS")
+    if value is None:
+        return None
+    if OPENMP_THREADS.fullmatch(value) and all(
+            0 < int(count) < 2**64 for count in value.split(",")):
+        return None
+    del environ["OMP_NUM_THREADS"]
+    return (f"OMP_NUM_THREADS={value!r} is not a positive number of threads and is ignored; "
+            "unset it or give one such as 2")
+
+
 def main() -> None:
+    invalid = drop_invalid_openmp_threads()
+    if invalid is not None:
+        print(f"dfmp2: WARNING: {invalid}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         from dfmp2.cli import main as run_command_line

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -10,6 +11,7 @@ import h5py
 import pytest
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe
+from dfmp2.entry import drop_invalid_openmp_threads
 
 CONTRACT_JSON_KEYS = {"e_scf", "e_corr", "e_os", "e_ss", "e_scs", "e_tot", "record"}
 
@@ -115,6 +117,26 @@ def test_a_signal_while_the_program_starts_is_one_line_and_128_plus_its_number(t
     assert proc.returncode == 128 + signum, err
     assert err == f"Error: {signum.name} while starting; nothing was run\n" and out == ""
     assert not record.exists()
+
+
+def test_an_unusable_omp_num_threads_is_one_warning_of_ours(tmp_path):
+    """Each OpenMP runtime (torch's, PySCF's) printed its own "libgomp: Invalid value" and
+    went on with its default; now dfmp2 says once what it ignores."""
+    env = {**os.environ, "OMP_NUM_THREADS": "two"}
+    result = subprocess.run([python_exe(), "-m", "dfmp2", "--version"], capture_output=True,
+                            text=True, env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ("dfmp2: WARNING: OMP_NUM_THREADS='two' is not a positive number "
+                             "of threads and is ignored; unset it or give one such as 2\n")
+
+
+@pytest.mark.parametrize("value,kept", [("2", True), (" 4 ", True), ("2,1", True),
+                                        ("0", False), ("-1", False), ("", False),
+                                        ("1.5", False), ("3x", False), ("2" + "0" * 20, False)])
+def test_omp_num_threads_is_kept_exactly_when_libgomp_accepts_it(value, kept):
+    environ = {"OMP_NUM_THREADS": value}
+    warning = drop_invalid_openmp_threads(environ)
+    assert (warning is None) == kept and ("OMP_NUM_THREADS" in environ) == kept
 
 
 def test_small_memory_budget_runs_out_of_core(run_cli, tmp_path, water_reference):
