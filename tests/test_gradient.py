@@ -125,6 +125,27 @@ def test_uhf_sos_mp2_frozen_core_hydroxyl():
     check_directional(mf, nfrozen=1, scales=method_scales("sos-mp2"), seed=11)
 
 
+def test_uhf_without_beta_electrons_quartet_h3():
+    """Only same-spin alpha pairs: the beta spin has no electron (this was refused)."""
+    mol = gto.M(atom="H 0 0 0; H 0 0 2.0; H 0 1.8 0.5", basis="cc-pvdz", spin=3, verbose=0)
+    check_directional(converged_scf(mol), nfrozen=0, scales=(1.0, 1.0), seed=5)
+
+
+def test_a_spin_whose_only_occupied_orbital_is_frozen_lithium_hydride_cation():
+    """LiH+ with one orbital of each spin frozen: the beta spin has no active orbital."""
+    mol = gto.M(atom="Li 0 0 0; H 0 0 1.9", basis="cc-pvdz", charge=1, spin=1, verbose=0)
+    check_directional(converged_scf(mol), nfrozen=1, scales=(1.0, 1.0), seed=3)
+
+
+def test_one_electron_h2_cation_is_pyscf_df_uhf_gradient():
+    """No electron pair, no correlation: the gradient is the DF-UHF one."""
+    mol = gto.M(atom="H 0 0 0; H 0 0 1.05", basis="cc-pvdz", charge=1, spin=1, verbose=0)
+    mf = converged_scf(mol)
+    result = gradient.kernel(mf, 0)
+    assert result.e_tot == pytest.approx(mf.e_tot, abs=1e-12)
+    assert np.abs(result.gradient - mf.nuc_grad_method().kernel()).max() < 1e-9
+
+
 def test_scf_terms_match_pyscf_df_rhf_gradient():
     """With no MP2 density, the JK-fit and one-electron terms are PySCF's DF-RHF gradient."""
     mf = converged_scf(pyscf_molecule("water", "cc-pvdz"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -341,13 +342,42 @@ def test_molden_never_replaces_the_molecule_or_the_record(command, target, name,
     assert molecule.read_bytes() == before and not (tmp_path / "w.h5").exists()
 
 
-def test_a_spin_without_occupied_orbitals_is_named_not_blamed_on_freezing(run_cli, tmp_path):
-    """The hydrogen atom has no beta electron: properties said 'cannot freeze 0 orbitals',
-    though nothing was frozen."""
-    atom = tmp_path / "h.xyz"
-    atom.write_text("1\nhydrogen atom\nH 0 0 0\n")
-    result = run_cli("properties", atom, "--basis", "cc-pvdz", "--spin", "1", "--backend",
-                     "torch", "-o", tmp_path / "h.h5")
-    assert result.code == 2
-    assert "the beta orbitals are all empty" in result.err and "freeze" not in result.err
-    assert len(result.err.strip().splitlines()) == 1
+def test_the_hydrogen_atom_density_is_its_scf_density(tmp_path):
+    """One electron: nothing correlates, and the response has nothing to solve (its zero
+    right-hand side was divided by zero, with a RuntimeWarning)."""
+    xyz = tmp_path / "h.xyz"
+    xyz.write_text("1\nmultiplicity=2\nH 0 0 0\n")
+    calc, mf = our_scf("h", path=xyz)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        densities = mp2_densities(mf, 0, calc.auxbasis)
+    assert densities.e_tot == mf.e_tot and densities.response.iterations == 0
+    assert np.abs(sum(densities.total) - sum(mf.make_rdm1())).max() < EXACT
+
+
+def test_a_spin_without_electrons_has_properties(run_cli, tmp_path):
+    """High-spin H3 has no beta electron: its relaxed dipole is minus the field derivative
+    of the energy (it was refused: 'the beta orbitals are all empty'). Along y and z, Richardson
+    extrapolated as above."""
+    xyz = tmp_path / "h3.xyz"
+    xyz.write_text("3\nmultiplicity=4\nH 0 0 0\nH 0 0 2.0\nH 0 1.8 0.5\n")
+    calc, mf = our_scf("h3", path=xyz)
+    assert calc.mol.nelec == (3, 0)
+    ours = dipole(calc.mol, sum(mp2_densities(mf, 0, calc.auxbasis).total), np.zeros(3))
+    dm0 = mf.make_rdm1()
+    for axis in (1, 2):
+        direction = np.eye(3)[axis]
+
+        def derivative(step: float) -> float:
+            return -(energy_in_field(calc, step * direction, dm0)
+                     - energy_in_field(calc, -step * direction, dm0)) / (2 * step)
+
+        numeric = (calc.mol.atom_charges() @ calc.mol.atom_coords()[:, axis]
+                   + (4 * derivative(1e-3) - derivative(2e-3)) / 3)
+        assert ours[axis] == pytest.approx(numeric, abs=RELAXED_TOLERANCE)
+    result = run_cli("properties", xyz, "--basis", "cc-pvdz", "--backend", "torch",
+                     "--threads", "1", "-o", tmp_path / "h3.h5", "--json")
+    assert result.code == 0, result.err
+    out = json.loads(result.out)
+    assert sum(out["natural_occupations_beta"]) == 0.0
+    assert sum(out["natural_occupations"]) == pytest.approx(3, abs=EXACT)

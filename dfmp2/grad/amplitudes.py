@@ -281,6 +281,8 @@ def amplitude_intermediates(readers: list[BlockReader], gamma_stores: list,
         gamma = None
         for sweep in by_column[col]:
             row = sweep.row_channel
+            if nocc[row] == 0:
+                continue  # an empty spin (the beta spin of H2+) pairs with nothing
             slab = _slab(kernel_set, sweep, scales, readers[row],
                          occupied_blocks(nocc[row], row_block or nocc[row]), b_cols,
                          denoms[row], d_cols, buffers)
@@ -313,6 +315,6 @@ def amplitude_intermediates(readers: list[BlockReader], gamma_stores: list,
         direct, exchange = totals["closed"]
         return AmplitudeIntermediates(p_occ, p_vir, direct, direct - exchange, ranks)
     # Both same-spin sweeps are summed together: E_SS = 1/2 sum over alpha and beta.
-    same_direct, same_exchange = totals["same"]
-    return AmplitudeIntermediates(p_occ, p_vir, totals["opposite"][0],
+    same_direct, same_exchange = totals.get("same", (0.0, 0.0))
+    return AmplitudeIntermediates(p_occ, p_vir, totals.get("opposite", (0.0, 0.0))[0],
                                   0.5 * (same_direct - same_exchange), ranks)

@@ -232,7 +232,8 @@ def scf_density(channel: Channel) -> np.ndarray:
 
 def reference_channels(mf, nfrozen: int) -> list[Channel]:
     """The spin channels of the converged SCF ``mf`` with the lowest ``nfrozen`` occupied
-    orbitals of each spin frozen; each must keep active occupied and virtual orbitals."""
+    orbitals of each spin frozen. A spin may have no electron, or none left active (the beta
+    spin of H2+, of high-spin H3): it then pairs with nothing; each needs virtual orbitals."""
     if not getattr(mf, "converged", False):
         raise RunFailure("the SCF is not converged: its MP2 density and gradient would be "
                          "meaningless")
@@ -240,14 +241,14 @@ def reference_channels(mf, nfrozen: int) -> list[Channel]:
     spins = ["closed-shell"] if len(channels) == 1 else ["alpha", "beta"]
     for spin, channel in zip(spins, channels):
         occupied, virtual = len(channel.occupied), len(channel.virtual)
-        if occupied == 0 or virtual == 0:
+        if virtual == 0:
             raise InputError(
-                f"the {spin} orbitals are {'all empty' if occupied == 0 else 'all occupied'}: "
-                "the MP2 density, properties, gradient and frequencies need occupied and "
-                "virtual orbitals of each spin (the energy alone: dfmp2 run)")
-        if nfrozen < 0 or len(channel.active) == 0:
+                f"the {spin} orbitals are all occupied: the MP2 density, properties, gradient "
+                "and frequencies need virtual orbitals of each spin; choose a larger basis "
+                "(the energy alone: dfmp2 run)")
+        if nfrozen < 0 or nfrozen > occupied:
             raise InputError(f"cannot freeze {nfrozen} of the {occupied} occupied {spin} "
-                             "orbitals: every spin needs active occupied orbitals")
+                             "orbitals")
     return channels
 
 

@@ -348,7 +348,7 @@ def _fit_exchange(channels: list[JkChannel], stores: list[RowSplit], solve, nao:
         nocc = ch.c_occ.shape[1]
         width = max(1, chunk_bytes // (3 * FP64_BYTES * naux * nao))
         # Several ranks: at least one block per rank, or the fit would not be shared.
-        width = min(width, -(-nocc // world.size))
+        width = max(1, min(width, -(-nocc // world.size)))
         columns = deal_ranges([(i0 * nao, min(nocc, i0 + width) * nao)
                                for i0 in range(0, nocc, width)], world)
         target = ColumnSplit(f"jkx{n}", naux, nocc * nao, columns, world, open_tensor,

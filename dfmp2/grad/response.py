@@ -158,7 +158,8 @@ def _solve_zvector(channels: list[Channel], potential: ScfPotential,
         nonlocal iterations
         iterations += 1
 
-    z, residual = rhs / diagonal, np.inf
+    # No correlation (one electron, or none paired: H2+) gives no right-hand side: z = 0.
+    z, residual = rhs / diagonal, np.inf if rhs.any() else 0.0
     # MINRES's own stopping test is on a preconditioned estimate; restarting from its answer
     # until the true residual is met keeps the test on the quantity that matters.
     while residual > ZVECTOR_TOL and iterations < ZVECTOR_MAX_ITER:

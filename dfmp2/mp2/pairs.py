@@ -90,7 +90,8 @@ OPEN_SHELL_CASES = (SpinCase("alpha-alpha", 0, 0), SpinCase("beta-beta", 1, 1),
 
 
 def occupied_blocks(nocc: int, occ_block: int) -> list[OccRange]:
-    return [(i0, min(nocc, i0 + occ_block)) for i0 in range(0, nocc, occ_block)]
+    """Blocks of ``occ_block`` occupied orbitals (none for an empty spin)."""
+    return [(i0, min(nocc, i0 + occ_block)) for i0 in range(0, nocc, max(occ_block, 1))]
 
 
 def block_pairs(nocc: int, occ_block: int) -> list[tuple[OccRange, OccRange]]:
