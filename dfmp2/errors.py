@@ -1,4 +1,8 @@
 """Errors a user can act on: each carries its exit status and a one-line message."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
 
 
 class Dfmp2Error(Exception):
@@ -26,3 +30,16 @@ class Interrupted(RunFailure):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+@contextlib.contextmanager
+def temporary_record(path: Path, temporary: bool):
+    """Errors of a job whose record lives in a scratch folder that is gone when the caller
+    sees them (the ASE calculator, the QCSchema harness) do not send the user to that
+    record."""
+    try:
+        yield
+    except Dfmp2Error as exc:
+        if temporary and exc.args:
+            exc.args = (str(exc).replace(f" (record {path})", ""), *exc.args[1:])
+        raise

@@ -66,3 +66,47 @@ def test_bad_arguments_are_clear(tmp_path):
     atoms.calc = DFMP2()
     with pytest.raises(InputError, match="not a whole number"):
         atoms.get_potential_energy()
+
+
+def test_a_changed_parameter_discards_the_results(tmp_path):
+    """calc.set(basis=...) kept the old results, so the next call returned the sto-3g energy
+    under 6-31G (and MP2 forces under SOS-MP2)."""
+    atoms = atoms_of("water")
+    atoms.calc = calc = DFMP2(basis="sto-3g", threads=1)
+    sto3g = atoms.get_potential_energy()
+    calc.set(basis="6-31g")
+    assert calc.count == 1 and not calc.results
+    expected = json_summary(run_record(tmp_path, "water", basis="6-31g", threads=1), "")
+    assert atoms.get_potential_energy() / Hartree == pytest.approx(expected["e_tot"], abs=1e-9)
+    assert calc.count == 2 and atoms.get_potential_energy() != sto3g
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"scs_os": 1e300}, "scs_os: 1e+300 is not a scale factor"),
+    ({"threads": 0}, "threads 0 must be a whole number of at least 1"),
+    ({"occ_block": 0}, "occ_block 0 must be a whole number of at least 1"),
+    ({"memory": "2XB"}, "cannot read memory size '2XB'"),
+    ({"method": "ccsd"}, "choose one of mp2, scs-mp2, sos-mp2"),
+    ({"bogus": 3}, "unknown option bogus"),
+])
+def test_options_are_checked_as_the_command_line_checks_them(options, message):
+    with pytest.raises(InputError, match=message.replace("+", r"\+")):
+        DFMP2(**options)
+    calc = DFMP2()
+    with pytest.raises(InputError, match=message.replace("+", r"\+")):
+        calc.set(**options)
+
+
+def test_memory_as_a_size_and_a_lone_atom_without_force(tmp_path):
+    """memory='2GB' was a TypeError from deep inside; a lone atom's forces an InputError
+    naming a record in a folder that was already gone."""
+    atom = Atoms("Ne")
+    atom.calc = DFMP2(basis="6-31g", threads=1, memory="2GB")
+    assert atom.calc.parameters.memory == 2 * 10**9
+    assert np.array_equal(atom.get_forces(), np.zeros((1, 3)))
+    xyz = tmp_path / "ne.xyz"
+    xyz.write_text("1\nneon\nNe 0 0 0\n")
+    settings = RunSettings(molecule=xyz, basis="6-31g", threads=1, output=tmp_path / "ne.h5",
+                           show_progress=False)
+    expected = json_summary(run_job.run(settings).record, "")["e_tot"]
+    assert atom.get_potential_energy() / Hartree == pytest.approx(expected, abs=1e-10)

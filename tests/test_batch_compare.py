@@ -102,10 +102,45 @@ def test_compare_records_and_pyscf(tmp_path, run_cli):
     rows = json.loads(result.out)
     assert rows[0]["delta_e_corr"] is None
     assert 0 < abs(rows[1]["delta_e_corr"]) <= 1e-6
+    assert rows[1]["differs_in"] == [] and rows[1]["basis"] == "cc-pvdz"
     against_pyscf = json.loads(run_cli("compare", a, "--reference", "pyscf", "--json").out)
     reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz")), 0)
     assert abs(against_pyscf[0]["delta_e_corr"]) <= 1e-8
     assert abs(against_pyscf[0]["e_corr"] - reference.e_corr) <= 1e-8
+
+
+def test_compare_says_which_rows_are_other_calculations(tmp_path, run_cli):
+    """A frozen core, another molecule and another basis were put beside the reference with
+    their energy differences as if they were discrepancies, and nothing said so."""
+    records = {}
+    for name, args in (("ref", ("water",)), ("fc", ("water", "--frozen-core")),
+                       ("hf", ("hydrogen_fluoride",)), ("631", ("water", "--basis", "6-31g"))):
+        molecule, *options = args
+        records[name] = tmp_path / f"{name}.h5"
+        basis = () if "--basis" in options else ("--basis", "sto-3g")
+        assert run_cli("run", MOLECULES / f"{molecule}.xyz", *basis, *options, "--backend",
+                       "torch", "-o", records[name]).code == 0
+    result = run_cli("compare", *records.values(), "--json")
+    assert result.code == 0, result.err
+    assert [row["differs_in"] for row in json.loads(result.out)] == [
+        [], ["frozen"], ["geometry"], ["basis", "auxbasis", "jk-auxbasis"]]
+    table = run_cli("compare", *records.values())
+    assert f"{records['fc']}: other frozen" in table.out
+    assert f"{records['631']}: other basis, auxbasis, jk-auxbasis" in table.out
+
+
+def test_a_record_with_a_non_finite_energy_is_refused_as_altered(tmp_path, run_cli):
+    """compare --json printed NaN and Infinity (not JSON) with status 0, and show printed
+    them under 'status complete'."""
+    record = tmp_path / "w.h5"
+    assert run_cli("run", MOLECULES / "water.xyz", "--basis", "sto-3g", "--backend", "torch",
+                   "-o", record).code == 0
+    with h5py.File(record, "r+") as h5:
+        h5["mp2"].attrs["e_corr"] = float("nan")
+    for command in (("compare", record, "--json"), ("show", record)):
+        result = run_cli(*command)
+        assert result.code == 2 and result.out == ""
+        assert "/mp2 e_corr holds nan, not a finite energy" in result.err
 
 
 def test_batch_accepts_dimers(tmp_path, run_cli):

@@ -129,12 +129,34 @@ def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
       "keywords": {"frozen_cor": True}}, "unknown keyword 'frozen_cor'"),
     ({"driver": "energy", "model": {"method": "mp2", "basis": "cc-pvdz"},
       "keywords": {"frozen_core": "yes"}}, "must be true or false"),
+    # The command line's ranges hold here too: these gave absurd energies with success true.
+    ({"driver": "energy", "model": {"method": "scs-mp2", "basis": "sto-3g"},
+      "keywords": {"scs_os": 1e300}}, "scs_os: 1e+300 is not a scale factor"),
+    ({"driver": "energy", "model": {"method": "scs-mp2", "basis": "sto-3g"},
+      "keywords": {"scs_os": float("nan")}}, "scs_os: nan is not a finite number"),
+    ({"driver": "energy", "model": {"method": "0.5*HF + 0.5*B88, LYP", "basis": "sto-3g"},
+      "keywords": {"mp2_os": 1e200, "mp2_ss": 0.3}}, "mp2_os: 1e+200 is not a scale factor"),
+    ({"driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"occ_block": 0}}, "occ_block 0 must be a whole number of at least 1"),
+    ({"driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"frozen": -1}}, "frozen -1 must be a whole number of at least 0"),
+    ({"driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"record": 123}}, "keyword record must be a path"),
 ])
 def test_bad_inputs_are_input_errors(spec, message):
     result = qcengine.compute({"molecule": water_molecule(), **spec}, "dfmp2",
                               return_version=2)
     assert not result.success
     assert result.error.error_type == "input_error" and message in result.error.error_message
+
+
+def test_an_error_does_not_point_at_the_calls_vanished_scratch_record():
+    result = qcengine.compute({"molecule": water_molecule(), "driver": "energy",
+                               "model": {"method": "mp2", "basis": "sto-3g"},
+                               "keywords": {"frozen": 50}}, "dfmp2", return_version=2)
+    assert not result.success
+    assert "cannot freeze 50" in result.error.error_message
+    assert "dfmp2-qcschema-" not in result.error.error_message
 
 
 def test_run_qcschema_prints_the_harness_result(run_cli, tmp_path):

@@ -22,6 +22,12 @@ WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
     ("charge=0 charge=1", "given twice"),
     ("units=bohr units=angstrom", "'units' is given twice"),
     ("units=furlong", "units='furlong'"),
+    # A charge in a form the line does not read computed the neutral molecule without a word.
+    ("peroxide, charge -2", "'charge -2' is not read"),
+    ("charge: -2", "'charge: -2' is not read"),
+    ("chrg=-2", "'chrg=-2' is not read"),
+    ("dianion q=-2", "'q=-2' is not read"),
+    ("-2 1", "looks like 'charge multiplicity'.*write charge=-2 multiplicity=1"),
 ])
 def test_invalid_comment_values_are_refused(comment, fragment):
     with pytest.raises(InputError, match=fragment):
@@ -32,6 +38,12 @@ def test_valid_comment_values():
     geometry = parse_xyz(f"3\nwater, charge=+1; multiplicity=2 units=Angstrom\n{WATER_ATOMS}")
     assert (geometry.charge, geometry.multiplicity) == (1, 2)
     assert geometry.coords[1, 1] == 0.757
+
+
+@pytest.mark.parametrize("comment", ["neutral charge", "E = -76.4 1", "step 12 of 30",
+                                     "Q-Chem output", "charge=-2 q=-2", "water charged"])
+def test_comment_words_that_declare_no_charge_are_ignored(comment):
+    parse_xyz(f"3\n{comment}\n{WATER_ATOMS}")
 
 
 def test_bohr_coordinates_give_the_angstrom_energy(run_cli, tmp_path):

@@ -3,7 +3,6 @@ from environment variables."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ from dfmp2.errors import Dfmp2Error
 from dfmp2.input.calculation import REFERENCES
 from dfmp2.input.dispersion import CHOICES as DISPERSION_CHOICES
 from dfmp2.input.functionals import GRID_LEVELS, known_names
+from dfmp2.input.settings import scale_factor
 from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.scf.engine import ENGINES
 from dfmp2.scf.reference import SCF_METHODS
@@ -26,9 +26,6 @@ REQUIRE_NKI_ENV = "DFMP2_REQUIRE_NKI"
 NKI_MODE_ENV = "DFMP2_NKI_MODE"
 # The real NKI simulator targets trn3 unless told otherwise; our kernels are written for trn1.
 NKI_PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
-# Published SCS and double-hybrid scales lie between 0 and 2; this bound only stops factors
-# whose products with an energy would be meaningless or overflow.
-MAX_SCALE_FACTOR = 100.0
 
 
 class MemorySize(click.ParamType):
@@ -45,23 +42,16 @@ class MemorySize(click.ParamType):
 
 
 class ScaleFactor(click.ParamType):
-    """An energy scale factor: a finite number of ordinary size. NaN, infinities and huge
-    factors would end up as non-finite or absurd energies, which ``--json`` cannot hold."""
+    """An energy scale factor (:func:`dfmp2.input.settings.scale_factor`)."""
 
     name = "number"
 
     def convert(self, value: Any, param: click.Parameter | None,
                 ctx: click.Context | None) -> float:
         try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number", param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        if abs(number) > MAX_SCALE_FACTOR:
-            self.fail(f"{value!r} is not a scale factor: give a number between "
-                      f"-{MAX_SCALE_FACTOR:g} and {MAX_SCALE_FACTOR:g}", param, ctx)
-        return number
+            return scale_factor(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def set_verbosity(ctx: click.Context, param: click.Parameter, count: int) -> None:

@@ -70,11 +70,13 @@ def print_comparison(pairs: list[tuple[compare.Row, compare.Row | None]], as_jso
     """Records' energies side by side, each with its difference from the record it is compared
     against (none for the reference itself)."""
     if as_json:
-        click.echo(json.dumps([{"record": row.label, "e_scf": row.e_scf, "e_corr": row.e_corr,
-                                "e_tot": row.e_tot,
+        click.echo(json.dumps([{"record": row.label, "basis": row.basis,
+                                "auxbasis": row.auxbasis, "e_scf": row.e_scf,
+                                "e_corr": row.e_corr, "e_tot": row.e_tot,
                                 "against": against.label if against else None,
                                 "delta_e_corr": row.e_corr - against.e_corr if against else None,
-                                "delta_e_tot": row.e_tot - against.e_tot if against else None}
-                               for row, against in pairs]))
+                                "delta_e_tot": row.e_tot - against.e_tot if against else None,
+                                "differs_in": compare.differences(row, against)}
+                               for row, against in pairs], allow_nan=False))
     else:
         click.echo(printable(compare.format_table(pairs)))

@@ -5,14 +5,42 @@ variables into fields, so the library computes the same thing wherever it is cal
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from dfmp2.errors import InputError
 from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.input.dispersion import NONE
-from dfmp2.input.functionals import named_functional
+from dfmp2.input.functionals import GRID_LEVELS, named_functional
+from dfmp2.system.memory import checked_size
 
 DEFAULT_OUTPUT_DIR = Path("runs")
+# Published SCS and double-hybrid scales lie between 0 and 2; this bound only stops factors
+# whose products with an energy would be meaningless or overflow.
+MAX_SCALE_FACTOR = 100.0
+SCALE_FIELDS = ("scs_os", "scs_ss", "mp2_os", "mp2_ss")
+# Whole-number fields and their least value (None: not given).
+COUNT_FIELDS = {"threads": 1, "occ_block": 1, "frozen": 0}
+
+
+def scale_factor(value: Any) -> float:
+    """``value`` as an energy scale factor: a finite number of ordinary size. NaN, infinities
+    and huge factors would end up as non-finite or absurd energies, which ``--json`` cannot
+    hold. Raises ValueError saying why not."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number")
+    if abs(number) > MAX_SCALE_FACTOR:
+        raise ValueError(f"{value!r} is not a scale factor: give a number between "
+                         f"-{MAX_SCALE_FACTOR:g} and {MAX_SCALE_FACTOR:g}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -57,6 +85,30 @@ class RunSettings:
     nki_mode: str | None = None
     require_nki: bool = False
     command: str = "dfmp2 (python API)"
+
+    def __post_init__(self) -> None:
+        """The numbers every interface (command line, QCSchema, ASE, Python) must respect,
+        checked here so that none of them can pass what the command line refuses."""
+        for name in SCALE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                try:
+                    scale_factor(value)
+                except ValueError as exc:
+                    raise InputError(f"{name}: {exc}") from None
+        for name, least in COUNT_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < least):
+                raise InputError(f"{name} {value!r} must be a whole number of at least "
+                                 f"{least}")
+        if self.grid is not None and (isinstance(self.grid, bool) or self.grid not in GRID_LEVELS):
+            raise InputError(f"grid {self.grid!r} must be a grid level from {GRID_LEVELS.start} "
+                             f"to {GRID_LEVELS.stop - 1}")
+        if self.memory is not None:
+            if isinstance(self.memory, bool) or not isinstance(self.memory, int):
+                raise InputError(f"memory {self.memory!r} must be a number of bytes")
+            checked_size(self.memory)
 
     def xc_suffix(self) -> str:
         """``-<functional>[-<dispersion>]`` in default record names of a double hybrid (``-xc``

@@ -29,6 +29,11 @@ COMMENT_FIELD = re.compile(r"\b(charge|multiplicity|units?)\s*=\s*([^\s,;]*)", r
 # Keys other programs write for the spin, which dfmp2 does not read: 'spin=2' may mean 2S, S
 # or the multiplicity, and ignored it would give a singlet without a word.
 UNREAD_SPIN_FIELD = re.compile(r"\b(spin|mult)\s*=\s*[^\s,;]*", re.IGNORECASE)
+# A charge declared otherwise than charge=N ("charge -2", "charge: -2", "chrg=-2", "q=-2").
+UNREAD_CHARGE_FIELD = re.compile(r"\b(charge\s*:?|chrg\s*[=:]?|q\s*[=:])\s*[+-]?\d+\b",
+                                 re.IGNORECASE)
+# "charge multiplicity" alone, as some programs write the line ("-1 1", "0 2").
+CHARGE_MULTIPLICITY_PAIR = re.compile(r"\s*([+-]?\d+)\s+(\d+)\s*")
 ANGSTROM_PER_UNIT = {"angstrom": 1.0, "bohr": param.BOHR}
 UTF8_BOM = b"\xef\xbb\xbf"
 # About 250,000 atoms at 60 bytes a line: far beyond what an MP2 run can hold, and a bound on
@@ -183,6 +188,8 @@ def parse_comment(comment: str, source: str) -> CommentFields:
         raise InputError(f"{source}, line 2: {unread.group(0)!r} is not read (dfmp2 reads "
                          "charge=, multiplicity= and units=): write multiplicity=2S+1 in the "
                          "comment line, or remove it and give --spin 2S")
+    if "charge" not in values:
+        _refuse_unread_charge(comment, source)
     charge = multiplicity = None
     if "charge" in values:
         charge = _comment_integer(values["charge"], "charge", source)
@@ -199,6 +206,22 @@ def parse_comment(comment: str, source: str) -> CommentFields:
                              "write units=angstrom or units=bohr")
         angstrom_per_unit = ANGSTROM_PER_UNIT[unit]
     return CommentFields(charge, multiplicity, angstrom_per_unit)
+
+
+def _refuse_unread_charge(comment: str, source: str) -> None:
+    """A charge the comment line declares in a form dfmp2 does not read: ignored, it would
+    compute the neutral molecule without a word."""
+    pair = CHARGE_MULTIPLICITY_PAIR.fullmatch(comment)
+    if pair:
+        raise InputError(f"{source}, line 2: {comment.strip()!r} looks like 'charge "
+                         "multiplicity', which dfmp2 does not read: write "
+                         f"charge={pair.group(1)} multiplicity={pair.group(2)} in the comment "
+                         "line (or give --charge and --spin)")
+    unread = UNREAD_CHARGE_FIELD.search(comment)
+    if unread:
+        raise InputError(f"{source}, line 2: {unread.group(0)!r} is not read (dfmp2 reads "
+                         "charge=, multiplicity= and units=): write charge=N in the comment "
+                         "line, or remove it and give --charge N")
 
 
 def _comment_integer(text: str, key: str, source: str) -> int:

@@ -29,12 +29,13 @@ from ase.units import Bohr, Hartree
 from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
 from dfmp2.mp2.methods import METHODS
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, temporary_record
 from dfmp2.records.properties_section import read_properties
 from dfmp2.records.sections import read_gradient
 from dfmp2.records.report import method_energy
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import geometry_from_atoms
+from dfmp2.system.memory import parse_size
 
 # RunSettings fields that are not options of a calculation (the calculator sets them).
 NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
@@ -54,17 +55,32 @@ class DFMP2(Calculator):
                  frozen_core: bool = False, charge: int | None = None,
                  spin: int | None = None, records: str | Path | None = None,
                  label: str | None = None, **run_options) -> None:
-        unknown = sorted(set(run_options) - RUN_OPTIONS - {"directory", "atoms"})
-        if unknown:
-            raise InputError(f"unknown option {', '.join(unknown)} for DFMP2; it takes "
-                             f"{', '.join(sorted(RUN_OPTIONS))}")
-        if method not in METHODS:
-            raise InputError(f"method {method!r}: choose one of {', '.join(METHODS)} (or xc= "
-                             "for a double hybrid)")
+        self.count = 0
         super().__init__(label=label, basis=basis, method=method, xc=xc,
                          frozen_core=frozen_core, charge=charge, spin=spin, records=records,
                          **run_options)
-        self.count = 0
+
+    def set(self, **changes) -> dict:
+        """Change parameters (checked as ``dfmp2 run`` checks its options; ``memory`` may be
+        a size such as ``"4GB"``). Any change discards the results: they belong to the
+        calculation that made them."""
+        unknown = sorted(set(changes) - RUN_OPTIONS - set(self.default_parameters))
+        if unknown:
+            raise InputError(f"unknown option {', '.join(unknown)} for DFMP2; it takes "
+                             f"{', '.join(sorted(RUN_OPTIONS | set(self.default_parameters)))}")
+        if "method" in changes and changes["method"] not in METHODS:
+            raise InputError(f"method {changes['method']!r}: choose one of "
+                             f"{', '.join(METHODS)} (or xc= for a double hybrid)")
+        if isinstance(changes.get("memory"), str):
+            changes["memory"] = parse_size(changes["memory"])
+        options = {**{key: value for key, value in self.parameters.items()
+                      if key in RUN_OPTIONS}, **{key: value for key, value in changes.items()
+                                                 if key in RUN_OPTIONS}}
+        RunSettings(molecule=Path("ase"), **options)
+        changed = super().set(**changes)
+        if changed:
+            self.reset()
+        return changed
 
     def calculate(self, atoms=None, properties=("energy",),
                   system_changes=all_changes) -> None:
@@ -74,6 +90,10 @@ class DFMP2(Calculator):
                  if name in properties]
         if np.any(self.atoms.pbc):
             raise InputError("dfmp2 computes molecules; these Atoms are periodic")
+        if len(self.atoms) == 1 and "gradient" in tasks:
+            # A lone atom feels no force: its energy does not change when it moves.
+            tasks = [task for task in tasks if task != "gradient"]
+            self.results["forces"] = np.zeros((1, 3))
         for task in tasks or ["energy"]:
             self._run(task)
 
@@ -86,11 +106,12 @@ class DFMP2(Calculator):
             geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
                                            self.atoms.positions, "angstrom",
                                            f"ase:{self.atoms.get_chemical_formula()}")
-            if task == properties_job.TASK:
-                outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
-                                             geometry=geometry)
-            else:
-                outcome = run_job.run(settings, geometry=geometry)
+            with temporary_record(settings.output, self.parameters.records is None):
+                if task == properties_job.TASK:
+                    outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
+                                                 geometry=geometry)
+                else:
+                    outcome = run_job.run(settings, geometry=geometry)
             energy = method_energy(outcome.record, self.parameters.method)
             gradient = read_gradient(outcome.record)
             density = read_properties(outcome.record)

@@ -28,7 +28,7 @@ from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
 from dfmp2.records import report
 from dfmp2.mp2.methods import METHODS
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, temporary_record
 from dfmp2.input.functionals import check_xc_string, known_names, named_functional
 from dfmp2.records.sections import (DoubleHybridSection, Mp2Section, ScfSection, read_gradient,
                                     read_inputs, read_scf)
@@ -149,19 +149,22 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
     return its AtomicResult. The record is kept at the ``record`` keyword's path, else it
     lives in a scratch folder for the length of the call."""
     kept = atomic_input.specification.keywords.get(RECORD_KEYWORD)
+    if kept is not None and not isinstance(kept, str):
+        raise InputError(f"keyword {RECORD_KEYWORD} must be a path (a string), not {kept!r}")
     with tempfile.TemporaryDirectory(prefix="dfmp2-qcschema-", dir=scratch_root) as scratch:
         output = Path(kept) if kept else Path(scratch) / "record.h5"
         settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)
         geometry, ghosts = molecule_geometry(atomic_input.molecule)
-        if settings.task == properties_job.TASK:
-            outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
-                                         geometry=geometry, ghosts=ghosts)
-        elif settings.task == "frequencies":
-            if ghosts:
-                raise InputError("the hessian driver takes no ghost atoms")
-            outcome = frequencies_job.run(settings, geometry=geometry)
-        else:
-            outcome = run_job.run(settings, geometry=geometry, ghosts=ghosts)
+        with temporary_record(output, not kept):
+            if settings.task == properties_job.TASK:
+                outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
+                                             geometry=geometry, ghosts=ghosts)
+            elif settings.task == "frequencies":
+                if ghosts:
+                    raise InputError("the hessian driver takes no ghost atoms")
+                outcome = frequencies_job.run(settings, geometry=geometry)
+            else:
+                outcome = run_job.run(settings, geometry=geometry, ghosts=ghosts)
         return atomic_result(atomic_input, outcome.record, outcome.path, kept=bool(kept))
 
 

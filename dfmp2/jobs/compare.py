@@ -14,7 +14,18 @@ from dfmp2.input.calculation import define_calculation, request_from_inputs
 from dfmp2.errors import InputError
 from dfmp2.jobs.check import pyscf_recipe
 from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, schema, status
-from dfmp2.records.sections import DoubleHybridSection, Mp2Section, ScfSection, read_inputs
+from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section,
+                                    ScfSection, read_inputs)
+
+
+# The inputs that change what is computed, with the names a row's differences are shown by.
+# The others (backend, precision, fused energy, SCF engine, the task, SCS scales, which the
+# compared energies do not include) are what a comparison is for: they should agree.
+DEFINING_FIELDS = {"xyz": "geometry", "basis": "basis", "auxbasis": "auxbasis", "ecp": "ecp",
+                   "charge": "charge", "spin": "spin", "ghost_atoms": "ghost atoms",
+                   "scf": "scf", "jk_auxbasis": "jk-auxbasis", "reference": "reference",
+                   "frozen": "frozen", "xc_functional": "xc", "xc_os": "xc scales",
+                   "xc_ss": "xc scales", "grid_level": "grid", "dispersion": "dispersion"}
 
 
 @dataclass
@@ -25,6 +36,16 @@ class Row:
     e_scf: float
     e_corr: float
     e_tot: float
+    inputs: CalculationInputs | None = None
+
+
+def differences(row: Row, against: Row | None) -> list[str]:
+    """What ``row`` computes otherwise than ``against`` (a different molecule or geometry,
+    basis, frozen core, functional, ...): its energy differences are not discrepancies."""
+    if against is None or against.inputs is None or row.inputs is None:
+        return []
+    found = row.inputs.differing(against.inputs, tuple(DEFINING_FIELDS))
+    return list(dict.fromkeys(DEFINING_FIELDS[name] for name in found))
 
 
 def record_row(path: Path, root: Node) -> Row:
@@ -38,7 +59,7 @@ def record_row(path: Path, root: Node) -> Row:
     double_hybrid = DoubleHybridSection.read(root)
     e_tot = double_hybrid.e_tot if double_hybrid is not None else energies.e_tot
     return Row(str(path), inputs.basis if inputs else "-", inputs.auxbasis if inputs else "-",
-               scf.e_tot, energies.e_corr, e_tot)
+               scf.e_tot, energies.e_corr, e_tot, inputs)
 
 
 def pyscf_row(path: Path, root: Node) -> Row:
@@ -77,4 +98,10 @@ def format_table(pairs: list[tuple[Row, Row | None]]) -> str:
         lines.append(f"{row.label[-40:]:<40} {row.basis[:10]:<10} {row.e_scf:18.10f} "
                      f"{row.e_corr:16.10f} {row.e_tot:18.10f} {d_corr} {d_tot}   "
                      f"{against.label if against else '(reference)'}")
+    unlike = [(row.label, differences(row, against)) for row, against in pairs]
+    unlike = [(label, names) for label, names in unlike if names]
+    if unlike:
+        lines += ["", "not the same calculation as the record compared against (its "
+                      "differences are not discrepancies):"]
+        lines += [f"  {label}: other {', '.join(names)}" for label, names in unlike]
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -57,6 +58,10 @@ def _from_attr(value: Any, annotation: str, where: str) -> Any:
     elif np.ndim(value) == 0 and not isinstance(value, (str, bytes)):
         number = value.item() if isinstance(value, np.generic) else value
         if kind == "float" and isinstance(number, (int, float)):
+            # dfmp2 records an energy only once it is finite.
+            if where.rsplit(" ", 1)[-1].startswith("e_") and not math.isfinite(number):
+                raise InputError(f"the record's {where} holds {number!r}, not a finite "
+                                 f"energy; {FOREIGN_RECORD}")
             return float(number)
         if kind == "int" and isinstance(number, int):
             return int(number)
