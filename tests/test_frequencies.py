@@ -274,6 +274,23 @@ def test_bad_options_are_one_line_and_exit_2(run_cli, tmp_path, options, message
     assert not record.exists()
 
 
+@pytest.mark.parametrize("options", [("--temperature", "1e308"), ("--pressure", "1e-300")])
+def test_a_temperature_or_pressure_with_no_finite_thermochemistry_is_refused(run_cli, tmp_path,
+                                                                             options):
+    """Such a run printed H inf, S inf, G nan (NaN and Infinity in --json) with status 0; the
+    rerun at an ordinary temperature takes the points from the record."""
+    record = tmp_path / "hf.h5"
+    args = (molecule_path("hydrogen_fluoride"), "--basis", "sto-3g", "--threads", "1",
+            "--backend", "torch", "-o", record)
+    result = run_cli("frequencies", *args, *options, "--json")
+    assert result.code == 2 and result.out == ""
+    assert "thermochemistry is not finite" in result.err
+    assert len(result.err.strip().splitlines()) == 1
+    again = run_cli("frequencies", *args, "--json")
+    assert again.code == 0, again.err
+    assert read_record(record).attrs["resumed"] and "enthalpy" in json.loads(again.out)
+
+
 def test_a_single_atom_and_a_linked_molden_file_are_refused(run_cli, tmp_path):
     atom = tmp_path / "ne.xyz"
     atom.write_text("1\n\nNe 0 0 0\n")

@@ -66,3 +66,17 @@ def test_diffuse_basis_within_target_of_pyscf(tmp_path, run_cli, monkeypatch):
     with h5py.File(record, "r") as h5:
         backend = h5["backend"].attrs
         assert backend["calls.transform_gemm.nki-interpreter"] >= 2  # the two transform gemms
+
+
+def test_a_bench_says_its_timings_ran_on_the_interpreter_in_fp32(tmp_path, run_cli):
+    """An NKI bench off Trainium was labelled fp64 and named no executor, so its timings
+    read as our fp64 kernels' (and --skip-pyscf printed nan where nothing was measured)."""
+    args = (molecule_path("water"), "--basis", "sto-3g", "--threads", "1", "--backend", "nki",
+            "--skip-pyscf", "-o", tmp_path / "bench.h5")
+    summary = json.loads(run_cli("bench", *args, "--json").out,
+                         parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert (summary["backend"], summary["precision"]) == ("nki", "fp32")
+    assert "nki-interpreter" in summary["executors"] and summary["fallbacks"] == 0
+    text = run_cli("bench", *args).out
+    assert "backend nki fp32 on nki-interpreter" in text.splitlines()[0]
+    assert "nan" not in text

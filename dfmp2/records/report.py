@@ -11,6 +11,7 @@ from dfmp2.records.sections import (
     Mp2Section,
     ScfSection,
     Sizes,
+    executors_of,
     read_gradient,
     read_inputs,
     read_kernel_ledger,
@@ -143,6 +144,7 @@ def json_summary(root: Node, path: str) -> dict:
                "e_ss": energies.e_ss, "e_scs": energies.e_scs, "e_sos": energies.e_sos,
                "e_tot": energies.e_tot, "record": path, "status": status(root),
                "backend": ledger.backend, "precision": ledger.precision,
+               "executors": executors_of(root),
                "fallbacks": ledger.fallbacks, "stability": scf.stability,
                # JSON has no NaN: an unchecked reference has no eigenvalue.
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)

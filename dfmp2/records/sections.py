@@ -185,6 +185,17 @@ class KernelLedger:
     estimate: dict | None
 
 
+def executors_of(node: Node) -> list[str]:
+    """Where the record's kernels ran (``torch-cpu``, ``nki-interpreter``, ...), MP2 stage
+    and SCF together: what a figure measured on them measured."""
+    found = set()
+    for name in (BackendFacts.group_name, "scf_engine"):
+        group = node.groups.get(name)
+        if group is not None:
+            found.update(str(e) for e in np.atleast_1d(group.attrs.get("executors", [])))
+    return sorted(found)
+
+
 def read_kernel_ledger(node: Node) -> KernelLedger | None:
     group = node.groups.get(BackendFacts.group_name)
     if group is None:

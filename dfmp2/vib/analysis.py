@@ -6,6 +6,7 @@ Masses are PySCF's isotope-averaged atomic masses, which its thermochemistry use
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -134,7 +135,15 @@ def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, tempera
     """ZPE, H, S and G of ``mol`` at ``temperature`` and ``pressure`` from PySCF's thermo, on
     the electronic energy ``e_tot`` and the real frequencies (imaginary ones are left out)."""
     model = SimpleNamespace(mol=mol, e_tot=e_tot)
-    results = thermo.thermo(model, vibrations.frequencies_au, temperature, pressure)
-    return Thermochemistry(temperature, pressure, float(results["ZPE"][0]),
-                           float(results["H_tot"][0]), float(results["S_tot"][0]),
-                           float(results["G_tot"][0]))
+    with np.errstate(all="ignore"):
+        results = thermo.thermo(model, vibrations.frequencies_au, temperature, pressure)
+    values = {name: float(results[key][0]) for name, key in
+              (("ZPE", "ZPE"), ("H", "H_tot"), ("S", "S_tot"), ("G", "G_tot"))}
+    broken = [f"{name} {value}" for name, value in values.items() if not math.isfinite(value)]
+    if broken:
+        raise InputError(f"at {temperature:g} K and {pressure:g} Pa the harmonic "
+                         f"thermochemistry is not finite ({', '.join(broken)}); give an "
+                         "ordinary --temperature and --pressure (the record keeps the computed "
+                         "points: rerunning with other values reuses them)")
+    return Thermochemistry(temperature, pressure, values["ZPE"], values["H"], values["S"],
+                           values["G"])
