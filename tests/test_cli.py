@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import h5py
 import pytest
@@ -104,14 +105,18 @@ def test_python_dash_m_is_the_same_program(tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_the_program_starts_is_one_line_and_128_plus_its_number(tmp_path,
                                                                              signum):
-    """0.5 s in, Python is importing torch and PySCF, before the command's handlers exist:
-    Ctrl-C used to print a KeyboardInterrupt traceback from inside an import, and SIGTERM
-    ended the process without a word."""
+    """Once torch's library is mapped, Python is importing torch and PySCF, before the
+    command's handlers exist: Ctrl-C used to print a KeyboardInterrupt traceback from inside
+    an import, and SIGTERM ended the process without a word. (A fixed 0.5 s could land before
+    the interpreter started on a loaded machine.)"""
     record = tmp_path / "w.h5"
     proc = subprocess.Popen([python_exe(), "-m", "dfmp2", "run", str(molecule_path("water")),
                              "--basis", "sto-3g", "-o", str(record)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 60
+    while "libtorch" not in maps.read_text() and time.monotonic() < deadline:
+        time.sleep(0.005)
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum, err
