@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import shlex
+from pathlib import Path
 
 import h5py
 import pytest
@@ -112,18 +113,26 @@ def test_compare_records_and_pyscf(tmp_path, run_cli):
 def test_compare_says_which_rows_are_other_calculations(tmp_path, run_cli):
     """A frozen core, another molecule and another basis were put beside the reference with
     their energy differences as if they were discrepancies, and nothing said so."""
+    # The same water written with other digits and comment (as QCSchema's repr writes it).
+    lines = (MOLECULES / "water.xyz").read_text().splitlines()
+    rewritten = tmp_path / "rewritten.xyz"
+    rewritten.write_text("\n".join(lines[:1] + ["same water"] + [
+        f"{symbol} " + " ".join(repr(float(x)) + "000" for x in rest)
+        for symbol, *rest in (line.split() for line in lines[2:])]) + "\n")
     records = {}
     for name, args in (("ref", ("water",)), ("fc", ("water", "--frozen-core")),
-                       ("hf", ("hydrogen_fluoride",)), ("631", ("water", "--basis", "6-31g"))):
+                       ("hf", ("hydrogen_fluoride",)), ("631", ("water", "--basis", "6-31g")),
+                       ("same", (rewritten, "--backend", "nki"))):
         molecule, *options = args
         records[name] = tmp_path / f"{name}.h5"
         basis = () if "--basis" in options else ("--basis", "sto-3g")
-        assert run_cli("run", MOLECULES / f"{molecule}.xyz", *basis, *options, "--backend",
-                       "torch", "-o", records[name]).code == 0
+        backend = () if "--backend" in options else ("--backend", "torch")
+        path = molecule if isinstance(molecule, Path) else MOLECULES / f"{molecule}.xyz"
+        assert run_cli("run", path, *basis, *options, *backend, "-o", records[name]).code == 0
     result = run_cli("compare", *records.values(), "--json")
     assert result.code == 0, result.err
     assert [row["differs_in"] for row in json.loads(result.out)] == [
-        [], ["frozen"], ["geometry"], ["basis", "auxbasis", "jk-auxbasis"]]
+        [], ["frozen"], ["atoms"], ["basis", "auxbasis", "jk-auxbasis"], []]
     table = run_cli("compare", *records.values())
     assert f"{records['fc']}: other frozen" in table.out
     assert f"{records['631']}: other basis, auxbasis, jk-auxbasis" in table.out

@@ -291,6 +291,23 @@ def test_a_temperature_or_pressure_with_no_finite_thermochemistry_is_refused(run
     assert read_record(record).attrs["resumed"] and "enthalpy" in json.loads(again.out)
 
 
+def test_a_failed_reanalysis_leaves_a_complete_record_as_it_was(run_cli, tmp_path):
+    """A rerun of a complete record at another temperature analyses its points again in place:
+    failing there turned the record into a failed one without its Hessian."""
+    record = tmp_path / "hf.h5"
+    args = (molecule_path("hydrogen_fluoride"), "--basis", "sto-3g", "--threads", "1",
+            "--backend", "torch", "-o", record)
+    assert run_cli("frequencies", *args).code == 0
+    with h5py.File(record, "r") as h5:
+        before = h5["frequencies/hessian"][()]
+    result = run_cli("frequencies", *args, "--temperature", "1e308")
+    assert result.code == 2 and "left as it was, complete" in result.err
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert np.array_equal(h5["frequencies/hessian"][()], before)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf.h5"]
+
+
 def test_a_single_atom_and_a_linked_molden_file_are_refused(run_cli, tmp_path):
     atom = tmp_path / "ne.xyz"
     atom.write_text("1\n\nNe 0 0 0\n")

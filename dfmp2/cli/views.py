@@ -71,7 +71,8 @@ def print_comparison(pairs: list[tuple[compare.Row, compare.Row | None]], as_jso
     against (none for the reference itself)."""
     if as_json:
         click.echo(json.dumps([{"record": row.label, "basis": row.basis,
-                                "auxbasis": row.auxbasis, "e_scf": row.e_scf,
+                                "auxbasis": row.auxbasis, "kernels": row.kernels,
+                                "e_scf": row.e_scf,
                                 "e_corr": row.e_corr, "e_tot": row.e_tot,
                                 "against": against.label if against else None,
                                 "delta_e_corr": row.e_corr - against.e_corr if against else None,

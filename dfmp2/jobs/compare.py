@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from dfmp2.input.calculation import define_calculation, request_from_inputs
 from dfmp2.errors import InputError
+from dfmp2.input.xyz import parse_xyz
 from dfmp2.jobs.check import pyscf_recipe
 from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, schema, status
 from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section,
-                                    ScfSection, read_inputs)
+                                    ScfSection, read_inputs, read_kernel_ledger)
 
 
 # The inputs that change what is computed, with the names a row's differences are shown by.
@@ -28,6 +31,10 @@ DEFINING_FIELDS = {"xyz": "geometry", "basis": "basis", "auxbasis": "auxbasis", 
                    "xc_ss": "xc scales", "grid_level": "grid", "dispersion": "dispersion"}
 
 
+# Angstrom: QCSchema keeps coordinates to 1e-8 Bohr; a geometry moved less is the same one.
+SAME_COORDINATE = 1e-7
+
+
 @dataclass
 class Row:
     label: str
@@ -37,15 +44,35 @@ class Row:
     e_corr: float
     e_tot: float
     inputs: CalculationInputs | None = None
+    kernels: str = "-"
+    """The MP2 stage's backend and precision (``torch fp64``, ``nki fp32``; ``pyscf``)."""
 
 
 def differences(row: Row, against: Row | None) -> list[str]:
-    """What ``row`` computes otherwise than ``against`` (a different molecule or geometry,
-    basis, frozen core, functional, ...): its energy differences are not discrepancies."""
+    """What ``row`` computes otherwise than ``against`` (other atoms or geometry, basis,
+    frozen core, functional, ...): its energy differences are not discrepancies."""
     if against is None or against.inputs is None or row.inputs is None:
         return []
-    found = row.inputs.differing(against.inputs, tuple(DEFINING_FIELDS))
-    return list(dict.fromkeys(DEFINING_FIELDS[name] for name in found))
+    found = [DEFINING_FIELDS[name] for name in
+             row.inputs.differing(against.inputs, tuple(DEFINING_FIELDS)) if name != "xyz"]
+    molecule = _molecule_difference(row.inputs.xyz, against.inputs.xyz)
+    return list(dict.fromkeys(([molecule] if molecule else []) + found))
+
+
+def _molecule_difference(xyz: str, other: str) -> str | None:
+    """``atoms`` or ``geometry`` when two stored molecules differ; the same coordinates
+    written with other digits (an XYZ file's against QCSchema's repr) are the same geometry."""
+    if xyz == other:
+        return None
+    try:
+        first, second = parse_xyz(xyz), parse_xyz(other)
+    except InputError:
+        return "geometry"
+    if first.symbols != second.symbols:
+        return "atoms"
+    if np.abs(np.asarray(first.coords) - np.asarray(second.coords)).max() > SAME_COORDINATE:
+        return "geometry"
+    return None
 
 
 def record_row(path: Path, root: Node) -> Row:
@@ -58,8 +85,10 @@ def record_row(path: Path, root: Node) -> Row:
     inputs = read_inputs(root)
     double_hybrid = DoubleHybridSection.read(root)
     e_tot = double_hybrid.e_tot if double_hybrid is not None else energies.e_tot
+    ledger = read_kernel_ledger(root)
+    kernels = f"{ledger.backend} {ledger.precision}" if ledger is not None else "-"
     return Row(str(path), inputs.basis if inputs else "-", inputs.auxbasis if inputs else "-",
-               scf.e_tot, energies.e_corr, e_tot, inputs)
+               scf.e_tot, energies.e_corr, e_tot, inputs, kernels)
 
 
 def pyscf_row(path: Path, root: Node) -> Row:
@@ -73,7 +102,7 @@ def pyscf_row(path: Path, root: Node) -> Row:
     calc = define_calculation(geometry, request)
     recipe = pyscf_recipe(calc, str(path))
     return Row(f"pyscf ({path.name})", inputs.basis, calc.auxbasis.name, recipe.e_scf,
-               recipe.mp2.e_corr, recipe.e_tot)
+               recipe.mp2.e_corr, recipe.e_tot, kernels="pyscf")
 
 
 def compare(paths: list[Path], reference: str | None) -> list[tuple[Row, Row | None]]:
@@ -90,12 +119,13 @@ def compare(paths: list[Path], reference: str | None) -> list[tuple[Row, Row | N
 
 
 def format_table(pairs: list[tuple[Row, Row | None]]) -> str:
-    lines = [f"{'record':<40} {'basis':<10} {'E(SCF)':>18} {'E_corr':>16} {'E_tot':>18} "
-             f"{'dE_corr':>10} {'dE_tot':>10}   vs"]
+    lines = [f"{'record':<40} {'basis':<10} {'kernels':<10} {'E(SCF)':>18} {'E_corr':>16} "
+             f"{'E_tot':>18} {'dE_corr':>10} {'dE_tot':>10}   vs"]
     for row, against in pairs:
         d_corr = f"{row.e_corr - against.e_corr:10.2e}" if against else f"{'-':>10}"
         d_tot = f"{row.e_tot - against.e_tot:10.2e}" if against else f"{'-':>10}"
-        lines.append(f"{row.label[-40:]:<40} {row.basis[:10]:<10} {row.e_scf:18.10f} "
+        lines.append(f"{row.label[-40:]:<40} {row.basis[:10]:<10} {row.kernels[:10]:<10} "
+                     f"{row.e_scf:18.10f} "
                      f"{row.e_corr:16.10f} {row.e_tot:18.10f} {d_corr} {d_tot}   "
                      f"{against.label if against else '(reference)'}")
     unlike = [(row.label, differences(row, against)) for row, against in pairs]

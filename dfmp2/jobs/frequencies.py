@@ -161,11 +161,13 @@ def shard_records(path: Path, inputs: CalculationInputs) -> list[tuple[Path, Nod
 
 def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
                   settings: RunSettings, options: FrequencyOptions, expected: DisplacementSection,
-                  reference: np.ndarray) -> tuple[dict[int, Point], Node | None]:
+                  reference: np.ndarray) -> tuple[dict[int, Point], Node | None, Node | None]:
     """The points this job need not compute (from the record at ``path`` and, unless the job
-    is a shard, from the shard records beside ``main_path``) and a record holding the input
-    geometry's calculation, if one does."""
+    is a shard, from the shard records beside ``main_path``), a record holding the input
+    geometry's calculation, if one does, and the record at ``path`` if it is complete (the
+    job rewrites it)."""
     previous = examine_previous(path, FREQUENCIES_SCHEMA, inputs, settings.resume, True)
+    complete = previous.record if previous.action == REUSE else None
     sources = [(path, previous.record)] if previous.action in (RESUME, REUSE) else []
     if not options.sharded:
         sources += shard_records(main_path, inputs)
@@ -182,7 +184,7 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
             log.info("%d finished points taken from %s", len(fresh), source)
     if REFERENCE_POINT in points and holder is None:
         del points[REFERENCE_POINT]
-    return points, holder
+    return points, holder, complete
 
 
 def rank_evaluator(job: Job, session: RecordSession) -> PointEvaluator:
@@ -217,8 +219,10 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
     with RecordSession(path, job.env) as session:
         points, holder = {}, None
         if world.is_root:
-            points, holder = recorded_work(path, main_path, inputs, settings, options,
-                                           expected, reference)
+            points, holder, complete = recorded_work(path, main_path, inputs, settings,
+                                                     options, expected, reference)
+            if complete is not None:
+                session.keep_on_failure(complete)
         points = world.broadcast(points, "sharing the finished points")
         root = job.new_record(FREQUENCIES_SCHEMA)
         inputs.write(root)

@@ -48,6 +48,8 @@ class RecordSession:
             "sharing the scratch files' name")
         self._areas: list[ScratchArea] = []
         self._complete = False
+        self._kept: Node | None = None
+        self.restored = False
 
     def scratch_area(self, stage: str) -> ScratchArea:
         """The scratch files of one stage of the job, named after the record. Whatever an
@@ -115,11 +117,22 @@ class RecordSession:
                     output.unlink(missing_ok=True)
             raise
 
+    def keep_on_failure(self, complete: Node) -> None:
+        """``complete`` is the complete record this job rewrites in place (a frequency job
+        that takes its points and analyses them again): if the job fails, the record goes
+        back to it, instead of a failed record without the result."""
+        self._kept = complete
+
     def fail(self, root: Node, exc: BaseException) -> str | None:
         """End the record after ``exc``. When the full record cannot be written (a full disk),
         a small one that still says what happened is tried; returns why neither could be."""
         state = INTERRUPTED if isinstance(exc, Interrupted) else FAILED
         text = str(exc) if isinstance(exc, Dfmp2Error) else f"internal error: {exc!r}"
+        if self._kept is not None and self.env.world.is_root:
+            with contextlib.suppress(Dfmp2Error):
+                write_record(self.path, self._kept)
+                self.restored = True
+                return None
         try:
             self._finish_despite_signals(root, state, text)
         except RecordWriteError:
@@ -184,6 +197,8 @@ def guarded(session: RecordSession, root: Node, work):
 def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
     """`` (record PATH)``, or why the record could not say what happened."""
     unwritten = session.fail(root, exc)
+    if session.restored:
+        return f" (record {session.path} left as it was, complete)"
     if unwritten is None:
         return f" (record {session.path})"
     if isinstance(exc, RecordWriteError):
