@@ -118,3 +118,23 @@ def test_a_multiplicity_in_the_comment_line_is_split_by_spins_or_refused(run_cli
     wrong = run_cli("interaction", xyz, "--split", "2", "--spins", "1,2", "--backend", "torch",
                     "-o", tmp_path / "b.h5")
     assert wrong.code == 2 and "--spins 1,2 adds up to 3" in wrong.err
+
+
+@pytest.mark.parametrize("command", ["interaction", "optimize"])
+def test_a_rerun_of_the_same_job_leaves_no_superseded_copy(command, run_cli, tmp_path,
+                                                           caplog):
+    """The complete record moved aside for a rerun of the same inputs is dropped once the
+    rerun completes, as run's and properties' are: interaction and optimize kept one full
+    copy per rerun. show prints an interaction record's table, not its attribute dump."""
+    molecule = molecule_path("water_dimer" if command == "interaction" else "water")
+    args = (command, molecule, "--basis", "sto-3g", "--backend", "torch", "--threads", "1",
+            "-o", tmp_path / "r.h5")
+    for _ in range(2):
+        result = run_cli(*args)
+        assert result.code == 0, result.err
+    assert "kept as" not in caplog.text
+    assert sorted(p.name for p in tmp_path.glob("*.h5")) == ["r.h5"]
+    if command == "interaction":
+        shown = run_cli("show", tmp_path / "r.h5").out
+        assert shown.startswith("dfmp2 interaction record: status complete")
+        assert "CP kcal/mol" in shown and len(shown.splitlines()) < 30

@@ -479,7 +479,7 @@ def test_a_failed_record_with_the_same_options_resumes_its_scf(tmp_path, run_cli
 # ----------------------------------------------------------------------- batch reruns
 
 def test_batch_rerun_with_changed_options_recomputes_and_keeps_the_old_record(tmp_path,
-                                                                             run_cli):
+                                                                             run_cli, caplog):
     manifest = tmp_path / "jobs.txt"
     out = tmp_path / "out"
     manifest.write_text(f"{MOLECULES / 'water.xyz'} --frozen-core\n")
@@ -497,6 +497,7 @@ def test_batch_rerun_with_changed_options_recomputes_and_keeps_the_old_record(tm
     assert abs(row["e_corr"] - frozen["e_corr"]) > 1e-4
     kept = sorted(out.glob("water-cc-pvdz.superseded-*.h5"))
     assert len(kept) == 1
+    assert f"of other inputs, is kept as {kept[0]}" in caplog.text
     old = read_record(kept[0])
     assert old.groups["input"].attrs["frozen"] == 1
     assert old.groups["mp2"].attrs["e_corr"] == pytest.approx(frozen["e_corr"], abs=1e-12)

@@ -8,11 +8,12 @@ from types import ModuleType
 import click
 
 from dfmp2.input.settings import RunSettings
-from dfmp2.jobs import batch, compare
+from dfmp2.jobs import batch, compare, interaction
 from dfmp2.jobs.run import RunOutcome
 from dfmp2.records import report
 from dfmp2.records.properties_section import properties_json
-from dfmp2.records.tree import FREQUENCIES_SCHEMA, SCHEMA, Node, schema, status
+from dfmp2.records.tree import (FREQUENCIES_SCHEMA, INTERACTION_SCHEMA, SCHEMA, Node, schema,
+                                status)
 from dfmp2.system.files import printable
 
 
@@ -56,8 +57,13 @@ def print_qcschema(qcschema: ModuleType, settings: RunSettings, outcome: RunOutc
 def print_record(root: Node, show_all: bool) -> None:
     """A record's summary, or every attribute and dataset when asked or when the summary cannot
     read it (another schema)."""
-    detailed = show_all or schema(root) not in (SCHEMA, FREQUENCIES_SCHEMA)
-    click.echo(printable(report.dump(root) if detailed else report.summary(root)))
+    if show_all or schema(root) not in (SCHEMA, FREQUENCIES_SCHEMA, INTERACTION_SCHEMA):
+        text = report.dump(root)
+    elif schema(root) == INTERACTION_SCHEMA:
+        text = interaction.summary(root)
+    else:
+        text = report.summary(root)
+    click.echo(printable(text))
 
 
 def print_batch(rows: list[dict], csv_path: Path, json_path: Path, as_json: bool) -> None:

@@ -32,9 +32,10 @@ from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.optimize import SAME_GEOMETRY_BOHR
 from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, start_job
-from dfmp2.jobs.session import RecordSession, guarded
+from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
 from dfmp2.jobs.stages import energy_scales, method_name
-from dfmp2.records.checkpoint import RESUME, REUSE, examine_previous, save_checkpoint
+from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun, examine_previous,
+                                     save_checkpoint)
 from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesSection, Point,
                                                copy_reference, has_reference, read_points,
                                                write_frequencies, write_points,
@@ -161,13 +162,11 @@ def shard_records(path: Path, inputs: CalculationInputs) -> list[tuple[Path, Nod
 
 def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
                   settings: RunSettings, options: FrequencyOptions, expected: DisplacementSection,
-                  reference: np.ndarray) -> tuple[dict[int, Point], Node | None, Node | None]:
+                  reference: np.ndarray) -> tuple[dict[int, Point], Node | None, PreviousRun]:
     """The points this job need not compute (from the record at ``path`` and, unless the job
     is a shard, from the shard records beside ``main_path``), a record holding the input
-    geometry's calculation, if one does, and the record at ``path`` if it is complete (the
-    job rewrites it)."""
+    geometry's calculation, if one does, and what was at ``path``."""
     previous = examine_previous(path, FREQUENCIES_SCHEMA, inputs, settings.resume, True)
-    complete = previous.record if previous.action == REUSE else None
     sources = [(path, previous.record)] if previous.action in (RESUME, REUSE) else []
     if not options.sharded:
         sources += shard_records(main_path, inputs)
@@ -184,7 +183,7 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
             log.info("%d finished points taken from %s", len(fresh), source)
     if REFERENCE_POINT in points and holder is None:
         del points[REFERENCE_POINT]
-    return points, holder, complete
+    return points, holder, previous
 
 
 def rank_evaluator(job: Job, session: RecordSession) -> PointEvaluator:
@@ -217,12 +216,13 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
     expected = displacement_section(calc, settings, options, job.geometry.natoms)
     reference = np.asarray(calc.mol.atom_coords())
     with RecordSession(path, job.env) as session:
-        points, holder = {}, None
+        points, holder, previous = {}, None, PreviousRun(FRESH)
         if world.is_root:
-            points, holder, complete = recorded_work(path, main_path, inputs, settings,
+            points, holder, previous = recorded_work(path, main_path, inputs, settings,
                                                      options, expected, reference)
-            if complete is not None:
-                session.keep_on_failure(complete)
+            if previous.action == REUSE:
+                # Its points are analysed again (another temperature) in place.
+                session.keep_on_failure(previous.record)
         points = world.broadcast(points, "sharing the finished points")
         root = job.new_record(FREQUENCIES_SCHEMA)
         inputs.write(root)
@@ -245,7 +245,9 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
             session.complete(root, [options.molden] if options.molden else [])
             return outcome
 
-        return guarded(session, root, work)
+        outcome = guarded(session, root, work)
+        settle_superseded(previous.superseded, same_inputs(inputs))
+        return outcome
 
 
 def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,

@@ -10,19 +10,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from dfmp2.input.calculation import Calculation
 from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.run import RunOutcome
-from dfmp2.jobs.session import RecordSession, guarded
+from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
 from dfmp2.jobs.stages import RunContext, calculate
 from dfmp2.records.checkpoint import set_aside
 from dfmp2.errors import InputError
 from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, Node, read_record, schema,
                                 stale_temporaries, status)
-from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection,
-                                    read_inputs)
+from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection)
 from dfmp2.records.job_sections import (InteractionInputs, calculation_node, interaction_value,
                                         read_interaction, write_interaction)
 from dfmp2.input.settings import RunSettings
@@ -122,28 +122,32 @@ def _reusable(path: Path, inputs: dict[str, CalculationInputs]) -> Node | None:
         previous = read_record(path)
     except InputError:
         return None
-    if schema(previous) != INTERACTION_SCHEMA or status(previous) != COMPLETE:
-        return None
-    for name, expected in inputs.items():
-        stored = read_inputs(calculation_node(previous, name))
-        if stored is None or stored.differing(expected, CalculationInputs.REUSE_FIELDS):
-            return None
-    return previous
+    return previous if _same_interaction(inputs)(previous) else None
 
 
-def keep_complete_record(path: Path) -> None:
+def _same_interaction(inputs: dict[str, CalculationInputs]) -> Callable[[Node], bool]:
+    """Whether a record is a complete interaction job of the same five calculations."""
+    def same(root: Node) -> bool:
+        if schema(root) != INTERACTION_SCHEMA or status(root) != COMPLETE:
+            return False
+        return all(same_inputs(expected)(calculation_node(root, name))
+                   for name, expected in inputs.items())
+    return same
+
+
+def keep_complete_record(path: Path) -> Path | None:
     """A complete record about to be replaced is moved aside instead (a finished result is
-    never lost); temporaries of an interrupted write are removed."""
+    never lost), and its new name returned; temporaries of an interrupted write are
+    removed."""
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
     if not path.exists():
-        return
+        return None
     try:
         previous = read_record(path)
     except InputError:
-        return
-    if status(previous) == COMPLETE:
-        set_aside(path, previous)
+        return None
+    return set_aside(path, previous) if status(previous) == COMPLETE else None
 
 
 def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int] | None,
@@ -168,7 +172,7 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
         previous = _reusable(path, inputs) if reuse_complete else None
         if previous is not None:
             return RunOutcome(previous, path, 0, reused=True)
-        keep_complete_record(path)
+        superseded = keep_complete_record(path)
         root = job.new_record(INTERACTION_SCHEMA)
         InteractionInputs(geometry.text, str(settings.molecule), split, json.dumps(charges),
                           json.dumps(spins), settings.basis, settings.frozen_core).write(root)
@@ -188,6 +192,7 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
             return 0
 
         guarded(session, root, work)
+        settle_superseded(superseded, _same_interaction(inputs))
     return RunOutcome(root, path, 0)
 
 
@@ -225,7 +230,9 @@ def batch_values(root: Node) -> dict:
             f"e_int_{total}_cp": interaction_value(read_interaction(root), total, True)}
 
 
-def format_table(root: Node, path: Path) -> str:
+def format_table(root: Node, path: Path | None) -> str:
+    """The five calculations' energies and the interaction energies (and, with ``path``, where
+    the record was written)."""
     values = read_interaction(root)
     labels = kind_labels(root)
     shown = [kind for kind in kinds(root) if kind != "sos"]
@@ -241,7 +248,22 @@ def format_table(root: Node, path: Path) -> str:
                      f"{interaction_value(values, kind, True, kcal=True):12.4f} "
                      f"{interaction_value(values, kind, False):16.10f} "
                      f"{interaction_value(values, kind, False, kcal=True):15.4f}")
-    lines.append(f"\nrecord written to {path}")
+    if path is not None:
+        lines.append(f"\nrecord written to {path}")
+    return "\n".join(lines)
+
+
+def summary(root: Node) -> str:
+    """``dfmp2 show`` of an interaction record: how it ended, and its table when complete."""
+    inputs = InteractionInputs.read(root)
+    lines = [f"dfmp2 interaction record: status {status(root)}"]
+    if inputs is not None:
+        lines.append(f"  dimer {inputs.source}  split after atom {inputs.split}  basis "
+                     f"{inputs.basis}  charges {inputs.charges}  spins {inputs.spins}")
+    if root.attrs.get("error"):
+        lines.append(f"  error    {root.attrs['error']}")
+    if status(root) == COMPLETE:
+        lines += ["", format_table(root, None)]
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from pyscf.lib import param
 
 from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
-from dfmp2.jobs.session import RecordSession, guarded
+from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
 from dfmp2.jobs.stages import differentiate
 from dfmp2.df.store import ScratchArea
 from dfmp2.grad.kernel import GradientResult
@@ -260,7 +260,15 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             return OptimizeOutcome(root, path, final, xyz_path, energy,
                                    len(log_steps.steps.energies), criteria(convergence))
 
-        return guarded(session, root, work)
+        outcome = guarded(session, root, work)
+
+        def same_optimisation(old: Node) -> bool:
+            section = OptimizationSection.read(old)
+            return (same_inputs(inputs)(old) and section is not None
+                    and section.convergence_set == convergence)
+
+        settle_superseded(previous.superseded, same_optimisation)
+        return outcome
 
 
 def json_summary(outcome: OptimizeOutcome) -> dict:

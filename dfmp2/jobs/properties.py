@@ -22,7 +22,8 @@ from dfmp2.grad.density import Mp2Densities, mp2_densities
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.preamble import active_sizes, make_plan, run_inputs, start_job
-from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded, shared_previous_run
+from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_superseded,
+                                shared_previous_run)
 from dfmp2.jobs.stages import (RunContext, energy_scales, method_name, reference_stage,
                                write_energies)
 from dfmp2.mp2.pairs import Mp2Energies
@@ -103,8 +104,8 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
             return 0
 
         exit_code = guarded(session, root, work)
-        if previous.superseded is not None and world.is_root:
-            drop_identical_copy(previous.superseded, inputs)
+        if world.is_root:
+            settle_superseded(previous.superseded, same_inputs(inputs))
     return PropertiesOutcome(root, path, exit_code)
 
 

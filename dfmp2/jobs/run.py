@@ -14,7 +14,8 @@ from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.check import run_check
 from dfmp2.jobs.preamble import make_plan, run_inputs, start_job
-from dfmp2.jobs.session import RecordSession, drop_identical_copy, guarded, shared_previous_run
+from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_superseded,
+                                shared_previous_run)
 from dfmp2.jobs.stages import RunContext, calculate, gradient_stage, reference_stage
 from dfmp2.records.checkpoint import RESUME, REUSE, RecordSaver
 from dfmp2.records.sections import write_rank_stages
@@ -70,6 +71,6 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
             return 0 if passed else 1
 
         exit_code = guarded(session, root, work)
-        if previous.superseded is not None and world.is_root:
-            drop_identical_copy(previous.superseded, inputs)
+        if world.is_root:
+            settle_superseded(previous.superseded, same_inputs(inputs))
     return RunOutcome(root, path, exit_code)

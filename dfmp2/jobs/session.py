@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -217,13 +217,29 @@ def _kept_note(path: Path) -> str:
     return (f" (the record keeps its last save, status {RUNNING}: rerunning the command "
             "resumes from it)")
 
-def drop_identical_copy(superseded: Path, inputs: CalculationInputs) -> None:
-    """The set-aside complete record is redundant once a run of the same inputs completed."""
-    with contextlib.suppress(Dfmp2Error, OSError):
-        stored = read_inputs(read_record(superseded))
-        if stored is not None and not stored.differing(inputs, CalculationInputs.REUSE_FIELDS):
+def settle_superseded(superseded: Path | None, same: Callable[[Node], bool]) -> None:
+    """After a run completed: the complete record moved aside for it is dropped when it held
+    the same calculation (``same`` of its root), and kept otherwise, with a warning naming
+    it."""
+    if superseded is None:
+        return
+    try:
+        if same(read_record(superseded)):
             superseded.unlink()
             log.info("removed %s: the new record holds the same calculation", superseded)
+            return
+    except (Dfmp2Error, OSError):
+        pass
+    log.warning("the earlier complete record, of other inputs, is kept as %s", superseded)
+
+
+def same_inputs(inputs: CalculationInputs) -> Callable[[Node], bool]:
+    """Whether a record's ``/input`` is that of the same calculation as ``inputs``."""
+    def same(root: Node) -> bool:
+        stored = read_inputs(root)
+        return stored is not None and not stored.differing(inputs,
+                                                           CalculationInputs.REUSE_FIELDS)
+    return same
 
 
 def shared_previous_run(session: RecordSession, inputs: CalculationInputs, resume: bool,

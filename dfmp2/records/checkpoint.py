@@ -131,7 +131,8 @@ def set_aside(path: Path, previous: Node) -> Path:
         counter += 1
         target = path.with_name(f"{path.stem}.superseded-{stamp}-{counter}{path.suffix}")
     path.rename(target)
-    log.warning("%s held a complete run; it was kept as %s", path, target)
+    # Whether the copy stays is known once the new run completes (settle_superseded).
+    log.info("moved the complete record %s to %s", path, target)
     return target
 
 
