@@ -18,7 +18,7 @@ from dfmp2.input.calculation import define_calculation
 from dfmp2.scf.reference import ScfOptions, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.records.tree import read_record
-from dfmp2.input.xyz import Geometry
+from dfmp2.input.xyz import Geometry, read_xyz
 
 
 def test_gradient_json_and_record_match_the_library(run_cli, tmp_path):
@@ -210,3 +210,24 @@ def test_an_optimisation_never_writes_over_its_input(run_cli, tmp_path):
     lines = result.err.strip().splitlines()
     assert len(lines) == 1 and "is the input molecule" in lines[0], result.err
     assert molecule.read_bytes() == before and not (tmp_path / "w.h5").exists()
+
+
+def test_the_optimised_file_reads_back_as_the_molecule_that_was_optimised(run_cli, tmp_path):
+    """A units=bohr input with --charge/--spin on the command line: the written geometry kept
+    the input's comment line, so it read back 0.53 times the size and neutral."""
+    bohr = 1 / optimize.param.BOHR
+    molecule = tmp_path / "cation.xyz"
+    molecule.write_text("3\nwater cation units=bohr\n" + "".join(
+        f"{symbol} {x * bohr:.10f} {y * bohr:.10f} {z * bohr:.10f}\n" for symbol, (x, y, z) in
+        zip("OHH", [(0, 0, 0.1173), (0, 0.7572, -0.4692), (0, -0.7572, -0.4692)])))
+    result = run_cli("optimize", molecule, "--basis", "sto-3g", "--charge", "1", "--spin", "1",
+                     "--backend", "torch", "--threads", "1", "-o", tmp_path / "opt.h5",
+                     "--json")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    written = read_xyz(tmp_path / "opt.xyz")
+    assert (written.charge, written.multiplicity) == (1, 2)
+    assert np.abs(written.coords - np.array([xyz for _, *xyz in summary["geometry"]])).max() < 1e-9
+    again = run_cli("run", tmp_path / "opt.xyz", "--basis", "sto-3g", "--backend", "torch",
+                    "--threads", "1", "-o", tmp_path / "again.h5", "--json")
+    assert json.loads(again.out)["e_tot"] == pytest.approx(summary["e_tot"], abs=1e-8)

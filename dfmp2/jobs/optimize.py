@@ -53,6 +53,15 @@ Evaluation = tuple[float, np.ndarray]
 Evaluator = Callable[[Geometry], Evaluation]
 
 
+def optimised_molecule(start: Geometry, charge: int, multiplicity: int) -> Geometry:
+    """``start`` with the comment line its optimised geometries carry: the charge and
+    multiplicity the calculation ran with (from the command line or the file) and no units
+    (they are written in Angstrom). The input's own comment would turn a ``units=bohr`` file
+    into a molecule 0.53 times the size, and lose a --charge or --spin, when read back."""
+    return replace(start, comment=f"charge={charge} multiplicity={multiplicity} optimised by "
+                                  "dfmp2", charge=charge, multiplicity=multiplicity)
+
+
 def geometry_at(start: Geometry, coords_bohr: np.ndarray) -> Geometry:
     """The molecule of ``start`` at other coordinates (Bohr in, Angstrom kept)."""
     coords = np.asarray(coords_bohr, dtype=float).reshape(-1, 3) * param.BOHR
@@ -229,6 +238,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                        {"input molecule": settings.molecule},
                        f"choose another -o (e.g. {path.with_name(path.stem + '-opt.h5')})")
     calc = job.calculation(settings.charge, settings.spin)
+    start = optimised_molecule(start, int(calc.mol.charge), int(calc.mol.spin) + 1)
     make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env) as session:
