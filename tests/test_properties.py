@@ -381,3 +381,14 @@ def test_a_spin_without_electrons_has_properties(run_cli, tmp_path):
     out = json.loads(result.out)
     assert sum(out["natural_occupations_beta"]) == 0.0
     assert sum(out["natural_occupations"]) == pytest.approx(3, abs=EXACT)
+
+
+@pytest.mark.parametrize("name, warned", [("hydroxyl", True), ("methyl", False)])
+def test_a_nearly_free_orbital_rotation_is_warned_of(name, warned, run_cli, tmp_path, caplog):
+    """OH's half-filled pi pair rotates at no cost (lowest orbital-Hessian eigenvalue 8.5e-10
+    in cc-pVDZ): the relaxed density along that rotation is rounding, which NO showed as a
+    quadrupole that moved by 1e-2 au with the block size. Methyl's lowest is about 0.5 Eh."""
+    result = run_cli("properties", molecule_path(name), "--basis", "sto-3g", "--threads", "1",
+                     "--backend", "torch", "-o", tmp_path / "p.h5")
+    assert result.code == 0, result.err
+    assert ("nearly free orbital rotation" in caplog.text) == warned

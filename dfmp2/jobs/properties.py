@@ -10,6 +10,7 @@ and rank 0 alone writes the record and the Molden file.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,8 +39,11 @@ from dfmp2.scf.reference import ScfResult, release_integrals
 from dfmp2.system.distributed import World
 from dfmp2.system.files import refuse_overwriting
 
+log = logging.getLogger(__name__)
 TASK = "properties"
 CENTRE = "centre of nuclear charge"
+# Orbital-Hessian eigenvalues (Eh) this close to zero leave the response along them to rounding.
+NEARLY_FREE_ROTATION = 1e-6
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,27 @@ def density_of(ctx: RunContext, scf_result: ScfResult, relaxed: bool) -> Mp2Dens
         release_integrals(scf_result.mf)
 
 
+def warn_of_a_free_rotation(scf_result: ScfResult) -> None:
+    """The relaxed density solves the orbital response, whose matrix is the orbital Hessian:
+    along a rotation that costs almost no energy (a half-filled degenerate pair, as in a
+    2Pi radical's UHF) the solution is set by rounding, and so are the density's parts along
+    it (measured on NO: the quadrupole moved by 1e-2 au, a natural occupation by 4e-3, with
+    the orbital block size; the dipole and charges did not)."""
+    eigenvalue = scf_result.section.stability_eigenvalue
+    if abs(eigenvalue) < NEARLY_FREE_ROTATION:
+        log.warning("the reference has a nearly free orbital rotation (lowest orbital-Hessian "
+                    "eigenvalue %.2g, as for a half-filled degenerate pair): the relaxed "
+                    "density along it is not determined, so its quadrupole and natural "
+                    "orbitals may differ between runs", eigenvalue)
+
+
 def properties_stage(ctx: RunContext, scf_result: ScfResult,
                      request: PropertiesRequest) -> None:
     """The density's properties and the SCF density's into the context's node (and the
     natural orbitals into the Molden file, on rank 0)."""
     settings, node, mol = ctx.settings, ctx.node, ctx.calc.mol
+    if request.relaxed:
+        warn_of_a_free_rotation(scf_result)
     t0 = time.perf_counter()
     densities = density_of(ctx, scf_result, request.relaxed)
     ctx.timings["properties"] = time.perf_counter() - t0
