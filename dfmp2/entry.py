@@ -6,8 +6,10 @@ guards that import, so that a Ctrl-C or a SIGTERM in those seconds ends the prog
 line and status 130 or 143, as it does later, instead of a KeyboardInterrupt traceback from
 deep inside an import or a silent death by the signal.
 
-It also reads OMP_NUM_THREADS before the OpenMP runtimes do: each copy of libgomp (torch's and
-PySCF's) would print its own complaint about a value it cannot use, and then ignore it.
+It also reads the environment variables those imports read before they do: each copy of
+libgomp (torch's and PySCF's) would print its own complaint about an OMP_NUM_THREADS it
+cannot use, and then ignore it; PySCF's import would end in a ValueError traceback on a
+PYSCF_MAX_MEMORY that is not a whole number.
 """
 from __future__ import annotations
 
@@ -44,10 +46,25 @@ def drop_invalid_openmp_threads(environ=os.environ) -> str | None:
             "unset it or give one such as 2")
 
 
+def drop_invalid_pyscf_memory(environ=os.environ) -> str | None:
+    """Remove a PYSCF_MAX_MEMORY that PySCF cannot read as whole megabytes (its import would
+    fail on it), and return the warning that says so; None when it is absent or valid."""
+    value = environ.get("PYSCF_MAX_MEMORY")
+    if value is None:
+        return None
+    try:
+        int(value)
+        return None
+    except ValueError:
+        del environ["PYSCF_MAX_MEMORY"]
+    return (f"PYSCF_MAX_MEMORY={value!r} is not a whole number of megabytes and is ignored; "
+            "unset it or give one such as 4000")
+
+
 def main() -> None:
-    invalid = drop_invalid_openmp_threads()
-    if invalid is not None:
-        print(f"dfmp2: WARNING: {invalid}", file=sys.stderr)
+    for invalid in (drop_invalid_openmp_threads(), drop_invalid_pyscf_memory()):
+        if invalid is not None:
+            print(f"dfmp2: WARNING: {invalid}", file=sys.stderr)
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         from dfmp2.cli import main as run_command_line

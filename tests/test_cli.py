@@ -12,6 +12,7 @@ import h5py
 import pytest
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe
+from dfmp2.cli.options import environment_settings
 from dfmp2.entry import drop_invalid_openmp_threads
 
 CONTRACT_JSON_KEYS = {"e_scf", "e_corr", "e_os", "e_ss", "e_scs", "e_tot", "record"}
@@ -124,15 +125,42 @@ def test_a_signal_while_the_program_starts_is_one_line_and_128_plus_its_number(t
     assert not record.exists()
 
 
-def test_an_unusable_omp_num_threads_is_one_warning_of_ours(tmp_path):
+def test_unusable_omp_num_threads_and_pyscf_max_memory_are_warnings_of_ours(tmp_path):
     """Each OpenMP runtime (torch's, PySCF's) printed its own "libgomp: Invalid value" and
-    went on with its default; now dfmp2 says once what it ignores."""
-    env = {**os.environ, "OMP_NUM_THREADS": "two"}
+    went on with its default, and PySCF's import ended in a ValueError traceback on a
+    PYSCF_MAX_MEMORY of 'abc'; now dfmp2 says once what it ignores."""
+    env = {**os.environ, "OMP_NUM_THREADS": "two", "PYSCF_MAX_MEMORY": "abc"}
     result = subprocess.run([python_exe(), "-m", "dfmp2", "--version"], capture_output=True,
                             text=True, env=env, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ("dfmp2: WARNING: OMP_NUM_THREADS='two' is not a positive number "
-                             "of threads and is ignored; unset it or give one such as 2\n")
+    assert result.stderr == (
+        "dfmp2: WARNING: OMP_NUM_THREADS='two' is not a positive number of threads and is "
+        "ignored; unset it or give one such as 2\n"
+        "dfmp2: WARNING: PYSCF_MAX_MEMORY='abc' is not a whole number of megabytes and is "
+        "ignored; unset it or give one such as 4000\n")
+
+
+@pytest.mark.parametrize("variables, message", [
+    ({"DFMP2_NKI_MODE": "junk"}, "DFMP2_NKI_MODE='junk' is not an NKI mode"),
+    ({"DFMP2_NKI_MODE": "simulator"}, "NKI mode simulator unavailable"),
+    ({"DFMP2_REQUIRE_NKI": "maybe"}, "DFMP2_REQUIRE_NKI='maybe' is neither on nor off"),
+])
+def test_nki_environment_variables_that_mean_nothing_are_one_line(variables, message, run_cli,
+                                                                 tmp_path, monkeypatch):
+    """They ended in an NkiUnavailable traceback (exit 1); DFMP2_REQUIRE_NKI=yes was off."""
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "nki",
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 2 and message in result.err
+    assert len(result.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value, required", [("1", True), ("yes", True), ("On", True),
+                                             ("0", False), ("no", False), ("", False)])
+def test_require_nki_takes_the_usual_words_for_on_and_off(value, required, monkeypatch):
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", value)
+    assert environment_settings()["require_nki"] is required
 
 
 @pytest.mark.parametrize("value,kept", [("2", True), (" 4 ", True), ("2,1", True),

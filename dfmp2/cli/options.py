@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 import kernels
-from dfmp2.errors import Dfmp2Error
+from kernels.nki.launcher import MODES as NKI_MODES
+from dfmp2.errors import Dfmp2Error, InputError
 from dfmp2.input.calculation import REFERENCES
 from dfmp2.input.dispersion import CHOICES as DISPERSION_CHOICES
 from dfmp2.input.functionals import GRID_LEVELS, known_names
@@ -24,6 +25,8 @@ from dfmp2.system.memory import parse_size
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 REQUIRE_NKI_ENV = "DFMP2_REQUIRE_NKI"
 NKI_MODE_ENV = "DFMP2_NKI_MODE"
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("", "0", "false", "no", "off")
 # The real NKI simulator targets trn3 unless told otherwise; our kernels are written for trn1.
 NKI_PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 
@@ -161,6 +164,14 @@ def record_options(output_help: str, json_help: str,
 
 
 def environment_settings() -> dict:
-    """The RunSettings fields that come from environment variables."""
+    """The RunSettings fields that come from environment variables; a value that means
+    nothing is an error, not taken for the default."""
     mode = os.environ.get(NKI_MODE_ENV, "").strip().lower() or None
-    return {"nki_mode": mode, "require_nki": os.environ.get(REQUIRE_NKI_ENV, "") == "1"}
+    if mode is not None and mode not in NKI_MODES:
+        raise InputError(f"{NKI_MODE_ENV}={os.environ[NKI_MODE_ENV]!r} is not an NKI mode; "
+                         f"set it to one of {', '.join(NKI_MODES)}, or unset it")
+    required = os.environ.get(REQUIRE_NKI_ENV, "").strip().lower()
+    if required not in TRUE_WORDS + FALSE_WORDS:
+        raise InputError(f"{REQUIRE_NKI_ENV}={os.environ[REQUIRE_NKI_ENV]!r} is neither on nor "
+                         "off; set it to 1 or 0, or unset it")
+    return {"nki_mode": mode, "require_nki": required in TRUE_WORDS}

@@ -22,6 +22,7 @@ import torch
 
 import dfmp2
 import kernels
+from kernels.nki.launcher import NkiUnavailable
 from dfmp2.errors import InputError
 from dfmp2.grad import kernel as gradient
 from dfmp2.input.calculation import Calculation, CalculationRequest, define_calculation
@@ -125,6 +126,9 @@ def resolve_environment(settings: RunSettings, record_path: Path,
                                       settings.require_nki)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    except NkiUnavailable as exc:
+        raise InputError(f"{exc}; set DFMP2_NKI_MODE to an available mode (interpreter runs "
+                         "anywhere), or unset it") from None
     scratch_dir = Path(settings.scratch) if settings.scratch else record_path.parent
     if not scratch_dir.is_dir() or not os.access(scratch_dir, os.W_OK | os.X_OK):
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
