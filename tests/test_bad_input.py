@@ -102,6 +102,8 @@ def _no_scf(monkeypatch):
 @pytest.mark.parametrize("args,fragment", [
     (("--frozen", "1000"), "cannot freeze 1000"),
     (("--memory", "100KB"), "memory budget"),
+    # It was called "no virtual orbitals": more electrons than the basis holds.
+    (("--basis", "sto-3g", "--charge", "-998"), "1040 electrons (charge -998) do not fit"),
 ])
 def test_impossible_requests_are_refused_before_the_scf(args, fragment, run_cli, tmp_path,
                                                           monkeypatch):

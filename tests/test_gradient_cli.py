@@ -231,3 +231,6 @@ def test_the_optimised_file_reads_back_as_the_molecule_that_was_optimised(run_cl
     again = run_cli("run", tmp_path / "opt.xyz", "--basis", "sto-3g", "--backend", "torch",
                     "--threads", "1", "-o", tmp_path / "again.h5", "--json")
     assert json.loads(again.out)["e_tot"] == pytest.approx(summary["e_tot"], abs=1e-8)
+    shown = run_cli("show", tmp_path / "opt.h5").out
+    assert shown.startswith("dfmp2 optimize record: status complete")
+    assert f"in {summary['steps']} steps: E = {summary['e_tot']:.10f} Eh" in shown

@@ -8,12 +8,12 @@ from types import ModuleType
 import click
 
 from dfmp2.input.settings import RunSettings
-from dfmp2.jobs import batch, compare, interaction
+from dfmp2.jobs import batch, compare, interaction, optimize
 from dfmp2.jobs.run import RunOutcome
 from dfmp2.records import report
 from dfmp2.records.properties_section import properties_json
-from dfmp2.records.tree import (FREQUENCIES_SCHEMA, INTERACTION_SCHEMA, SCHEMA, Node, schema,
-                                status)
+from dfmp2.records.tree import (FREQUENCIES_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA,
+                                SCHEMA, Node, schema, status)
 from dfmp2.system.files import printable
 
 
@@ -57,12 +57,10 @@ def print_qcschema(qcschema: ModuleType, settings: RunSettings, outcome: RunOutc
 def print_record(root: Node, show_all: bool) -> None:
     """A record's summary, or every attribute and dataset when asked or when the summary cannot
     read it (another schema)."""
-    if show_all or schema(root) not in (SCHEMA, FREQUENCIES_SCHEMA, INTERACTION_SCHEMA):
-        text = report.dump(root)
-    elif schema(root) == INTERACTION_SCHEMA:
-        text = interaction.summary(root)
-    else:
-        text = report.summary(root)
+    summaries = {INTERACTION_SCHEMA: interaction.summary, OPTIMIZE_SCHEMA: optimize.summary,
+                 SCHEMA: report.summary, FREQUENCIES_SCHEMA: report.summary}
+    summarize = None if show_all else summaries.get(schema(root))
+    text = report.dump(root) if summarize is None else summarize(root)
     click.echo(printable(text))
 
 

@@ -166,7 +166,11 @@ def _check_frozen(calc: Calculation) -> None:
         available = f"{nalpha} occupied" if len(counts) == 1 else f"{nalpha} alpha and {nbeta} beta"
         raise InputError(f"cannot freeze {calc.nfrozen} of {available} orbitals; "
                          "lower --frozen")
-    if calc.mol.nao_nr() <= nalpha:
+    nao = calc.mol.nao_nr()
+    if nalpha > nao:
+        raise InputError(f"{nalpha + nbeta} electrons (charge {calc.mol.charge}) do not fit in "
+                         f"the basis's {nao} orbitals; check --charge")
+    if nao <= nalpha:
         raise InputError("the basis has no virtual orbitals: MP2 needs a larger basis")
 
 

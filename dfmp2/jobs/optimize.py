@@ -28,10 +28,10 @@ from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
 from dfmp2.records.checkpoint import RESUME, examine_previous, save_checkpoint
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, write_record
+from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, status, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
-from dfmp2.records.sections import write_timings
+from dfmp2.records.sections import read_inputs, write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
@@ -298,4 +298,28 @@ def format_summary(outcome: OptimizeOutcome) -> str:
     lines += [f"  {s:<2} {x:14.8f} {y:14.8f} {z:14.8f}"
               for s, (x, y, z) in zip(outcome.geometry.symbols, outcome.geometry.coords)]
     lines += [f"\ngeometry written to {outcome.xyz_path}", f"record written to {outcome.path}"]
+    return "\n".join(lines)
+
+
+def summary(root: Node) -> str:
+    """``dfmp2 show`` of an optimisation record: how it ended, each step's energy and largest
+    gradient component, and the final geometry when it converged."""
+    inputs = read_inputs(root)
+    lines = [f"dfmp2 optimize record: status {status(root)}"]
+    if inputs is not None:
+        lines.append(f"  molecule {inputs.source}  basis {inputs.basis}  charge {inputs.charge}  "
+                     f"spin {inputs.spin}  frozen {inputs.frozen}  method {inputs.method}")
+    if root.attrs.get("error"):
+        lines.append(f"  error    {root.attrs['error']}")
+    steps = read_steps(root)
+    if steps is not None:
+        lines += ["", f"  {'step':>4} {'E / Eh':>20} {'max |g| / (Eh/Bohr)':>22}"]
+        lines += [f"  {n:>4} {energy:20.10f} {np.abs(gradient).max():22.3e}"
+                  for n, (energy, gradient) in enumerate(zip(steps.energies, steps.gradients),
+                                                         start=1)]
+    section = OptimizationSection.read(root)
+    if section is not None and section.converged:
+        lines += ["", f"  converged ({section.convergence_set}) in {section.steps} steps: "
+                      f"E = {section.e_tot:.10f} Eh; final geometry (Angstrom):"]
+        lines += [f"    {line}" for line in section.final_xyz.splitlines()[2:]]
     return "\n".join(lines)
