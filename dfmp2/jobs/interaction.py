@@ -23,6 +23,7 @@ from dfmp2.errors import InputError
 from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, Node, read_record, schema,
                                 stale_temporaries, status)
 from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection)
+from dfmp2.records.report import heading
 from dfmp2.records.job_sections import (InteractionInputs, calculation_node, interaction_value,
                                         read_interaction, write_interaction)
 from dfmp2.input.settings import RunSettings
@@ -256,12 +257,9 @@ def format_table(root: Node, path: Path | None) -> str:
 def summary(root: Node) -> str:
     """``dfmp2 show`` of an interaction record: how it ended, and its table when complete."""
     inputs = InteractionInputs.read(root)
-    lines = [f"dfmp2 interaction record: status {status(root)}"]
-    if inputs is not None:
-        lines.append(f"  dimer {inputs.source}  split after atom {inputs.split}  basis "
-                     f"{inputs.basis}  charges {inputs.charges}  spins {inputs.spins}")
-    if root.attrs.get("error"):
-        lines.append(f"  error    {root.attrs['error']}")
+    lines = heading(root, "interaction", None if inputs is None else (
+        f"dimer {inputs.source}  split after atom {inputs.split}  basis {inputs.basis}  "
+        f"charges {inputs.charges}  spins {inputs.spins}"))
     if status(root) == COMPLETE:
         lines += ["", format_table(root, None)]
     return "\n".join(lines)

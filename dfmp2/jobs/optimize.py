@@ -28,7 +28,8 @@ from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
 from dfmp2.records.checkpoint import RESUME, examine_previous, save_checkpoint
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, status, write_record
+from dfmp2.records.report import heading
+from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
 from dfmp2.records.sections import read_inputs, write_timings
@@ -305,12 +306,9 @@ def summary(root: Node) -> str:
     """``dfmp2 show`` of an optimisation record: how it ended, each step's energy and largest
     gradient component, and the final geometry when it converged."""
     inputs = read_inputs(root)
-    lines = [f"dfmp2 optimize record: status {status(root)}"]
-    if inputs is not None:
-        lines.append(f"  molecule {inputs.source}  basis {inputs.basis}  charge {inputs.charge}  "
-                     f"spin {inputs.spin}  frozen {inputs.frozen}  method {inputs.method}")
-    if root.attrs.get("error"):
-        lines.append(f"  error    {root.attrs['error']}")
+    lines = heading(root, "optimize", None if inputs is None else (
+        f"molecule {inputs.source}  basis {inputs.basis}  charge {inputs.charge}  "
+        f"spin {inputs.spin}  frozen {inputs.frozen}  method {inputs.method}"))
     steps = read_steps(root)
     if steps is not None:
         lines += ["", f"  {'step':>4} {'E / Eh':>20} {'max |g| / (Eh/Bohr)':>22}"]

@@ -46,6 +46,17 @@ def _energy_rows(scf: ScfSection | None, energies: Mp2Section | None,
     return rows
 
 
+def heading(root: Node, kind: str, described: str | None) -> list[str]:
+    """The first lines of ``dfmp2 show``: the kind of record and how it ended, what it
+    computed (``described``), and its error if it failed."""
+    lines = [f"dfmp2 {kind} record: status {status(root)}"]
+    if described is not None:
+        lines.append(f"  {described}")
+    if error(root):
+        lines.append(f"  error    {error(root)}")
+    return lines
+
+
 def summary(root: Node) -> str:
     inputs = read_inputs(root)
     kind = "frequencies" if schema(root) == FREQUENCIES_SCHEMA else "run"
