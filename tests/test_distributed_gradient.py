@@ -124,3 +124,17 @@ def test_splits_of_one_rank_are_the_plain_store():
     assert torch.equal(rows.read_columns(2, 5), values[:, 2:5])
     with pytest.raises(ValueError):
         ColumnSplit("x", 4, 6, [[(0, 2)]], world, _in_memory).write_columns(2, 4, values[:, 2:4])
+
+
+def test_a_spin_without_electrons_on_two_ranks_matches_one_process(tmp_path):
+    """High-spin H3 has no beta electron: its B has no beta columns, and cutting zero
+    columns into chunks for two ranks divided by zero (every multi-rank run and gradient of
+    such a molecule ended in a ZeroDivisionError traceback)."""
+    molecule = tmp_path / "h3.xyz"
+    molecule.write_text("3\nmultiplicity=4\nH 0 0 0\nH 0 0 2.0\nH 0 1.8 0.5\n")
+    args = [molecule, "--basis", "cc-pvdz", "--backend", "torch", "--threads", "1", "--json"]
+    single = _gradient(1, *args, "-o", tmp_path / "one.h5")
+    spread = _gradient(2, *args, "-o", tmp_path / "many.h5")
+    assert single["e_os"] == spread["e_os"] == 0.0
+    assert abs(spread["e_tot"] - single["e_tot"]) <= 1e-9
+    assert np.abs(np.array(spread["gradient"]) - np.array(single["gradient"])).max() <= 1e-8

@@ -144,7 +144,7 @@ class ScratchB:
         same width."""
         path.parent.mkdir(parents=True, exist_ok=True)
         chunk_cols = max(1, min(ncols, SCRATCH_CHUNK_BYTES // (FP64_BYTES * naux)))
-        if parts > 1:
+        if parts > 1 and ncols > 0:
             nchunks = parts * -(-ncols // (parts * chunk_cols))
             chunk_cols = max(1, -(-ncols // nchunks))
         header = {"format": FORMAT, "shape": [naux, ncols], "chunk_cols": chunk_cols,
