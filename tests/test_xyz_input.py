@@ -28,6 +28,20 @@ WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
     ("chrg=-2", "'chrg=-2' is not read"),
     ("dianion q=-2", "'q=-2' is not read"),
     ("-2 1", "looks like 'charge multiplicity'.*write charge=-2 multiplicity=1"),
+    ("0, 1", "looks like 'charge multiplicity'"),
+    ("total_charge=-1", "'total_charge=-1' is not read"),
+    ("chg=-1", "'chg=-1' is not read"),
+    ("charge/mult: -1 2", "'charge/mult: -1' is not read"),
+    # The same for the multiplicity (a singlet) and the units (Angstrom), without a word.
+    ("O2 multiplicity: 3", "'multiplicity: 3' is not read.*multiplicity=2S\\+1"),
+    ("multiplicity 3", "'multiplicity 3' is not read"),
+    ("spin_multiplicity=3", "'spin_multiplicity=3' is not read"),
+    ("S=1", "'S=1' is not read"),
+    ("2S+1=3", "'2S\\+1=3' is not read"),
+    ("water units: bohr", "'units: bohr' is not read.*units=bohr"),
+    ("coordinates in bohr", "'bohr' is not read"),
+    # Digits other than 0-9 are no integer of the comment line.
+    ("charge=\u0663", "is not an integer"),
 ])
 def test_invalid_comment_values_are_refused(comment, fragment):
     with pytest.raises(InputError, match=fragment):
@@ -40,8 +54,11 @@ def test_valid_comment_values():
     assert geometry.coords[1, 1] == 0.757
 
 
-@pytest.mark.parametrize("comment", ["neutral charge", "E = -76.4 1", "step 12 of 30",
-                                     "Q-Chem output", "charge=-2 q=-2", "water charged"])
+@pytest.mark.parametrize("comment", [
+    "neutral charge", "E = -76.4 1", "step 12 of 30", "Q-Chem output", "charge=-2 q=-2",
+    "water charged", "q=0.5 step 3", "Q: 1.2345", "multiplicity=3 spin=2", "spin-orbit free",
+    'Properties=species:S:1:pos:R:3 energy=-76.4 pbc="F F F"',
+    "  energy: -40.123 gnorm: 0.0001 xtb: 6.4.1", "i = 0, time = 0.000, E = -17.123"])
 def test_comment_words_that_declare_no_charge_are_ignored(comment):
     parse_xyz(f"3\n{comment}\n{WATER_ATOMS}")
 

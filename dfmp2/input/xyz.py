@@ -16,25 +16,14 @@ from pathlib import Path
 
 import numpy as np
 from pyscf.data import elements
-from pyscf.lib import param
 from scipy.spatial import cKDTree
 
 from dfmp2.errors import InputError
+from dfmp2.input.comment import free_text, parse_comment
 
 MIN_DISTANCE_ANGSTROM = 0.1
 MAX_COORDINATE_ANGSTROM = 1.0e4
 KNOWN_SYMBOLS = {symbol.upper(): symbol for symbol in elements.ELEMENTS[1:]}
-# ``key=value`` in the comment line; the value runs to the next blank, comma or semicolon.
-COMMENT_FIELD = re.compile(r"\b(charge|multiplicity|units?)\s*=\s*([^\s,;]*)", re.IGNORECASE)
-# Keys other programs write for the spin, which dfmp2 does not read: 'spin=2' may mean 2S, S
-# or the multiplicity, and ignored it would give a singlet without a word.
-UNREAD_SPIN_FIELD = re.compile(r"\b(spin|mult)\s*=\s*[^\s,;]*", re.IGNORECASE)
-# A charge declared otherwise than charge=N ("charge -2", "charge: -2", "chrg=-2", "q=-2").
-UNREAD_CHARGE_FIELD = re.compile(r"\b(charge\s*:?|chrg\s*[=:]?|q\s*[=:])\s*[+-]?\d+\b",
-                                 re.IGNORECASE)
-# "charge multiplicity" alone, as some programs write the line ("-1 1", "0 2").
-CHARGE_MULTIPLICITY_PAIR = re.compile(r"\s*([+-]?\d+)\s+(\d+)\s*")
-ANGSTROM_PER_UNIT = {"angstrom": 1.0, "bohr": param.BOHR}
 UTF8_BOM = b"\xef\xbb\xbf"
 # About 250,000 atoms at 60 bytes a line: far beyond what an MP2 run can hold, and a bound on
 # what is read from a device or pipe given as the molecule (``/dev/zero`` never ends).
@@ -70,7 +59,7 @@ class Geometry:
         loses its charge, multiplicity and units)."""
         symbols = tuple(self.symbols[n] for n in atoms)
         coords = self.coords[list(atoms)]
-        comment = " ".join(COMMENT_FIELD.sub("", self.comment).split())
+        comment = free_text(self.comment)
         text = f"{len(symbols)}\n{comment}\n" + "".join(
             f"{s} {x:.10f} {y:.10f} {z:.10f}\n" for s, (x, y, z) in zip(symbols, coords))
         return Geometry(symbols, np.array(coords), comment, None, None, text, self.source)
@@ -165,69 +154,6 @@ def _parse_coordinate(token: str, where: str, angstrom_per_unit: float) -> float
         raise InputError(f"{where}: coordinate {token} is beyond "
                          f"{MAX_COORDINATE_ANGSTROM:g} Angstrom; check the units")
     return angstrom
-
-
-@dataclass(frozen=True)
-class CommentFields:
-    charge: int | None = None
-    multiplicity: int | None = None
-    angstrom_per_unit: float = 1.0
-
-
-def parse_comment(comment: str, source: str) -> CommentFields:
-    """``charge=N`` (an integer), ``multiplicity=M`` (an integer >= 1) and ``units=...``."""
-    values: dict[str, str] = {}
-    for match in COMMENT_FIELD.finditer(comment):
-        key = match.group(1).lower().rstrip("s")
-        if key in values:
-            raise InputError(f"{source}, line 2: '{match.group(1)}' is given twice in the "
-                             "comment line")
-        values[key] = match.group(2)
-    unread = UNREAD_SPIN_FIELD.search(comment)
-    if unread and "multiplicity" not in values:
-        raise InputError(f"{source}, line 2: {unread.group(0)!r} is not read (dfmp2 reads "
-                         "charge=, multiplicity= and units=): write multiplicity=2S+1 in the "
-                         "comment line, or remove it and give --spin 2S")
-    if "charge" not in values:
-        _refuse_unread_charge(comment, source)
-    charge = multiplicity = None
-    if "charge" in values:
-        charge = _comment_integer(values["charge"], "charge", source)
-    if "multiplicity" in values:
-        multiplicity = _comment_integer(values["multiplicity"], "multiplicity", source)
-        if multiplicity < 1:
-            raise InputError(f"{source}, line 2: multiplicity must be at least 1, "
-                             f"got {multiplicity}")
-    angstrom_per_unit = 1.0
-    if "unit" in values:
-        unit = values["unit"].lower()
-        if unit not in ANGSTROM_PER_UNIT:
-            raise InputError(f"{source}, line 2: units={values['unit']!r} is not understood; "
-                             "write units=angstrom or units=bohr")
-        angstrom_per_unit = ANGSTROM_PER_UNIT[unit]
-    return CommentFields(charge, multiplicity, angstrom_per_unit)
-
-
-def _refuse_unread_charge(comment: str, source: str) -> None:
-    """A charge the comment line declares in a form dfmp2 does not read: ignored, it would
-    compute the neutral molecule without a word."""
-    pair = CHARGE_MULTIPLICITY_PAIR.fullmatch(comment)
-    if pair:
-        raise InputError(f"{source}, line 2: {comment.strip()!r} looks like 'charge "
-                         "multiplicity', which dfmp2 does not read: write "
-                         f"charge={pair.group(1)} multiplicity={pair.group(2)} in the comment "
-                         "line (or give --charge and --spin)")
-    unread = UNREAD_CHARGE_FIELD.search(comment)
-    if unread:
-        raise InputError(f"{source}, line 2: {unread.group(0)!r} is not read (dfmp2 reads "
-                         "charge=, multiplicity= and units=): write charge=N in the comment "
-                         "line, or remove it and give --charge N")
-
-
-def _comment_integer(text: str, key: str, source: str) -> int:
-    if not re.fullmatch(r"[+-]?\d+", text):
-        raise InputError(f"{source}, line 2: {key}={text!r} is not an integer")
-    return int(text)
 
 
 def parse_xyz(text: str, source: str = "<input>") -> Geometry:

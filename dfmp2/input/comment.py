@@ -1,0 +1,127 @@
+"""The XYZ comment line: ``charge=N``, ``multiplicity=M`` and ``units=bohr|angstrom`` are
+read; any other words are free text, except words that declare a charge, a multiplicity or
+units in a form that is not read (``charge -2``, ``multiplicity: 3``, ``spin=2``, ``S=1``,
+``chg=-1``, ``units: bohr``, ``coordinates in bohr``, ``-1 2`` alone). Those are refused:
+ignored, they gave the neutral singlet in Angstrom without a word.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pyscf.lib import param
+
+from dfmp2.errors import InputError
+
+# ``key=value``; the value runs to the next blank, comma or semicolon.
+COMMENT_FIELD = re.compile(r"\b(charge|multiplicity|units?)\s*=\s*([^\s,;]*)", re.IGNORECASE)
+ANGSTROM_PER_UNIT = {"angstrom": 1.0, "bohr": param.BOHR}
+# "charge multiplicity" alone, as some programs write the line ("-1 1", "0, 2").
+CHARGE_MULTIPLICITY_PAIR = re.compile(r"\s*([+-]?[0-9]+)\s*[,;]?\s+([0-9]+)\s*")
+# An integer standing alone (not part of 0.5 or of a longer word).
+INTEGER = re.compile(r"(?<![\w.])[+-]?[0-9]+(?![\w.])")
+WORD = re.compile(r"[a-z0-9_+]+")
+# Words other programs declare with, by the field they would set. 'spin=2' may mean 2S, S or
+# the multiplicity; the others are read by other programs in their own ways.
+CHARGE_WORDS = {"chg", "chrg", "q"}
+MULTIPLICITY_WORDS = {"mult", "multiplicity", "spin", "spin_multiplicity", "s", "2s+1"}
+UNIT_WORDS = {"unit", "units"}
+REMEDIES = {"charge": "write charge=N in the comment line, or remove it and give --charge N",
+            "multiplicity": "write multiplicity=2S+1 in the comment line, or remove it and give "
+                            "--spin 2S",
+            "unit": "write units=bohr (or units=angstrom) in the comment line"}
+
+
+@dataclass(frozen=True)
+class CommentFields:
+    charge: int | None = None
+    multiplicity: int | None = None
+    angstrom_per_unit: float = 1.0
+
+
+def parse_comment(comment: str, source: str) -> CommentFields:
+    """``charge=N`` (an integer), ``multiplicity=M`` (an integer >= 1) and ``units=...``."""
+    values: dict[str, str] = {}
+    for match in COMMENT_FIELD.finditer(comment):
+        key = match.group(1).lower().rstrip("s")
+        if key in values:
+            raise InputError(f"{source}, line 2: '{match.group(1)}' is given twice in the "
+                             "comment line")
+        values[key] = match.group(2)
+    _refuse_unread_declarations(comment, set(values), source)
+    charge = multiplicity = None
+    if "charge" in values:
+        charge = _comment_integer(values["charge"], "charge", source)
+    if "multiplicity" in values:
+        multiplicity = _comment_integer(values["multiplicity"], "multiplicity", source)
+        if multiplicity < 1:
+            raise InputError(f"{source}, line 2: multiplicity must be at least 1, "
+                             f"got {multiplicity}")
+    angstrom_per_unit = 1.0
+    if "unit" in values:
+        unit = values["unit"].lower()
+        if unit not in ANGSTROM_PER_UNIT:
+            raise InputError(f"{source}, line 2: units={values['unit']!r} is not understood; "
+                             "write units=angstrom or units=bohr")
+        angstrom_per_unit = ANGSTROM_PER_UNIT[unit]
+    return CommentFields(charge, multiplicity, angstrom_per_unit)
+
+
+def _refuse_unread_declarations(comment: str, read: set[str], source: str) -> None:
+    """Refuse a charge, multiplicity or units that the line declares in a form it does not
+    read, unless that field is also given as ``key=value``."""
+    pair = CHARGE_MULTIPLICITY_PAIR.fullmatch(comment)
+    if pair and not read:
+        raise InputError(f"{source}, line 2: {comment.strip()!r} looks like 'charge "
+                         "multiplicity', which dfmp2 does not read: write "
+                         f"charge={pair.group(1)} multiplicity={pair.group(2)} in the comment "
+                         "line (or give --charge and --spin)")
+    tokens = re.split(r"[\s,;]+", COMMENT_FIELD.sub(" ", comment).strip())
+    for n, token in enumerate(tokens):
+        field = _declared_field(token)
+        if field is None or field in read:
+            continue
+        if INTEGER.search(token):
+            declared = token
+        elif n + 1 < len(tokens) and (INTEGER.search(tokens[n + 1])
+                                      or "bohr" in tokens[n + 1].lower()):
+            declared = f"{token} {tokens[n + 1]}"
+        elif field == "unit" and "bohr" in token.lower():
+            declared = token
+        else:
+            continue
+        raise InputError(f"{source}, line 2: {declared!r} is not read (dfmp2 reads charge=, "
+                         f"multiplicity= and units=): {REMEDIES[field]}")
+
+
+def _declared_field(token: str) -> str | None:
+    """The field a comment word would declare in another program's convention, if any."""
+    lowered = token.lower()
+    if "bohr" in lowered:
+        return "unit"
+    word = WORD.match(lowered)
+    if word is None:
+        return None
+    word = word.group(0)
+    if "charge" in word or word in CHARGE_WORDS:
+        return "charge"
+    if word.endswith("multiplicity") or word in MULTIPLICITY_WORDS:
+        return "multiplicity"
+    return "unit" if word in UNIT_WORDS else None
+
+
+def _comment_integer(text: str, key: str, source: str) -> int:
+    if not re.fullmatch(r"[+-]?[0-9]+", text):
+        raise InputError(f"{source}, line 2: {key}={text!r} is not an integer")
+    return int(text)
+
+
+def free_text(comment: str) -> str:
+    """The comment without its charge, multiplicity and units (a fragment's own file does
+    not have them); nothing when what is left would still declare one."""
+    text = " ".join(COMMENT_FIELD.sub("", comment).split())
+    try:
+        _refuse_unread_declarations(text, set(), "")
+    except InputError:
+        return ""
+    return text
