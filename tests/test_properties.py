@@ -36,6 +36,7 @@ from dfmp2.mp2.kernel import DFMP2 as OurMp2
 from dfmp2.mp2.methods import method_scales
 from dfmp2.props.analysis import analyse
 from dfmp2.props.moments import dipole, nuclear_charge_centre, quadrupole
+from dfmp2.records.properties_section import PropertiesSection
 from dfmp2.records.tree import read_record
 from dfmp2.scf.engine import scf_kernels
 from dfmp2.scf.reference import ScfOptions, new_scf, run_scf
@@ -392,3 +393,21 @@ def test_a_nearly_free_orbital_rotation_is_warned_of(name, warned, run_cli, tmp_
                      "--backend", "torch", "-o", tmp_path / "p.h5")
     assert result.code == 0, result.err
     assert ("nearly free orbital rotation" in caplog.text) == warned
+
+
+def test_a_rerun_for_another_density_or_origin_keeps_the_complete_record(run_cli, tmp_path,
+                                                                         caplog):
+    """--density unrelaxed (or another --origin) over a complete relaxed record: the copy set
+    aside was dropped as 'the same calculation', and the relaxed result was lost."""
+    record = tmp_path / "p.h5"
+    args = ("properties", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "-o", record)
+    assert run_cli(*args).code == 0
+    for extra in (("--density", "unrelaxed"), ("--density", "unrelaxed", "--origin", "1,0,0")):
+        assert run_cli(*args, *extra).code == 0
+    kept = sorted(tmp_path.glob("p.superseded-*.h5"))
+    assert sorted(PropertiesSection.read(read_record(k)).density for k in kept) == [
+        "relaxed", "unrelaxed"]
+    assert caplog.text.count("of other inputs, is kept as") == 2
+    assert run_cli(*args, "--density", "unrelaxed", "--origin", "1,0,0").code == 0
+    assert sorted(tmp_path.glob("p.superseded-*.h5")) == kept

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from dfmp2.props.molden import check_molden_path, write_molden
 from dfmp2.props.moments import nuclear_charge_centre
 from dfmp2.records.checkpoint import RESUME, RecordSaver
 from dfmp2.records.properties_section import PropertiesSection, write_properties
-from dfmp2.records.sections import write_timings
+from dfmp2.records.sections import CalculationInputs, write_timings
 from dfmp2.records.tree import Node
 from dfmp2.scf.reference import ScfResult, release_integrals
 from dfmp2.system.distributed import World
@@ -109,8 +110,21 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
 
         exit_code = guarded(session, root, work)
         if world.is_root:
-            settle_superseded(previous.superseded, same_inputs(inputs))
+            settle_superseded(previous.superseded, same_properties(inputs, root))
     return PropertiesOutcome(root, path, exit_code)
+
+
+def same_properties(inputs: CalculationInputs, new: Node) -> Callable[[Node], bool]:
+    """Whether a record holds the properties of ``new``: the same calculation, density
+    (relaxed or not) and origin."""
+    ours = PropertiesSection.read(new)
+
+    def same(old: Node) -> bool:
+        theirs = PropertiesSection.read(old)
+        return (same_inputs(inputs)(old) and theirs is not None and ours is not None
+                and (theirs.method, theirs.density) == (ours.method, ours.density)
+                and np.allclose(theirs.origin, ours.origin, rtol=0.0, atol=1e-12))
+    return same
 
 
 def density_of(ctx: RunContext, scf_result: ScfResult, relaxed: bool) -> Mp2Densities:
