@@ -88,6 +88,11 @@ def test_a_changed_parameter_discards_the_results(tmp_path):
     ({"memory": "2XB"}, "cannot read memory size '2XB'"),
     ({"method": "ccsd"}, "choose one of mp2, scs-mp2, sos-mp2"),
     ({"bogus": 3}, "unknown option bogus"),
+    # A charge of 0.5 was truncated to 0 (the neutral energy); these were tracebacks or taken.
+    ({"charge": 0.5}, "charge 0.5 must be a whole number"),
+    ({"reference": "rohf"}, "reference 'rohf': choose one of auto, rhf, uhf"),
+    ({"scs_os": "1.2"}, "scs_os '1.2' must be a number"),
+    ({"scf_method": "junk"}, "scf_method 'junk': choose one of df, conventional"),
 ])
 def test_options_are_checked_as_the_command_line_checks_them(options, message):
     with pytest.raises(InputError, match=message.replace("+", r"\+")):

@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from dfmp2.errors import InputError
-from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.input.calculation import REFERENCES
+from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
+from dfmp2.scf.engine import ENGINES
+from dfmp2.scf.reference import SCF_METHODS
 from dfmp2.input.dispersion import NONE
 from dfmp2.input.functionals import GRID_LEVELS, named_functional
 from dfmp2.system.memory import checked_size
@@ -23,6 +26,9 @@ MAX_SCALE_FACTOR = 100.0
 SCALE_FIELDS = ("scs_os", "scs_ss", "mp2_os", "mp2_ss")
 # Whole-number fields and their least value (None: not given).
 COUNT_FIELDS = {"threads": 1, "occ_block": 1, "frozen": 0}
+# Fields that name one of a few choices.
+CHOICE_FIELDS = {"method": METHODS, "reference": REFERENCES, "scf_method": SCF_METHODS,
+                 "scf_engine": ENGINES}
 
 
 def scale_factor(value: Any) -> float:
@@ -91,11 +97,22 @@ class RunSettings:
         checked here so that none of them can pass what the command line refuses."""
         for name in SCALE_FIELDS:
             value = getattr(self, name)
-            if value is not None:
-                try:
-                    scale_factor(value)
-                except ValueError as exc:
-                    raise InputError(f"{name}: {exc}") from None
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InputError(f"{name} {value!r} must be a number")
+            try:
+                scale_factor(value)
+            except ValueError as exc:
+                raise InputError(f"{name}: {exc}") from None
+        for name in ("charge", "spin"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InputError(f"{name} {value!r} must be a whole number")
+        for name, choices in CHOICE_FIELDS.items():
+            if getattr(self, name) not in choices:
+                raise InputError(f"{name} {getattr(self, name)!r}: choose one of "
+                                 f"{', '.join(choices)}")
         for name, least in COUNT_FIELDS.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)

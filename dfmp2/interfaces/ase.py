@@ -73,9 +73,9 @@ class DFMP2(Calculator):
                              f"{', '.join(METHODS)} (or xc= for a double hybrid)")
         if isinstance(changes.get("memory"), str):
             changes["memory"] = parse_size(changes["memory"])
-        options = {**{key: value for key, value in self.parameters.items()
-                      if key in RUN_OPTIONS}, **{key: value for key, value in changes.items()
-                                                 if key in RUN_OPTIONS}}
+        checked = RUN_OPTIONS | {"charge", "spin"}
+        options = {**{key: value for key, value in self.parameters.items() if key in checked},
+                   **{key: value for key, value in changes.items() if key in checked}}
         RunSettings(molecule=Path("ase"), **options)
         changed = super().set(**changes)
         if changed:
