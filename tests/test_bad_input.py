@@ -114,6 +114,19 @@ def test_impossible_requests_are_refused_before_the_scf(args, fragment, run_cli,
     assert not (tmp_path / "o.h5").exists()
 
 
+@pytest.mark.parametrize("comment, fragment", [
+    ("charge=1 multiplicity=2", "the basis has 1 orbital, all occupied by alpha electrons"),
+    ("", "the basis has 1 orbital, all doubly occupied")])
+def test_a_basis_with_no_orbital_left_to_excite_to_is_named(comment, fragment, run_cli,
+                                                            tmp_path):
+    """He+ and He in STO-3G; the README said run gave He+'s energy, and the message did not
+    say whose orbitals were full."""
+    atom = tmp_path / "he.xyz"
+    atom.write_text(f"1\n{comment}\nHe 0 0 0\n")
+    result = run_cli("run", atom, "--basis", "sto-3g", "-o", tmp_path / "he.h5")
+    _assert_one_line_error(result, fragment)
+
+
 def _water_cluster(copies: int) -> str:
     atoms = molecule_path("water_16").read_text().splitlines()[2:50]
     lines = []

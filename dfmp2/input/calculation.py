@@ -171,7 +171,9 @@ def _check_frozen(calc: Calculation) -> None:
         raise InputError(f"{nalpha + nbeta} electrons (charge {calc.mol.charge}) do not fit in "
                          f"the basis's {nao} orbitals; check --charge")
     if nao <= nalpha:
-        raise InputError("the basis has no virtual orbitals: MP2 needs a larger basis")
+        filled = "doubly occupied" if calc.reference == "rhf" else "occupied by alpha electrons"
+        raise InputError(f"the basis has {nao} orbital{'s' if nao > 1 else ''}, all {filled}: "
+                         "MP2 needs virtual orbitals; choose a larger basis")
 
 
 def request_from_inputs(inputs: CalculationInputs) -> tuple[Geometry, CalculationRequest]:
