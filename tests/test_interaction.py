@@ -138,3 +138,14 @@ def test_a_rerun_of_the_same_job_leaves_no_superseded_copy(command, run_cli, tmp
         shown = run_cli("show", tmp_path / "r.h5").out
         assert shown.startswith("dfmp2 interaction record: status complete")
         assert "CP kcal/mol" in shown and len(shown.splitlines()) < 30
+
+
+def test_a_failed_rerun_names_the_complete_record_it_set_aside(run_cli, tmp_path):
+    """The complete optimisation moved aside for a rerun that then failed was named nowhere."""
+    args = ("optimize", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "-o", tmp_path / "o.h5")
+    assert run_cli(*args).code == 0
+    failed = run_cli(*args, "--max-steps", "1")
+    assert failed.code == 1
+    kept = list(tmp_path.glob("o.superseded-*.h5"))
+    assert len(kept) == 1 and f"the earlier complete record is kept as {kept[0]}" in failed.err

@@ -220,6 +220,7 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
         if world.is_root:
             points, holder, previous = recorded_work(path, main_path, inputs, settings,
                                                      options, expected, reference)
+            session.superseded = previous.superseded
             if previous.action == REUSE:
                 # Its points are analysed again (another temperature) in place.
                 session.keep_on_failure(previous.record)

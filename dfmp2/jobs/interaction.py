@@ -173,7 +173,7 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
         previous = _reusable(path, inputs) if reuse_complete else None
         if previous is not None:
             return RunOutcome(previous, path, 0, reused=True)
-        superseded = keep_complete_record(path)
+        superseded = session.superseded = keep_complete_record(path)
         root = job.new_record(INTERACTION_SCHEMA)
         InteractionInputs(geometry.text, str(settings.molecule), split, json.dumps(charges),
                           json.dumps(spins), settings.basis, settings.frozen_core).write(root)

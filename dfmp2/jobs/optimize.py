@@ -244,6 +244,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env) as session:
         previous = examine_previous(path, OPTIMIZE_SCHEMA, inputs, settings.resume, False)
+        session.superseded = previous.superseded
         recorded = read_steps(previous.record) if previous.action == RESUME else None
         root = job.new_record(OPTIMIZE_SCHEMA)
         inputs.write(root)

@@ -50,6 +50,8 @@ class RecordSession:
         self._complete = False
         self._kept: Node | None = None
         self.restored = False
+        self.superseded: Path | None = None
+        """The complete record this job set aside, which a failure leaves as it is."""
 
     def scratch_area(self, stage: str) -> ScratchArea:
         """The scratch files of one stage of the job, named after the record. Whatever an
@@ -200,7 +202,9 @@ def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
     if session.restored:
         return f" (record {session.path} left as it was, complete)"
     if unwritten is None:
-        return f" (record {session.path})"
+        kept = ("" if session.superseded is None else
+                f"; the earlier complete record is kept as {session.superseded}")
+        return f" (record {session.path}{kept})"
     if isinstance(exc, RecordWriteError):
         return _kept_note(session.path)
     return f" (record {session.path} not updated: {unwritten})"
@@ -251,5 +255,6 @@ def shared_previous_run(session: RecordSession, inputs: CalculationInputs, resum
     previous = PreviousRun(FRESH)
     if world.is_root:
         previous = examine_previous(session.path, SCHEMA, inputs, resume, reuse_complete)
+        session.superseded = previous.superseded
     return replace(previous,
                    action=world.broadcast(previous.action, "sharing the resume decision"))
