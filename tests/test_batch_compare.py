@@ -93,6 +93,25 @@ def test_shards_split_the_list(tmp_path, run_cli, monkeypatch):
         "ammonia-sto-3g.h5", "methane-sto-3g.h5", "water-sto-3g.h5"]
 
 
+def test_output_options_on_a_manifest_line_fail_that_line_only(tmp_path, run_cli):
+    """--qcschema on a line ended the whole batch in a TypeError traceback, before any
+    molecule ran."""
+    manifest = tmp_path / "jobs.txt"
+    water = MOLECULES / "water.xyz"
+    manifest.write_text(f"{water} --basis sto-3g\n{water} --basis sto-3g --qcschema\n"
+                        f"{water} --basis sto-3g --qcschema-version 2\n"
+                        f"{water} --basis sto-3g --json -o x.h5\n")
+    result = run_cli("batch", manifest, "--backend", "torch", "--out", tmp_path / "out",
+                     "--json")
+    assert result.code == 1
+    rows = json.loads(result.out)
+    assert [row["status"] for row in rows] == ["complete", "failed", "failed", "failed"]
+    assert [row["error"].split(": ", 1)[1] for row in rows[1:]] == [
+        "--qcschema is chosen by the batch, not per molecule",
+        "--qcschema-version is chosen by the batch, not per molecule",
+        "--json, --output are chosen by the batch, not per molecule"]
+
+
 def test_compare_records_and_pyscf(tmp_path, run_cli):
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     assert run_cli("run", MOLECULES / "water.xyz", "--backend", "torch", "-o", a).code == 0

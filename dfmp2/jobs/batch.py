@@ -49,6 +49,7 @@ GLOB_CHARACTERS = set("*?[")
 SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot",
                   "e_int_mp2_cp", "e_int_dh_cp", "seconds", "record", "error")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
+SETTINGS_FIELDS = {item.name for item in dataclasses.fields(RunSettings)}
 # A molecule whose record another dfmp2 run holds is left to that run: not a failure here.
 RUNNING_ELSEWHERE = "running elsewhere"
 # A signal stops a batch: the molecule it interrupted resumes from its record, the molecules
@@ -124,12 +125,17 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     overrides = {key: value for key, value in ctx.params.items()
                  if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
                  and key not in ("molecule", "dimer")}
-    if overrides.pop("as_json", None) or overrides.pop("output", None):
-        return BatchItem(index, path, {}, error=f"{where}: --json and -o are chosen by the "
-                                                "batch, not per molecule", options_unread=True)
     interaction = None
     if is_dimer:
         interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
+    # Output options (--json, -o, --qcschema) are the batch's, not a molecule's.
+    outputs = [key for key in overrides if key not in SETTINGS_FIELDS or key == "output"]
+    if outputs:
+        names = ", ".join(next(param.opts[-1] for param in ctx.command.params
+                               if param.name == key) for key in outputs)
+        verb = "is" if len(outputs) == 1 else "are"
+        return BatchItem(index, path, {}, error=f"{where}: {names} {verb} chosen by the batch, "
+                                                "not per molecule", options_unread=True)
     return BatchItem(index, path, overrides, interaction)
 
 
