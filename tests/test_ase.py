@@ -11,6 +11,7 @@ from dfmp2.jobs import run as run_job
 from dfmp2.ase import DFMP2
 from dfmp2.errors import InputError
 from dfmp2.records.report import json_summary
+from dfmp2.records.tree import read_record
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import read_xyz
 
@@ -115,3 +116,22 @@ def test_memory_as_a_size_and_a_lone_atom_without_force(tmp_path):
                            show_progress=False)
     expected = json_summary(run_job.run(settings).record, "")["e_tot"]
     assert atom.get_potential_energy() / Hartree == pytest.approx(expected, abs=1e-10)
+
+
+def test_calculators_sharing_a_records_folder_never_take_each_others_records(tmp_path):
+    """Each calculator numbered from 1, so a second one (another molecule, the script run
+    again) moved the first one's records aside and took their names."""
+    folder = tmp_path / "kept"
+    energies = {}
+    for name in ("water", "hydrogen_fluoride"):
+        atoms = atoms_of(name)
+        atoms.calc = DFMP2(basis="sto-3g", threads=1, records=folder)
+        energies[name] = atoms.get_potential_energy() / Hartree
+    assert sorted(p.name for p in folder.iterdir()) == ["dfmp2-1.h5", "dfmp2-2.h5"]
+    stored = [json_summary(read_record(folder / f"dfmp2-{n}.h5"), "")["e_tot"] for n in (1, 2)]
+    assert stored == pytest.approx(list(energies.values()), abs=1e-12)
+
+
+def test_an_nki_mode_that_names_no_mode_is_refused_whatever_the_backend():
+    with pytest.raises(InputError, match="nki_mode 'junk': choose one of"):
+        RunSettings(molecule=molecule_path("water"), nki_mode="junk")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dfmp2.errors import InputError
+from kernels.nki.launcher import MODES as NKI_MODES
 from dfmp2.input.calculation import REFERENCES
 from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.scf.engine import ENGINES
@@ -109,6 +110,8 @@ class RunSettings:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InputError(f"{name} {value!r} must be a whole number")
+        if self.nki_mode is not None and self.nki_mode not in NKI_MODES:
+            raise InputError(f"nki_mode {self.nki_mode!r}: choose one of {', '.join(NKI_MODES)}")
         for name, choices in CHOICE_FIELDS.items():
             if getattr(self, name) not in choices:
                 raise InputError(f"{name} {getattr(self, name)!r}: choose one of "

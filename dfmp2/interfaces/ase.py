@@ -125,10 +125,14 @@ class DFMP2(Calculator):
         parameters = dict(self.parameters)
         options = {key: parameters[key] for key in RUN_OPTIONS if key in parameters}
         records = parameters.get("records")
-        name = f"{self.prefix or 'dfmp2'}-{self.count}.h5"
-        output = Path(records) / name if records else scratch / name
+        output = scratch / f"{self.prefix or 'dfmp2'}-{self.count}.h5"
         if records:
-            output.parent.mkdir(parents=True, exist_ok=True)
+            Path(records).mkdir(parents=True, exist_ok=True)
+            # The next number no record in the folder has (another calculator's, an earlier
+            # script's): a calculation never takes another's record.
+            while (output := Path(records) / f"{self.prefix or 'dfmp2'}-{self.count}.h5"
+                   ).exists():
+                self.count += 1
         charge, spin = self._charge_spin()
         return RunSettings(molecule=Path(f"ase-{self.atoms.get_chemical_formula()}"),
                            basis=parameters["basis"], method=parameters["method"],

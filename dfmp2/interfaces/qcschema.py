@@ -48,6 +48,7 @@ KEYWORDS: dict[str, tuple[str, type]] = {
     "fused_energy": ("fused_energy", bool), "occ_block": ("occ_block", int),
     "scs_os": ("scs_os", float), "scs_ss": ("scs_ss", float),
     "mp2_os": ("mp2_os", float), "mp2_ss": ("mp2_ss", float), "grid": ("grid", int),
+    "nki_mode": ("nki_mode", str), "require_nki": ("require_nki", bool),
 }
 RECORD_KEYWORD = "record"
 RECORD_FILE = "record.h5.base64"
