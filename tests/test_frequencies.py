@@ -308,6 +308,25 @@ def test_a_failed_reanalysis_leaves_a_complete_record_as_it_was(run_cli, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf.h5"]
 
 
+def test_another_step_keeps_a_complete_record_and_refuses_an_unfinished_one(run_cli,
+                                                                           tmp_path, caplog):
+    """--step was no input: a complete record of another step was replaced in place, its
+    Hessian lost without a copy, and an unfinished one's points were thrown away."""
+    record = tmp_path / "hf.h5"
+    args = (molecule_path("hydrogen_fluoride"), "--basis", "sto-3g", "--threads", "1",
+            "--backend", "torch", "-o", record)
+    assert run_cli("frequencies", *args).code == 0
+    assert run_cli("frequencies", *args, "--step", "0.01").code == 0
+    kept = list(tmp_path.glob("hf.superseded-*.h5"))
+    assert len(kept) == 1 and f"is kept as {kept[0]}" in caplog.text
+    assert read_record(kept[0]).groups["displacements"].attrs["step"] == 0.005
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+    refused = run_cli("frequencies", *args, "--step", "0.005")
+    assert refused.code == 2 and "holds an unfinished frequency job of step 0.01" in refused.err
+    assert read_record(record).attrs["status"] == "interrupted"
+
+
 def test_a_single_atom_and_a_linked_molden_file_are_refused(run_cli, tmp_path):
     atom = tmp_path / "ne.xyz"
     atom.write_text("1\n\nNe 0 0 0\n")

@@ -35,14 +35,14 @@ from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, star
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
 from dfmp2.jobs.stages import energy_scales, method_name
 from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun, examine_previous,
-                                     save_checkpoint)
+                                     save_checkpoint, set_aside)
 from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesSection, Point,
                                                copy_reference, has_reference, read_points,
                                                write_frequencies, write_points,
                                                write_reference)
 from dfmp2.records.sections import CalculationInputs, read_inputs
-from dfmp2.records.tree import (FREQUENCIES_SCHEMA, Node, read_record, schema,
-                                set_resumed, write_record)
+from dfmp2.records.tree import (COMPLETE, FAILED, FREQUENCIES_SCHEMA, Node, read_record,
+                                schema, set_resumed, status, write_record)
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
 from dfmp2.system.files import refuse_overwriting
@@ -167,7 +167,10 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
     is a shard, from the shard records beside ``main_path``), a record holding the input
     geometry's calculation, if one does, and what was at ``path``."""
     previous = examine_previous(path, FREQUENCIES_SCHEMA, inputs, settings.resume, True)
-    sources = [(path, previous.record)] if previous.action in (RESUME, REUSE) else []
+    record = previous.record if previous.action in (RESUME, REUSE) else None
+    if record is not None and _other_displacements(record, expected):
+        previous = _displaced_otherwise(path, record, expected)
+    sources = [(previous.superseded or path, record)] if record is not None else []
     if not options.sharded:
         sources += shard_records(main_path, inputs)
     points: dict[int, Point] = {}
@@ -184,6 +187,32 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
     if REFERENCE_POINT in points and holder is None:
         del points[REFERENCE_POINT]
     return points, holder, previous
+
+
+def _other_displacements(record: Node, expected: DisplacementSection) -> bool:
+    """Whether ``record``'s points were taken with another step or other scales: another
+    calculation, though its inputs are the same."""
+    stored = read_points(record)
+    return stored is not None and (stored[0].step, stored[0].os_scale, stored[0].ss_scale) != (
+        expected.step, expected.os_scale, expected.ss_scale)
+
+
+def _displaced_otherwise(path: Path, record: Node, expected: DisplacementSection
+                         ) -> PreviousRun:
+    """What becomes of a record of the same inputs whose points are another step's: a
+    complete one is set aside (as any complete record of other inputs), an unfinished one is
+    refused (its work is not thrown away), a failed one is replaced. Its reference point
+    still serves."""
+    state = status(record)
+    if state == COMPLETE:
+        return PreviousRun(FRESH, superseded=set_aside(path, record))
+    if state != FAILED:
+        stored = read_points(record)[0]
+        raise InputError(f"{path} holds an unfinished frequency job of step {stored.step:g} "
+                         f"Bohr and MP2 scales {stored.os_scale:g}/{stored.ss_scale:g} (this "
+                         f"one: {expected.step:g}, {expected.os_scale:g}/{expected.ss_scale:g}); "
+                         "resume it with the same --step and method, or choose another -o")
+    return PreviousRun(FRESH)
 
 
 def rank_evaluator(job: Job, session: RecordSession) -> PointEvaluator:
@@ -247,7 +276,8 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
             return outcome
 
         outcome = guarded(session, root, work)
-        settle_superseded(previous.superseded, same_inputs(inputs))
+        settle_superseded(previous.superseded, lambda old: same_inputs(inputs)(old)
+                          and not _other_displacements(old, expected))
         return outcome
 
 
