@@ -308,6 +308,26 @@ def test_a_failed_reanalysis_leaves_a_complete_record_as_it_was(run_cli, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf.h5"]
 
 
+def test_a_complete_record_stays_on_disk_while_it_is_analysed_again(run_cli, tmp_path,
+                                                                     monkeypatch):
+    """The rerun wrote a running copy without /frequencies before analysing: a kill then
+    (a SIGKILL has no handler to put anything back) left no complete result on disk."""
+    record = tmp_path / "hf.h5"
+    args = (molecule_path("hydrogen_fluoride"), "--basis", "sto-3g", "--threads", "1",
+            "--backend", "torch", "-o", record)
+    assert run_cli("frequencies", *args).code == 0
+    seen = []
+    analyse = frequencies._analyse
+
+    def watched(*arguments):
+        seen.append(read_record(record).attrs["status"])
+        return analyse(*arguments)
+
+    monkeypatch.setattr(frequencies, "_analyse", watched)
+    assert run_cli("frequencies", *args, "--temperature", "500").code == 0
+    assert seen == ["complete"]
+
+
 def test_another_step_keeps_a_complete_record_and_refuses_an_unfinished_one(run_cli,
                                                                            tmp_path, caplog):
     """--step was no input: a complete record of another step was replaced in place, its

@@ -262,7 +262,9 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
         write_points(root, expected, list(points.values()))
 
         def work() -> FrequencyOutcome | None:
-            if world.is_root:
+            # A complete record analysed again stays on disk until the new one replaces it:
+            # a kill in between leaves the complete result, not a running copy without it.
+            if world.is_root and previous.action != REUSE:
                 write_record(path, root)
             _compute(job, rank_evaluator(job, session), options, points, expected, root,
                      reference)
