@@ -17,6 +17,7 @@ from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, XC_OPTIONS, XYZ_FILE,
                                environment_settings, record_options, with_options)
 from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import MAX_COORDINATE_ANGSTROM
 from dfmp2.jobs import properties
 from dfmp2.mp2.methods import METHODS
 
@@ -37,6 +38,9 @@ class Origin(click.ParamType):
             numbers = []
         if len(numbers) != 3 or not all(math.isfinite(n) for n in numbers):
             self.fail(f"{value!r} is not three finite numbers x,y,z (Angstrom)", param, ctx)
+        if max(abs(n) for n in numbers) > MAX_COORDINATE_ANGSTROM:
+            self.fail(f"{value!r} lies beyond {MAX_COORDINATE_ANGSTROM:g} Angstrom, where the "
+                      "moments about it overflow; give an origin near the molecule", param, ctx)
         return np.asarray(numbers) / BOHR
 
 

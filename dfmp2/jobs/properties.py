@@ -17,12 +17,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from pyscf.data.nist import BOHR
 
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.grad import kernel as gradient
 from dfmp2.grad.density import Mp2Densities, mp2_densities
 from dfmp2.input.settings import RunSettings
-from dfmp2.input.xyz import Geometry
+from dfmp2.input.xyz import MAX_COORDINATE_ANGSTROM, Geometry
 from dfmp2.jobs.preamble import active_sizes, make_plan, run_inputs, start_job
 from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_superseded,
                                 shared_previous_run)
@@ -66,9 +67,11 @@ class PropertiesOutcome:
 
 def check_request(settings: RunSettings, request: PropertiesRequest) -> None:
     """Refuse, before any work, what the properties cannot do."""
-    if request.origin is not None and not (np.shape(request.origin) == (3,)
-                                           and np.all(np.isfinite(request.origin))):
-        raise InputError("the origin must be three finite coordinates x,y,z")
+    if request.origin is not None and not (
+            np.shape(request.origin) == (3,) and np.all(np.isfinite(request.origin))
+            and np.abs(request.origin).max() <= MAX_COORDINATE_ANGSTROM / BOHR):
+        raise InputError("the origin must be three finite coordinates x,y,z within "
+                         f"{MAX_COORDINATE_ANGSTROM:g} Angstrom")
     if request.molden is not None:
         check_molden_path(Path(request.molden))
 
