@@ -564,3 +564,21 @@ def test_compare_names_a_record_without_energies_for_what_it_is(run_cli, tmp_pat
     result = run_cli("compare", record)
     assert result.code == 2
     assert "record without an SCF and MP2 energy to compare" in result.err
+
+
+def test_a_refused_rerun_names_the_complete_records_set_aside(run_cli, tmp_path):
+    """A rerun with other options was killed: its running record is refused to the original
+    command, which was told of 'an interrupted run' and not of the complete copy beside it."""
+    record = tmp_path / "w.h5"
+    args = ("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "-o", record)
+    assert run_cli(*args).code == 0
+    shutil.copy(record, tmp_path / "w.superseded-20260101T000000.h5")
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "running"
+        h5["input"].attrs["frozen"] = 1
+    result = run_cli(*args)
+    assert result.code == 2
+    assert ("holds an unfinished run with different frozen" in one_error_line(result.err)
+            and "complete earlier records beside it: w.superseded-20260101T000000.h5"
+            in result.err)

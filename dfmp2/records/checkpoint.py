@@ -17,6 +17,7 @@ Policy for a record already at the output path:
 """
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import re
@@ -39,6 +40,7 @@ from dfmp2.records.sections import (
 from dfmp2.records.tree import (
     COMPLETE,
     FAILED,
+    INTERRUPTED,
     Node,
     created,
     interpreting,
@@ -109,9 +111,13 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
                              f"{', '.join(differing)}")
         return PreviousRun(FRESH)
     if differing:
-        raise InputError(f"{path} holds an interrupted run with different "
-                         f"{', '.join(differing)}; resume it with the same molecule and options, "
-                         "or choose another -o")
+        kind = "an interrupted" if state == INTERRUPTED else "an unfinished"
+        kept = sorted(path.parent.glob(f"{glob.escape(path.stem)}.superseded-*{path.suffix}"))
+        beside = (f" (complete earlier records beside it: {', '.join(k.name for k in kept)})"
+                  if kept else "")
+        raise InputError(f"{path} holds {kind} run with different {', '.join(differing)}; "
+                         "resume it with the same molecule and options, or choose another "
+                         f"-o{beside}")
     if not resumable:
         # Stopped before its SCF was saved: starting again loses nothing, and a requeued job
         # that always passes --resume must not fail on it.
