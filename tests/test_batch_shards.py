@@ -105,6 +105,17 @@ def test_ranks_split_their_task_s_shard(form):
     assert parse_shard(None, {}, rank=1, world_size=3) == (1, 3)
 
 
+def test_shards_run_with_other_numbers_of_ranks_take_every_molecule_once():
+    """Shard 0/2 on two ranks and shard 1/2 in one process: molecules 2, 6, 10, ... were run
+    by no one, and 1, 5, 9, ... twice, each command exiting 0."""
+    molecules, taken = range(23), []
+    for text, ranks in (("0/2", 2), ("1/2", 1)):
+        for rank in range(ranks):
+            k, n = parse_shard(text, {}, rank, ranks)
+            taken += list(molecules[k::n])
+    assert sorted(taken) == list(molecules)
+
+
 @pytest.fixture
 def hydrogens(tmp_path):
     """Four tiny molecules, each with its own record name."""
@@ -211,6 +222,25 @@ def test_a_record_another_run_holds_is_left_to_it(hydrogens, tmp_path, run_cli, 
         (tmp_path / "elsewhere" / "summary.json").read_text())[0]["e_corr"]
     assert summary_rows(out)["h2_1.xyz"]["status"] == "complete (other run)"
     assert_summary_agrees_with_records(out)
+
+
+def test_another_runs_record_of_other_inputs_is_not_this_molecules_result(hydrogens, tmp_path,
+                                                                          run_cli,
+                                                                          no_slurm_array):
+    """Two batches on one --out with other options: the one that found the record in use
+    reported the other's energy as its own ('complete (other run)', exit 0)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    held = out / "h2_1-sto-3g.h5"
+    assert run_batch(run_cli, hydrogens[1:2], tmp_path / "other", "--scs-os", "1.1").code == 0
+    (tmp_path / "other" / held.name).rename(held)
+    with RecordLock(held):
+        result = run_batch(run_cli, hydrogens[:2], out, "--json")
+    assert result.code == 1 and "1 of 2 molecules failed: h2_1.xyz" in result.err
+    rows = {r["molecule"].rsplit("/", 1)[-1]: r for r in json.loads(result.out)}
+    assert rows["h2_0.xyz"]["status"] == "complete"
+    assert rows["h2_1.xyz"]["status"] == "failed" and "e_corr" not in rows["h2_1.xyz"]
+    assert "holds another run's calculation of other inputs" in rows["h2_1.xyz"]["error"]
 
 
 def test_a_failure_of_the_other_run_is_its_own(hydrogens, tmp_path, run_cli, no_slurm_array):

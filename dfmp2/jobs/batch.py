@@ -57,6 +57,8 @@ RUNNING_ELSEWHERE = "running elsewhere"
 INTERRUPTED = "interrupted"
 NOT_STARTED = "not started"
 OTHER_RUN = "(other run)"
+# A row's key (not written) for what tells whether a record holds its calculation.
+SAME_CALCULATION = "_same_calculation"
 # First characters that make a spreadsheet read a CSV cell as a formula.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -172,8 +174,10 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
                 world_size: int = 1) -> tuple[int, int]:
     """This process's shard (K, N), 0 <= K < N: the molecules K, K + N, ... The shard of the
     job is ``text`` (``K/N``), by default the task of a Slurm array job (from ``environ``),
-    else 0/1; under torchrun or srun its ranks split it: rank r of R takes K R + r of N R,
-    so together the ranks of every task run that task's molecules, each one once."""
+    else 0/1; under torchrun or srun its ranks split it: rank r of R takes K + N r of N R,
+    so together the ranks of a shard run its molecules, each one once, whatever number of
+    ranks each shard has (K R + r of N R gave the ranks of shard 0 of 2 molecules 0, 1, 4, 5,
+    ... and left 2, 6, ... to no one when shard 1 ran in one process)."""
     if text is None:
         k, n = slurm_array_shard(environ) or (0, 1)
     else:
@@ -183,7 +187,7 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
             raise InputError(f"--shard {text!r}: write it as K/N, e.g. 0/4") from None
         if not 0 <= k < n:
             raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
-    return k * world_size + rank, n * world_size
+    return k + n * rank, n * world_size
 
 
 def _slurm_number(environ: Mapping[str, str], name: str, default: int | None = None
@@ -291,9 +295,10 @@ def run_item(item: BatchItem, settings: RunSettings) -> dict:
         raise
     except RecordInUse as exc:
         # The run holding the record writes it and reports on it; a failure here would
-        # contradict the record once that run completes it.
+        # contradict the record once that run completes it, if it is this calculation.
         return {**row, "status": RUNNING_ELSEWHERE, "error": str(exc),
-                "seconds": time.perf_counter() - start}
+                "seconds": time.perf_counter() - start,
+                SAME_CALCULATION: getattr(exc, "same_calculation", None)}
     except Dfmp2Error as exc:
         return _failed_row(row, settings, str(exc), start)
     except Exception as exc:  # a bug must not cost the rest of the batch its results
@@ -361,12 +366,19 @@ def _stopped_row(item: BatchItem, settings: RunSettings, stop: Interrupted,
 
 
 def _as_on_disk(row: dict) -> dict:
-    """A row left to another run, as its record says now: that run may have ended since."""
+    """A row left to another run, as its record says now: that run may have ended since.
+    A record of another calculation (the same name with other options, from another batch
+    on the same --out) is not this molecule's result: the row fails and says so."""
+    same = row.pop(SAME_CALCULATION, None)
     path = Path(row["record"])
     try:
         root = read_record(path)
     except InputError:  # not written yet
         return row
+    if same is not None and "input" in root.groups and not same(root):
+        return {**row, "status": "failed",
+                "error": f"{path} holds another run's calculation of other inputs; run this "
+                         "one again once that run has finished, or give it another --out"}
     state = status(root)
     if state == RUNNING:
         return row

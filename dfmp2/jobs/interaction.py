@@ -129,10 +129,16 @@ def _reusable(path: Path, inputs: dict[str, CalculationInputs]) -> Node | None:
 def _same_interaction(inputs: dict[str, CalculationInputs]) -> Callable[[Node], bool]:
     """Whether a record is a complete interaction job of the same five calculations."""
     def same(root: Node) -> bool:
-        if schema(root) != INTERACTION_SCHEMA or status(root) != COMPLETE:
-            return False
-        return all(same_inputs(expected)(calculation_node(root, name))
-                   for name, expected in inputs.items())
+        return status(root) == COMPLETE and _same_calculations(inputs)(root)
+    return same
+
+
+def _same_calculations(inputs: dict[str, CalculationInputs]) -> Callable[[Node], bool]:
+    """Whether a record is an interaction job of the same five calculations, however far."""
+    def same(root: Node) -> bool:
+        return schema(root) == INTERACTION_SCHEMA and all(
+            same_inputs(expected)(calculation_node(root, name))
+            for name, expected in inputs.items())
     return same
 
 
@@ -169,7 +175,7 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
     plans = {name: make_plan(calc, per_molecule, env) for name, calc in calcs.items()}
     inputs = {name: run_inputs(calc, per_molecule, env) for name, calc in calcs.items()}
 
-    with RecordSession(path, env) as session:
+    with RecordSession(path, env, _same_calculations(inputs)) as session:
         previous = _reusable(path, inputs) if reuse_complete else None
         if previous is not None:
             return RunOutcome(previous, path, 0, reused=True)

@@ -43,7 +43,7 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
     calc = job.calculation(settings.charge, settings.spin, ghosts)
     plan = make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
-    with RecordSession(path, env) as session:
+    with RecordSession(path, env, same_inputs(inputs)) as session:
         previous = shared_previous_run(session, inputs, settings.resume, reuse_complete)
         if previous.action == REUSE:
             return RunOutcome(previous.record, path, 0, reused=True)

@@ -18,7 +18,7 @@ from dfmp2.df.store import ScratchArea
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
 from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
-from dfmp2.records.lock import RecordLock
+from dfmp2.records.lock import RecordInUse, RecordLock
 from dfmp2.records.sections import (CalculationInputs, read_inputs, write_kernel_ledger,
                                     write_timings)
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, RUNNING, SCHEMA, Node,
@@ -38,8 +38,12 @@ class RecordSession:
     ``complete``, ``failed`` or ``interrupted`` whatever happens, with no temporary file left.
     On ranks other than 0 it only runs the body."""
 
-    def __init__(self, path: Path, env: Environment) -> None:
-        self.path, self.env = path, env
+    def __init__(self, path: Path, env: Environment,
+                 calculation: Callable[[Node], bool] | None = None) -> None:
+        """``calculation`` tells whether a record holds this job's calculation: a run that
+        finds the record in use hands it on with the refusal, so that a batch can tell the
+        holder's result for its own only when it is."""
+        self.path, self.env, self.calculation = path, env, calculation
         self.lock = RecordLock(path) if env.world.is_root else None
         self.t_start = time.perf_counter()
         # Rank 0's, for every rank: a shared file must have one name on every node.
@@ -63,7 +67,11 @@ class RecordSession:
 
     def __enter__(self) -> "RecordSession":
         if self.lock is not None:
-            self.lock.acquire()
+            try:
+                self.lock.acquire()
+            except RecordInUse as exc:
+                exc.same_calculation = self.calculation
+                raise
             try:
                 refuse_links_named_after(self.path, [self.path.parent, self.env.scratch_dir],
                                          "choose another -o or --scratch")
