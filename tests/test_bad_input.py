@@ -103,7 +103,7 @@ def _no_scf(monkeypatch):
     (("--frozen", "1000"), "cannot freeze 1000"),
     (("--memory", "100KB"), "memory budget"),
     # It was called "no virtual orbitals": more electrons than the basis holds.
-    (("--basis", "sto-3g", "--charge", "-998"), "1040 electrons (charge -998) do not fit"),
+    (("--basis", "sto-3g", "--charge", "-998"), "520 alpha electrons (charge -998, 2S 0) do not"),
 ])
 def test_impossible_requests_are_refused_before_the_scf(args, fragment, run_cli, tmp_path,
                                                           monkeypatch):

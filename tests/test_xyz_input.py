@@ -8,6 +8,7 @@ from pyscf.lib import param
 
 from conftest import molecule_path
 from dfmp2.errors import InputError
+from dfmp2.input.molecule import resolve_charge_spin
 from dfmp2.input.xyz import parse_xyz, read_xyz
 
 WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
@@ -44,8 +45,26 @@ WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
     ("charge=\u0663", "is not an integer"),
 ])
 def test_invalid_comment_values_are_refused(comment, fragment):
+    """When the molecule is read, or (a charge or multiplicity the command line could give)
+    when its charge and spin are resolved without --charge and --spin."""
     with pytest.raises(InputError, match=fragment):
-        parse_xyz(f"3\n{comment}\n{WATER_ATOMS}")
+        resolve_charge_spin(parse_xyz(f"3\n{comment}\n{WATER_ATOMS}"), None, None)
+
+
+@pytest.mark.parametrize("comment, unread", [
+    ("charge -2", {"charge"}), ("spin=2", {"spin"}), ("-1 2", {"charge", "spin"}),
+    ("S=1 total_charge=-1", {"charge", "spin"})])
+def test_what_the_command_line_gives_wins_over_an_unread_comment(comment, unread):
+    """The README says --charge and --spin win over the comment line; a declaration the line
+    does not read was refused even when they were given."""
+    geometry = parse_xyz(f"3\n{comment}\n{WATER_ATOMS}")
+    assert resolve_charge_spin(geometry, 0, 0) == (0, 0)
+    for charge, spin, missing in ((None, 0, "charge"), (0, None, "spin")):
+        if missing in unread:
+            with pytest.raises(InputError, match="not read"):
+                resolve_charge_spin(geometry, charge, spin)
+        else:
+            assert resolve_charge_spin(geometry, charge, spin) == (0, 0)
 
 
 def test_valid_comment_values():

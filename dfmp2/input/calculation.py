@@ -168,8 +168,9 @@ def _check_frozen(calc: Calculation) -> None:
                          "lower --frozen")
     nao = calc.mol.nao_nr()
     if nalpha > nao:
-        raise InputError(f"{nalpha + nbeta} electrons (charge {calc.mol.charge}) do not fit in "
-                         f"the basis's {nao} orbitals; check --charge")
+        raise InputError(f"{nalpha} alpha electrons (charge {calc.mol.charge}, 2S "
+                         f"{calc.mol.spin}) do not fit in the basis's {nao} orbitals; check "
+                         "--charge and --spin")
     if nao <= nalpha:
         filled = "doubly occupied" if calc.reference == "rhf" else "occupied by alpha electrons"
         raise InputError(f"the basis has {nao} orbital{'s' if nao > 1 else ''}, all {filled}: "

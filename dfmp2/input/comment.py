@@ -37,6 +37,9 @@ class CommentFields:
     charge: int | None = None
     multiplicity: int | None = None
     angstrom_per_unit: float = 1.0
+    unread: tuple[tuple[str, str], ...] = ()
+    """(field, why) for a charge or multiplicity declared in a form that is not read: an
+    error unless --charge or --spin gives that field."""
 
 
 def parse_comment(comment: str, source: str) -> CommentFields:
@@ -48,7 +51,10 @@ def parse_comment(comment: str, source: str) -> CommentFields:
             raise InputError(f"{source}, line 2: '{match.group(1)}' is given twice in the "
                              "comment line")
         values[key] = match.group(2)
-    _refuse_unread_declarations(comment, set(values), source)
+    unread = tuple(_unread_declarations(comment, set(values), source))
+    for field, why in unread:
+        if field == "unit":
+            raise InputError(why)
     charge = multiplicity = None
     if "charge" in values:
         charge = _comment_integer(values["charge"], "charge", source)
@@ -64,18 +70,20 @@ def parse_comment(comment: str, source: str) -> CommentFields:
             raise InputError(f"{source}, line 2: units={values['unit']!r} is not understood; "
                              "write units=angstrom or units=bohr")
         angstrom_per_unit = ANGSTROM_PER_UNIT[unit]
-    return CommentFields(charge, multiplicity, angstrom_per_unit)
+    return CommentFields(charge, multiplicity, angstrom_per_unit, unread)
 
 
-def _refuse_unread_declarations(comment: str, read: set[str], source: str) -> None:
-    """Refuse a charge, multiplicity or units that the line declares in a form it does not
-    read, unless that field is also given as ``key=value``."""
+def _unread_declarations(comment: str, read: set[str], source: str
+                         ) -> list[tuple[str, str]]:
+    """(field, why) for each charge, multiplicity or units that the line declares in a form
+    it does not read, unless that field is also given as ``key=value``."""
     pair = CHARGE_MULTIPLICITY_PAIR.fullmatch(comment)
     if pair and not read:
-        raise InputError(f"{source}, line 2: {comment.strip()!r} looks like 'charge "
-                         "multiplicity', which dfmp2 does not read: write "
-                         f"charge={pair.group(1)} multiplicity={pair.group(2)} in the comment "
-                         "line (or give --charge and --spin)")
+        why = (f"{source}, line 2: {comment.strip()!r} looks like 'charge multiplicity', which "
+               f"dfmp2 does not read: write charge={pair.group(1)} multiplicity={pair.group(2)} "
+               "in the comment line (or give --charge and --spin)")
+        return [("charge", why), ("multiplicity", why)]
+    found = []
     tokens = re.split(r"[\s,;]+", COMMENT_FIELD.sub(" ", comment).strip())
     for n, token in enumerate(tokens):
         field = _declared_field(token)
@@ -90,8 +98,9 @@ def _refuse_unread_declarations(comment: str, read: set[str], source: str) -> No
             declared = token
         else:
             continue
-        raise InputError(f"{source}, line 2: {declared!r} is not read (dfmp2 reads charge=, "
-                         f"multiplicity= and units=): {REMEDIES[field]}")
+        found.append((field, f"{source}, line 2: {declared!r} is not read (dfmp2 reads "
+                             f"charge=, multiplicity= and units=): {REMEDIES[field]}"))
+    return found
 
 
 def _declared_field(token: str) -> str | None:
@@ -120,8 +129,4 @@ def free_text(comment: str) -> str:
     """The comment without its charge, multiplicity and units (a fragment's own file does
     not have them); nothing when what is left would still declare one."""
     text = " ".join(COMMENT_FIELD.sub("", comment).split())
-    try:
-        _refuse_unread_declarations(text, set(), "")
-    except InputError:
-        return ""
-    return text
+    return "" if _unread_declarations(text, set(), "") else text

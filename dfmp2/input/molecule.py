@@ -21,6 +21,7 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None, spin: int | None
                         ecp_electrons: int = 0) -> tuple[int, int]:
     """Charge and spin (2S, PySCF's convention): flags win over the comment line. Ghost atoms
     bring no nuclear charge; electrons replaced by core potentials are not counted."""
+    geometry.refuse_unread(charge is not None, spin is not None)
     if charge is None:
         charge = geometry.charge if geometry.charge is not None else 0
     if spin is None and geometry.multiplicity is not None:

@@ -42,10 +42,21 @@ class Geometry:
     multiplicity: int | None
     text: str
     source: str
+    unread: tuple[tuple[str, str], ...] = ()
+    """The comment's charge or multiplicity in a form it does not read (see
+    :class:`dfmp2.input.comment.CommentFields`)."""
 
     @property
     def natoms(self) -> int:
         return len(self.symbols)
+
+    def refuse_unread(self, charge_given: bool, spin_given: bool) -> None:
+        """Refuse a charge or multiplicity the comment line declares in a form it does not
+        read, unless the command line gives that one."""
+        unread = dict(self.unread)
+        for given, field in ((charge_given, "charge"), (spin_given, "multiplicity")):
+            if not given and field in unread:
+                raise InputError(unread[field])
 
     def pyscf_atoms(self, ghosts: frozenset[int] = frozenset()
                     ) -> list[tuple[str, tuple[float, float, float]]]:
@@ -191,7 +202,7 @@ def parse_xyz(text: str, source: str = "<input>") -> Geometry:
     coords_array = np.asarray(coords, dtype=float)
     _check_distances(symbols, coords_array, source)
     return Geometry(tuple(symbols), coords_array, comment.strip(), fields.charge,
-                    fields.multiplicity, text, source)
+                    fields.multiplicity, text, source, fields.unread)
 
 
 def geometry_from_atoms(symbols: list[str] | tuple[str, ...], coords: np.ndarray, units: str,

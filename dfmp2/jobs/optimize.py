@@ -60,7 +60,7 @@ def optimised_molecule(start: Geometry, charge: int, multiplicity: int) -> Geome
     (they are written in Angstrom). The input's own comment would turn a ``units=bohr`` file
     into a molecule 0.53 times the size, and lose a --charge or --spin, when read back."""
     return replace(start, comment=f"charge={charge} multiplicity={multiplicity} optimised by "
-                                  "dfmp2", charge=charge, multiplicity=multiplicity)
+                                  "dfmp2", charge=charge, multiplicity=multiplicity, unread=())
 
 
 def geometry_at(start: Geometry, coords_bohr: np.ndarray) -> Geometry:
