@@ -1,6 +1,7 @@
 """The ASE calculator against `dfmp2 run` and `dfmp2 gradient` on the same molecule."""
 from __future__ import annotations
 
+import ase.io
 import numpy as np
 import pytest
 from ase import Atoms
@@ -135,3 +136,16 @@ def test_calculators_sharing_a_records_folder_never_take_each_others_records(tmp
 def test_an_nki_mode_that_names_no_mode_is_refused_whatever_the_backend():
     with pytest.raises(InputError, match="nki_mode 'junk': choose one of"):
         RunSettings(molecule=molecule_path("water"), nki_mode="junk")
+
+
+def test_an_xyz_files_charge_and_multiplicity_reach_the_calculator(tmp_path):
+    """ase.io.read puts the comment line's charge= and multiplicity= in atoms.info, which the
+    calculator ignored: the bundled triplet O2 ran as a singlet through ASE."""
+    atoms = ase.io.read(molecule_path("oxygen"))
+    atoms.calc = DFMP2(basis="sto-3g", threads=1)
+    expected = json_summary(run_record(tmp_path, "oxygen", basis="sto-3g", threads=1), "")
+    assert atoms.get_potential_energy() / Hartree == pytest.approx(expected["e_tot"], abs=1e-8)
+    atoms.set_initial_charges([1.0, 0.0])
+    atoms.calc = DFMP2(basis="sto-3g", threads=1)
+    with pytest.raises(InputError, match="info gives charge 0 and their initial per-atom"):
+        atoms.get_potential_energy()

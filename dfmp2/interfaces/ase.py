@@ -143,15 +143,35 @@ class DFMP2(Calculator):
                            show_progress=False, command="dfmp2.interfaces.ase.DFMP2", **options)
 
     def _charge_spin(self) -> tuple[int, int]:
-        """From the arguments, else the sums of the Atoms' initial charges and magnetic
-        moments (which must be whole numbers)."""
+        """From the arguments, else the ``charge`` and ``multiplicity`` ``ase.io.read`` puts
+        in ``atoms.info`` from an XYZ comment line (as the command line reads that line),
+        else the sums of the Atoms' initial charges and magnetic moments (whole numbers)."""
         charge, spin = self.parameters.charge, self.parameters.spin
+        info = self.atoms.info
+        if spin is None and "multiplicity" not in info and {"spin", "mult"} & set(info):
+            raise InputError("the Atoms' info has a spin or mult, which may mean 2S, S or the "
+                             "multiplicity; pass spin= (2S) to DFMP2")
+        moments = _whole(self.atoms.get_initial_magnetic_moments().sum(),
+                         "initial magnetic moments (2S)")
+        charges = _whole(self.atoms.get_initial_charges().sum(), "initial charges")
         if charge is None:
-            charge = _whole(self.atoms.get_initial_charges().sum(), "initial charges")
+            charge = _agreed(info.get("charge"), charges, "charge")
         if spin is None:
-            spin = _whole(self.atoms.get_initial_magnetic_moments().sum(),
-                          "initial magnetic moments (2S)")
+            multiplicity = info.get("multiplicity")
+            spin = _agreed(None if multiplicity is None else
+                           _whole(multiplicity, "info multiplicity") - 1, moments, "spin")
         return int(charge), int(spin)
+
+
+def _agreed(declared, summed: int, what: str) -> int:
+    """The Atoms' ``info`` value, unless the per-atom values say otherwise."""
+    if declared is None:
+        return summed
+    declared = _whole(declared, f"info {what}")
+    if summed and summed != declared:
+        raise InputError(f"the Atoms' info gives {what} {declared} and their initial per-atom "
+                         f"values add up to {summed}; pass {what}= to DFMP2")
+    return declared
 
 
 def _whole(value: float, what: str) -> int:
