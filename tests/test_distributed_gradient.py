@@ -138,3 +138,4 @@ def test_a_spin_without_electrons_on_two_ranks_matches_one_process(tmp_path):
     assert single["e_os"] == spread["e_os"] == 0.0
     assert abs(spread["e_tot"] - single["e_tot"]) <= 1e-9
     assert np.abs(np.array(spread["gradient"]) - np.array(single["gradient"])).max() <= 1e-8
+    assert "ranks    2 (gloo" in on_ranks(1, "show", tmp_path / "many.h5").out

@@ -78,6 +78,10 @@ def summary(root: Node) -> str:
     if sizes is not None:
         lines.append(f"  sizes    nao {sizes.nao}  naux {sizes.naux}  nocc {sizes.nocc}  "
                      f"nvir {sizes.nvir}  nfrozen {sizes.nfrozen}")
+    distributed = root.groups.get("distributed")
+    if distributed is not None:
+        lines.append(f"  ranks    {distributed.attrs.get('world_size')} "
+                     f"({distributed.attrs.get('backend')}; per rank: show --all, /distributed)")
     ledger = read_kernel_ledger(root)
     if ledger is not None:
         lines.append(f"  backend  {ledger.backend} {ledger.precision} on {ledger.device}"
