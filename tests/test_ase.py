@@ -110,7 +110,7 @@ def test_memory_as_a_size_and_a_lone_atom_without_force(tmp_path):
     atom = Atoms("Ne")
     atom.calc = DFMP2(basis="6-31g", threads=1, memory="2GB")
     assert atom.calc.parameters.memory == 2 * 10**9
-    assert np.array_equal(atom.get_forces(), np.zeros((1, 3)))
+    assert np.abs(atom.get_forces()).max() < 1e-10
     xyz = tmp_path / "ne.xyz"
     xyz.write_text("1\nneon\nNe 0 0 0\n")
     settings = RunSettings(molecule=xyz, basis="6-31g", threads=1, output=tmp_path / "ne.h5",

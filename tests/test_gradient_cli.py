@@ -116,14 +116,21 @@ def test_gradient_resumes_from_the_recorded_scf(run_cli, tmp_path):
                   - np.array(first["gradient"])).max() <= 1e-8
 
 
-@pytest.mark.parametrize("command", ["gradient", "optimize"])
-def test_one_atom_has_no_gradient(command, run_cli, tmp_path):
+def test_one_atom_has_a_zero_gradient_and_no_optimisation(run_cli, tmp_path):
+    """A lone atom's energy does not change when it moves: its gradient is zero (the ASE
+    calculator gave zero forces while gradient and the QCEngine gradient driver refused)."""
     atom = tmp_path / "ne.xyz"
     atom.write_text("1\n\nNe 0 0 0\n")
-    result = run_cli(command, atom, "--basis", "6-31g", "--backend", "torch",
-                     "-o", tmp_path / "ne.h5")
-    assert result.code == 2
-    assert "at least two atoms" in result.err and len(result.err.strip().splitlines()) == 1
+    args = (atom, "--basis", "6-31g", "--backend", "torch", "--threads", "1")
+    result = run_cli("gradient", *args, "-o", tmp_path / "ne.h5", "--json")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert np.abs(summary["gradient"]).max() < 1e-12
+    energy = json.loads(run_cli("run", *args, "-o", tmp_path / "e.h5", "--json").out)
+    assert summary["e_tot"] == pytest.approx(energy["e_tot"], abs=1e-10)
+    refused = run_cli("optimize", *args, "-o", tmp_path / "o.h5")
+    assert refused.code == 2
+    assert "at least two atoms" in refused.err and len(refused.err.strip().splitlines()) == 1
 
 
 def _energy(settings: RunSettings, geometry: Geometry) -> float:

@@ -107,8 +107,6 @@ def scf_jk_basis(mf) -> AuxBasis:
 def _checked_reference(mf, nfrozen: int, jk_aux: AuxBasis | str | dict | None):
     """The JK-fit basis and the spin channels of ``mf``, once it is a reference whose
     gradient means something."""
-    if mf.mol.natm < 2:
-        raise InputError("a gradient needs at least two atoms")
     channels = reference_channels(mf, nfrozen)
     jk = scf_jk_basis(mf)
     if jk_aux is not None and as_aux(jk_aux).spec != jk.spec:

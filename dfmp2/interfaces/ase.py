@@ -90,10 +90,6 @@ class DFMP2(Calculator):
                  if name in properties]
         if np.any(self.atoms.pbc):
             raise InputError("dfmp2 computes molecules; these Atoms are periodic")
-        if len(self.atoms) == 1 and "gradient" in tasks:
-            # A lone atom feels no force: its energy does not change when it moves.
-            tasks = [task for task in tasks if task != "gradient"]
-            self.results["forces"] = np.zeros((1, 3))
         for task in tasks or ["energy"]:
             self._run(task)
 
