@@ -210,9 +210,6 @@ def test_budget_without_scratch_or_room_is_refused(tmp_path):
 
 
 def test_refuses_what_it_cannot_differentiate():
-    atom = gto.M(atom="Ne 0 0 0", basis="cc-pvdz", verbose=0)
-    with pytest.raises(InputError, match="two atoms"):
-        gradient.kernel(converged_scf(atom), 0)
     water = pyscf_molecule("water", "cc-pvdz")
     conventional = scf.RHF(water).run(verbose=0)
     with pytest.raises(InputError, match="density-fitted"):
