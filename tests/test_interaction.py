@@ -9,6 +9,8 @@ from pyscf import gto
 from pyscf.data import elements
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference
+from dfmp2.jobs import interaction
+from dfmp2.records.tree import read_record
 
 KCAL = 627.5094740631
 
@@ -160,3 +162,21 @@ def test_a_charge_the_comment_line_does_not_read_is_refused_for_a_dimer(run_cli,
     result = run_cli("interaction", dimer, "--split", "3", "--basis", "sto-3g",
                      "-o", tmp_path / "i.h5")
     assert result.code == 2 and "'charge -2' is not read" in result.err
+
+
+def test_an_unstable_reference_is_named_with_the_interaction_energies(run_cli, tmp_path):
+    """A radical dimer's UKS landed on an excited solution (+68 kcal/mol instead of 0): the
+    only hint was a stability warning that did not say which of the five calculations it
+    meant, and neither --json nor show marked it."""
+    record = tmp_path / "i.h5"
+    result = run_cli("interaction", molecule_path("water_dimer"), "--basis", "sto-3g",
+                     "--backend", "torch", "--threads", "1", "-o", record, "--json")
+    assert json.loads(result.out)["unstable_references"] == {}
+    with h5py.File(record, "r+") as h5:
+        h5["dimer/scf"].attrs["stability"] = "unstable"
+        h5["dimer/scf"].attrs["stability_eigenvalue"] = -0.4566
+    shown = run_cli("show", record).out
+    assert ("Warning: the dimer's reference is internally unstable (lowest orbital-Hessian "
+            "eigenvalue -0.4566)") in shown
+    assert interaction.json_summary(read_record(record), record)["unstable_references"] == {
+        "dimer": -0.4566}

@@ -256,9 +256,25 @@ def format_table(root: Node, path: Path | None) -> str:
                      f"{interaction_value(values, kind, True, kcal=True):12.4f} "
                      f"{interaction_value(values, kind, False):16.10f} "
                      f"{interaction_value(values, kind, False, kcal=True):15.4f}")
+    for name, eigenvalue in unstable_references(root).items():
+        lines.append(f"\nWarning: the {name.replace('_', ' ')}'s reference is internally "
+                     f"unstable (lowest orbital-Hessian eigenvalue {eigenvalue:.4g}): a lower "
+                     "solution exists, and the interaction energies built on it are "
+                     "questionable")
     if path is not None:
         lines.append(f"\nrecord written to {path}")
     return "\n".join(lines)
+
+
+def unstable_references(root: Node) -> dict[str, float]:
+    """The calculations whose reference the stability analysis found unstable (a radical
+    dimer's UKS can land on an excited solution), with their lowest eigenvalue."""
+    found = {}
+    for name in CALCULATIONS:
+        scf = ScfSection.read(calculation_node(root, name))
+        if scf is not None and scf.stability == "unstable":
+            found[name] = scf.stability_eigenvalue
+    return found
 
 
 def summary(root: Node) -> str:
@@ -273,4 +289,5 @@ def summary(root: Node) -> str:
 
 
 def json_summary(root: Node, path: Path) -> dict:
-    return {**read_interaction(root), "record": str(path), "status": status(root)}
+    return {**read_interaction(root), "record": str(path), "status": status(root),
+            "unstable_references": unstable_references(root)}
