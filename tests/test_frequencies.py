@@ -347,6 +347,21 @@ def test_another_step_keeps_a_complete_record_and_refuses_an_unfinished_one(run_
     assert read_record(record).attrs["status"] == "interrupted"
 
 
+def test_a_double_hybrid_frequencies_record_reads_as_its_double_hybrid(run_cli, tmp_path):
+    """The record kept no /double_hybrid, so compare and show took E_KS plus the unscaled MP2
+    correlation for its total (0.114 Eh off for HI), and QCEngine's hessian driver returned
+    that sum as mp2_total_energy."""
+    args = (molecule_path("hydrogen_fluoride"), "--basis", "sto-3g", "--xc", "b2plyp",
+            "--threads", "1", "--backend", "torch")
+    frequencies_run = json.loads(run_cli("frequencies", *args, "--json", "-o",
+                                         tmp_path / "f.h5").out)
+    assert run_cli("gradient", *args, "-o", tmp_path / "g.h5").code == 0
+    rows = json.loads(run_cli("compare", tmp_path / "g.h5", tmp_path / "f.h5", "--json").out)
+    assert rows[1]["e_tot"] == pytest.approx(frequencies_run["e_tot"], abs=1e-12)
+    assert abs(rows[1]["delta_e_tot"]) < 1e-9 and rows[1]["differs_in"] == []
+    assert "xc       B2PLYP" in run_cli("show", tmp_path / "f.h5").out
+
+
 def test_a_single_atom_and_a_linked_molden_file_are_refused(run_cli, tmp_path):
     atom = tmp_path / "ne.xyz"
     atom.write_text("1\n\nNe 0 0 0\n")

@@ -309,7 +309,7 @@ def summary(root: Node) -> str:
     inputs = read_inputs(root)
     lines = heading(root, "optimize", None if inputs is None else (
         f"molecule {inputs.source}  basis {inputs.basis}  charge {inputs.charge}  "
-        f"spin {inputs.spin}  frozen {inputs.frozen}  method {inputs.method}"))
+        f"spin {inputs.spin}  frozen {inputs.frozen}  method {inputs.xc or inputs.method}"))
     steps = read_steps(root)
     if steps is not None:
         lines += ["", f"  {'step':>4} {'E / Eh':>20} {'max |g| / (Eh/Bohr)':>22}"]

@@ -20,8 +20,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from dfmp2.records.sections import (GradientSection, Mp2Section, ScfSection, Section,
-                                    StoredOrbitals, write_gradient, write_scf)
+from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, ScfSection,
+                                    Section, StoredOrbitals, write_gradient, write_scf)
 from dfmp2.records.tree import Node
 from dfmp2.vib.analysis import Thermochemistry
 
@@ -52,6 +52,9 @@ class ReferenceSections:
     mp2: Mp2Section
     gradient: GradientSection
     gradient_values: np.ndarray
+    double_hybrid: DoubleHybridSection | None = None
+    """A double hybrid's energies: without them the record reads as MP2 on Kohn-Sham
+    orbitals (compare and show gave E_KS plus the unscaled correlation as its total)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,8 @@ def write_reference(node: Node, reference: ReferenceSections) -> None:
     write_scf(node, reference.scf, reference.orbitals)
     reference.mp2.write(node)
     write_gradient(node, reference.gradient, reference.gradient_values)
+    if reference.double_hybrid is not None:
+        reference.double_hybrid.write(node)
 
 
 def has_reference(node: Node | None) -> bool:
@@ -149,8 +154,10 @@ def has_reference(node: Node | None) -> bool:
 def copy_reference(source: Node, target: Node) -> None:
     """The input geometry's calculation of another record of the same inputs (an interrupted
     run's, a shard's) into ``target``."""
-    for name in (ScfSection.group_name, Mp2Section.group_name, GradientSection.group_name):
-        target.groups[name] = source.groups[name]
+    for name in (ScfSection.group_name, Mp2Section.group_name, GradientSection.group_name,
+                 DoubleHybridSection.group_name):
+        if name in source.groups:
+            target.groups[name] = source.groups[name]
 
 
 def write_frequencies(node: Node, section: FrequenciesSection,

@@ -20,7 +20,7 @@ from dfmp2.input.calculation import Calculation
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs.optimize import geometry_at, job_scf, scf_and_gradient
 from dfmp2.jobs.preamble import Job
-from dfmp2.jobs.stages import method_name, mp2_section
+from dfmp2.jobs.stages import double_hybrid_section, method_name, mp2_section
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.records.frequencies_section import Point, ReferenceSections
 from dfmp2.records.sections import GradientSection
@@ -52,10 +52,12 @@ def reference_sections(calc: Calculation, settings: RunSettings, scf: ScfResult,
                               response_solver=response.solver,
                               response_iterations=response.iterations,
                               response_residual=response.residual)
+    energies = Mp2Energies(result.e_os, result.e_ss)
     return ReferenceSections(scf.section, scf.orbitals,
-                             mp2_section(Mp2Energies(result.e_os, result.e_ss), result.e_scf,
-                                         settings),
-                             section, np.asarray(result.gradient))
+                             mp2_section(energies, result.e_scf, settings),
+                             section, np.asarray(result.gradient),
+                             None if calc.functional is None else
+                             double_hybrid_section(calc, scf, energies))
 
 
 def _where(index: int) -> str:
