@@ -1,8 +1,10 @@
 """The XYZ comment line: ``charge=N``, ``multiplicity=M`` and ``units=bohr|angstrom`` are
 read; any other words are free text, except words that declare a charge, a multiplicity or
 units in a form that is not read (``charge -2``, ``multiplicity: 3``, ``spin=2``, ``S=1``,
-``chg=-1``, ``units: bohr``, ``coordinates in bohr``, ``-1 2`` alone). Those are refused:
-ignored, they gave the neutral singlet in Angstrom without a word.
+``chg=-1``, ``units: bohr``, ``coordinates in bohr``, ``-1 2`` alone). Those are refused
+(a charge or multiplicity only when the command line does not give it, see
+:meth:`dfmp2.input.xyz.Geometry.refuse_unread`): ignored, they gave the neutral singlet in
+Angstrom without a word.
 """
 from __future__ import annotations
 
