@@ -28,8 +28,17 @@ WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
     ("charge: -2", "'charge: -2' is not read"),
     ("chrg=-2", "'chrg=-2' is not read"),
     ("dianion q=-2", "'q=-2' is not read"),
-    ("-2 1", "looks like 'charge multiplicity'.*write charge=-2 multiplicity=1"),
-    ("0, 1", "looks like 'charge multiplicity'"),
+    ("-2 1", "opens like 'charge multiplicity'.*write charge=-2 multiplicity=1"),
+    ("0, 1", "opens like 'charge multiplicity'"),
+    ("0,3", "opens like 'charge multiplicity'"),
+    ("-1 2 OH radical anion", "opens like 'charge multiplicity'"),
+    ("S = 1", "'S = 1' is not read"),
+    ("chg = -1", "'chg = -1' is not read"),
+    ("multiplicity : 3", "'multiplicity : 3' is not read"),
+    ("Charge: -1.0 Multiplicity: 2.0", "'Charge: -1.0' is not read"),
+    ("total charge of -1", "'charge of -1' is not read"),
+    ("coordinates in atomic units (a.u.)", "'units a.u.' is not read"),
+    ("geometry in au", "'in au' is not read"),
     ("total_charge=-1", "'total_charge=-1' is not read"),
     ("chg=-1", "'chg=-1' is not read"),
     ("charge/mult: -1 2", "'charge/mult: -1' is not read"),
@@ -40,7 +49,7 @@ WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
     ("S=1", "'S=1' is not read"),
     ("2S+1=3", "'2S\\+1=3' is not read"),
     ("water units: bohr", "'units: bohr' is not read.*units=bohr"),
-    ("coordinates in bohr", "'bohr' is not read"),
+    ("coordinates in bohr", "'in bohr' is not read"),
     # Digits other than 0-9 are no integer of the comment line.
     ("charge=\u0663", "is not an integer"),
 ])
@@ -76,6 +85,9 @@ def test_valid_comment_values():
 @pytest.mark.parametrize("comment", [
     "neutral charge", "E = -76.4 1", "step 12 of 30", "Q-Chem output", "charge=-2 q=-2",
     "water charged", "q=0.5 step 3", "Q: 1.2345", "multiplicity=3 spin=2", "spin-orbit free",
+    "geometry converted from bohr to angstrom", "asymmetric unit 1 of 2", "repeat unit 3",
+    "s-trans-1,3-butadiene", "Mulliken charges HF/6-31G*", "charge-neutral, B3LYP/6-31G*",
+    "optimized with Q-Chem 6", "spin-restricted 2", "S**2=0.75", "discharge 2",
     'Properties=species:S:1:pos:R:3 energy=-76.4 pbc="F F F"',
     "  energy: -40.123 gnorm: 0.0001 xtb: 6.4.1", "i = 0, time = 0.000, E = -17.123"])
 def test_comment_words_that_declare_no_charge_are_ignored(comment):

@@ -18,16 +18,20 @@ from dfmp2.errors import InputError
 # ``key=value``; the value runs to the next blank, comma or semicolon.
 COMMENT_FIELD = re.compile(r"\b(charge|multiplicity|units?)\s*=\s*([^\s,;]*)", re.IGNORECASE)
 ANGSTROM_PER_UNIT = {"angstrom": 1.0, "bohr": param.BOHR}
-# "charge multiplicity" alone, as some programs write the line ("-1 1", "0, 2").
-CHARGE_MULTIPLICITY_PAIR = re.compile(r"\s*([+-]?[0-9]+)\s*[,;]?\s+([0-9]+)\s*")
-# An integer standing alone (not part of 0.5 or of a longer word).
-INTEGER = re.compile(r"(?<![\w.])[+-]?[0-9]+(?![\w.])")
+# "charge multiplicity" opening the line, as some programs write it ("-1 1", "0,2 OH").
+CHARGE_MULTIPLICITY_PAIR = re.compile(r"\s*([+-]?[0-9]+)\s*(?:[,;]\s*|\s+)([0-9]+)(?:\s.*)?")
+# A whole number as a value (2, -1, +1, 2.0: other programs write multiplicities as floats).
+WHOLE_VALUE = re.compile(r"[+-]?[0-9]+(?:\.0*)?")
 WORD = re.compile(r"[a-z0-9_+]+")
+# Between a declaring word and its value ("S = 1", "total charge of -1", "multiplicity : 3").
+SEPARATORS = {"=", ":", "of", "is"}
 # Words other programs declare with, by the field they would set. 'spin=2' may mean 2S, S or
 # the multiplicity; the others are read by other programs in their own ways.
-CHARGE_WORDS = {"chg", "chrg", "q"}
-MULTIPLICITY_WORDS = {"mult", "multiplicity", "spin", "spin_multiplicity", "s", "2s+1"}
+CHARGE_WORDS = {"charge", "chg", "chrg", "q", "totalcharge", "netcharge"}
+MULTIPLICITY_WORDS = {"mult", "multiplicity", "spin", "s", "2s+1", "spinmultiplicity"}
 UNIT_WORDS = {"unit", "units"}
+# Atomic units of length, as a units value or after "in".
+BOHR_WORDS = {"bohr", "bohrs", "au", "a.u.", "a.u", "a0"}
 REMEDIES = {"charge": "write charge=N in the comment line, or remove it and give --charge N",
             "multiplicity": "write multiplicity=2S+1 in the comment line, or remove it and give "
                             "--spin 2S",
@@ -81,42 +85,56 @@ def _unread_declarations(comment: str, read: set[str], source: str
     it does not read, unless that field is also given as ``key=value``."""
     pair = CHARGE_MULTIPLICITY_PAIR.fullmatch(comment)
     if pair and not read:
-        why = (f"{source}, line 2: {comment.strip()!r} looks like 'charge multiplicity', which "
+        why = (f"{source}, line 2: {comment.strip()!r} opens like 'charge multiplicity', which "
                f"dfmp2 does not read: write charge={pair.group(1)} multiplicity={pair.group(2)} "
                "in the comment line (or give --charge and --spin)")
         return [("charge", why), ("multiplicity", why)]
     found = []
-    tokens = re.split(r"[\s,;]+", COMMENT_FIELD.sub(" ", comment).strip())
+    tokens = [token.strip("()[],;") for token in COMMENT_FIELD.sub(" ", comment).split()]
     for n, token in enumerate(tokens):
-        field = _declared_field(token)
-        if field is None or field in read:
-            continue
-        if INTEGER.search(token):
-            declared = token
-        elif n + 1 < len(tokens) and (INTEGER.search(tokens[n + 1])
-                                      or "bohr" in tokens[n + 1].lower()):
-            declared = f"{token} {tokens[n + 1]}"
-        elif field == "unit" and "bohr" in token.lower():
-            declared = token
-        else:
-            continue
-        found.append((field, f"{source}, line 2: {declared!r} is not read (dfmp2 reads "
-                             f"charge=, multiplicity= and units=): {REMEDIES[field]}"))
+        declared = _declaration(tokens, n)
+        if declared is not None and declared[0] not in read:
+            field, text = declared
+            found.append((field, f"{source}, line 2: {text!r} is not read (dfmp2 reads "
+                                 f"charge=, multiplicity= and units=): {REMEDIES[field]}"))
     return found
 
 
-def _declared_field(token: str) -> str | None:
-    """The field a comment word would declare in another program's convention, if any."""
-    lowered = token.lower()
-    if "bohr" in lowered:
-        return "unit"
+def _declaration(tokens: list[str], n: int) -> tuple[str, str] | None:
+    """(field, words) when token ``n`` declares a field with a value: a declaring word with
+    ``=`` or ``:`` and its value in the token or in the next ones (past ``=``, ``:``, ``of``,
+    ``is``), or a length unit after ``in``."""
+    lowered = tokens[n].lower()
+    if lowered in BOHR_WORDS and n > 0 and tokens[n - 1].lower() in ("in", "atomic"):
+        return "unit", f"{tokens[n - 1]} {tokens[n]}"
     word = WORD.match(lowered)
     if word is None:
         return None
-    word = word.group(0)
-    if "charge" in word or word in CHARGE_WORDS:
+    field = declared_field(word.group(0))
+    # "charge/mult: -1 2" declares the charge first.
+    rest = re.sub(r"^/[a-z]+", "", lowered[word.end():])
+    if field is None or (rest and rest[0] not in "=:"):
+        return None
+    value, words = rest[1:], [tokens[n]]
+    following = iter(tokens[n + 1:n + 4])
+    while not value:
+        token = next(following, None)
+        if token is None:
+            return None
+        words.append(token)
+        if token.lower() not in SEPARATORS:
+            value = token.lower()
+    declares = (value in BOHR_WORDS or "bohr" in value) if field == "unit" else bool(
+        WHOLE_VALUE.fullmatch(value))
+    return (field, " ".join(words)) if declares else None
+
+
+def declared_field(word: str) -> str | None:
+    """The field a word declares in another program's convention (``chg``: the charge), if
+    any."""
+    if word in CHARGE_WORDS or word.endswith("_charge"):
         return "charge"
-    if word.endswith("multiplicity") or word in MULTIPLICITY_WORDS:
+    if word in MULTIPLICITY_WORDS or word.endswith("multiplicity"):
         return "multiplicity"
     return "unit" if word in UNIT_WORDS else None
 
