@@ -147,5 +147,28 @@ def test_an_xyz_files_charge_and_multiplicity_reach_the_calculator(tmp_path):
     assert atoms.get_potential_energy() / Hartree == pytest.approx(expected["e_tot"], abs=1e-8)
     atoms.set_initial_charges([1.0, 0.0])
     atoms.calc = DFMP2(basis="sto-3g", threads=1)
-    with pytest.raises(InputError, match="info gives charge 0 and their initial per-atom"):
+    with pytest.raises(InputError, match="info gives charge 0 and their initial charges add"):
         atoms.get_potential_energy()
+
+
+def test_comment_words_in_atoms_info_are_read_as_the_command_line_reads_them(tmp_path):
+    """ase.io.read makes every bare word of a comment line an info key set to True: 'charge
+    0, multiplicity 2' gave charge=True, taken for +1, and OH+ was computed as a singlet.
+    Capitalised keys were ignored, and a changed info charge returned the cached energy."""
+    radical = tmp_path / "oh.xyz"
+    radical.write_text("2\nOH radical, charge 0, multiplicity 2\nO 0 0 0\nH 0 0 0.97\n")
+    atoms = ase.io.read(radical)
+    atoms.calc = DFMP2(basis="sto-3g", threads=1)
+    with pytest.raises(InputError, match="info has charge=True"):
+        atoms.get_potential_energy()
+    anion = tmp_path / "w.xyz"
+    anion.write_text("2\nCharge=-1 Multiplicity=1\nO 0 0 0\nH 0 0 0.97\n")
+    atoms = ase.io.read(anion)
+    atoms.calc = calc = DFMP2(basis="sto-3g", threads=1)
+    hydroxide = atoms.get_potential_energy()
+    atoms.info["Charge"], atoms.info["Multiplicity"] = 0, 2
+    radical_energy = atoms.get_potential_energy()
+    assert radical_energy != hydroxide and calc.count == 2
+    explicit = atoms.copy()
+    explicit.calc = DFMP2(basis="sto-3g", threads=1, charge=0, spin=1)
+    assert radical_energy == pytest.approx(explicit.get_potential_energy(), abs=1e-9)

@@ -19,6 +19,7 @@ for the length of a calculation unless ``records`` names a folder to keep them i
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
 from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError, temporary_record
+from dfmp2.input.comment import declared_field
 from dfmp2.records.properties_section import read_properties
 from dfmp2.records.sections import read_gradient
 from dfmp2.records.report import method_energy
@@ -41,6 +43,9 @@ from dfmp2.system.memory import parse_size
 NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
                "output", "resume", "show_progress", "command"}
 RUN_OPTIONS = {item.name for item in dataclasses.fields(RunSettings)} - NOT_OPTIONS
+# The atoms.info keys that set the charge and spin (ase.io.read's, from a comment line).
+INFO_KEYS = ("charge", "multiplicity")
+WORD = re.compile(r"[^a-z0-9_+]")
 
 
 class DFMP2(Calculator):
@@ -143,30 +148,63 @@ class DFMP2(Calculator):
         in ``atoms.info`` from an XYZ comment line (as the command line reads that line),
         else the sums of the Atoms' initial charges and magnetic moments (whole numbers)."""
         charge, spin = self.parameters.charge, self.parameters.spin
-        info = self.atoms.info
-        if spin is None and "multiplicity" not in info and {"spin", "mult"} & set(info):
-            raise InputError("the Atoms' info has a spin or mult, which may mean 2S, S or the "
-                             "multiplicity; pass spin= (2S) to DFMP2")
-        moments = _whole(self.atoms.get_initial_magnetic_moments().sum(),
-                         "initial magnetic moments (2S)")
-        charges = _whole(self.atoms.get_initial_charges().sum(), "initial charges")
+        declared = info_declarations(self.atoms.info, charge is None, spin is None)
         if charge is None:
-            charge = _agreed(info.get("charge"), charges, "charge")
+            charge = _agreed(declared.get("charge"), self.atoms.get_initial_charges,
+                             "initial charges", "charge")
         if spin is None:
-            multiplicity = info.get("multiplicity")
-            spin = _agreed(None if multiplicity is None else
-                           _whole(multiplicity, "info multiplicity") - 1, moments, "spin")
+            multiplicity = declared.get("multiplicity")
+            spin = _agreed(None if multiplicity is None else multiplicity - 1,
+                           self.atoms.get_initial_magnetic_moments,
+                           "initial magnetic moments (2S)", "spin")
         return int(charge), int(spin)
 
+    def check_state(self, atoms, tol: float = 1e-15) -> list[str]:
+        """ASE's changes, and a changed ``charge`` or ``multiplicity`` in ``atoms.info``
+        (which set the calculation's charge and spin)."""
+        changes = super().check_state(atoms, tol)
+        if self.atoms is not None and _charge_info(self.atoms.info) != _charge_info(atoms.info):
+            changes.append("info")
+        return changes
 
-def _agreed(declared, summed: int, what: str) -> int:
+
+def _charge_info(info: dict) -> dict:
+    return {key: value for key, value in info.items() if key.lower() in INFO_KEYS}
+
+
+def info_declarations(info: dict, need_charge: bool, need_spin: bool) -> dict[str, int]:
+    """``charge`` and ``multiplicity`` from ``atoms.info`` (any case), as whole numbers. Words
+    that declare them otherwise (``ase.io.read`` makes every bare word of a comment line a
+    key whose value is True: 'charge 0' gives charge=True) and units other than Angstrom are
+    refused, as the command line refuses them in the comment line."""
+    declared = {}
+    for key, value in info.items():
+        name = key.lower()
+        if name in ("unit", "units"):
+            if str(value).lower() != "angstrom":
+                raise InputError(f"the Atoms' info says {key}={value!r}: ase.io.read takes the "
+                                 "positions for Angstrom; convert them and drop the key")
+            continue
+        field = "charge" if name == "charge" else declared_field(WORD.sub("_", name))
+        if field is None or not (need_charge if field == "charge" else need_spin):
+            continue
+        whole = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, (bool, np.bool_)) and float(value).is_integer()
+        if name not in INFO_KEYS or not whole or (name == "multiplicity" and value < 1):
+            raise InputError(f"the Atoms' info has {key}={value!r}, which dfmp2 cannot take for "
+                             f"the {field}; pass charge= and spin= (2S) to DFMP2")
+        declared[name] = int(value)
+    return declared
+
+
+def _agreed(declared: int | None, per_atom, what: str, option: str) -> int:
     """The Atoms' ``info`` value, unless the per-atom values say otherwise."""
+    summed = _whole(per_atom().sum(), what)
     if declared is None:
         return summed
-    declared = _whole(declared, f"info {what}")
     if summed and summed != declared:
-        raise InputError(f"the Atoms' info gives {what} {declared} and their initial per-atom "
-                         f"values add up to {summed}; pass {what}= to DFMP2")
+        raise InputError(f"the Atoms' info gives {option} {declared} and their {what} add up "
+                         f"to {summed}; pass {option}= to DFMP2")
     return declared
 
 
