@@ -344,6 +344,7 @@ def test_another_step_keeps_a_complete_record_and_refuses_an_unfinished_one(run_
         h5.attrs["status"] = "interrupted"
     refused = run_cli("frequencies", *args, "--step", "0.005")
     assert refused.code == 2 and "holds an unfinished frequency job of step 0.01" in refused.err
+    assert f"complete earlier records beside it: {kept[0].name}" in refused.err
     assert read_record(record).attrs["status"] == "interrupted"
 
 

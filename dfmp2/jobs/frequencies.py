@@ -34,7 +34,8 @@ from dfmp2.jobs.optimize import SAME_GEOMETRY_BOHR
 from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
 from dfmp2.jobs.stages import energy_scales, method_name
-from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun, examine_previous,
+from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun,
+                                     complete_copies_beside, examine_previous,
                                      save_checkpoint, set_aside)
 from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesSection, Point,
                                                copy_reference, has_reference, read_points,
@@ -211,7 +212,8 @@ def _displaced_otherwise(path: Path, record: Node, expected: DisplacementSection
         raise InputError(f"{path} holds an unfinished frequency job of step {stored.step:g} "
                          f"Bohr and MP2 scales {stored.os_scale:g}/{stored.ss_scale:g} (this "
                          f"one: {expected.step:g}, {expected.os_scale:g}/{expected.ss_scale:g}); "
-                         "resume it with the same --step and method, or choose another -o")
+                         "resume it with the same --step and method, or choose another "
+                         f"-o{complete_copies_beside(path)}")
     return PreviousRun(FRESH)
 
 

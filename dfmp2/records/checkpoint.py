@@ -112,12 +112,9 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
         return PreviousRun(FRESH)
     if differing:
         kind = "an interrupted" if state == INTERRUPTED else "an unfinished"
-        kept = sorted(path.parent.glob(f"{glob.escape(path.stem)}.superseded-*{path.suffix}"))
-        beside = (f" (complete earlier records beside it: {', '.join(k.name for k in kept)})"
-                  if kept else "")
         raise InputError(f"{path} holds {kind} run with different {', '.join(differing)}; "
                          "resume it with the same molecule and options, or choose another "
-                         f"-o{beside}")
+                         f"-o{complete_copies_beside(path)}")
     if not resumable:
         # Stopped before its SCF was saved: starting again loses nothing, and a requeued job
         # that always passes --resume must not fail on it.
@@ -126,6 +123,14 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
                         "starting it again", path)
         return PreviousRun(FRESH)
     return PreviousRun(RESUME, previous)
+
+
+def complete_copies_beside(path: Path) -> str:
+    """`` (complete earlier records beside it: ...)`` naming the copies set aside for
+    ``path``, for a refusal that leaves the user looking for their result; empty if none."""
+    kept = sorted(path.parent.glob(f"{glob.escape(path.stem)}.superseded-*{path.suffix}"))
+    return (f" (complete earlier records beside it: {', '.join(k.name for k in kept)})"
+            if kept else "")
 
 
 def set_aside(path: Path, previous: Node) -> Path:
