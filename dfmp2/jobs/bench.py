@@ -32,8 +32,8 @@ from dfmp2.system.memory import format_size
 from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
 from dfmp2.records.tree import BENCH_SCHEMA, COMPLETE, new_record, set_status, write_record
-from dfmp2.records.sections import (Mp2Section, ScfEngineSection, ScfSection, Sizes,
-                                    executors_of, read_kernel_ledger, read_timings)
+from dfmp2.records.sections import (Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings)
+from dfmp2.records.ledger import executors_of, read_kernel_ledger
 from dfmp2.records.job_sections import write_bench
 from dfmp2.scf.reference import ScfOptions, run_scf
 from dfmp2.input.settings import DEFAULT_OUTPUT_DIR, RunSettings

@@ -17,8 +17,9 @@ from dfmp2.errors import InputError
 from dfmp2.input.xyz import parse_xyz
 from dfmp2.jobs.check import pyscf_recipe
 from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, schema, status
-from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section,
-                                    ScfSection, read_inputs, read_kernel_ledger)
+from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection,
+                                    read_inputs)
+from dfmp2.records.ledger import read_kernel_ledger
 
 
 # The inputs that change what is computed, with the names a row's differences are shown by.

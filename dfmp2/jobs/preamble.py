@@ -31,7 +31,8 @@ from dfmp2.input.settings import DEFAULT_OUTPUT_DIR, RunSettings
 from dfmp2.input.xyz import Geometry, read_xyz
 from dfmp2.mp2.kernel import plan_for
 from dfmp2.mp2.plan import BlockPlan
-from dfmp2.records.sections import BackendFacts, CalculationInputs
+from dfmp2.records.sections import CalculationInputs
+from dfmp2.records.ledger import BackendFacts
 from dfmp2.records.tree import SCHEMA, Node, is_record_file, new_record
 from dfmp2.scf.engine import ScfKernels, scf_kernels
 from dfmp2.scf.reference import check_scf_memory

@@ -19,8 +19,8 @@ from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
 from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
 from dfmp2.records.lock import RecordInUse, RecordLock
-from dfmp2.records.sections import (CalculationInputs, read_inputs, write_kernel_ledger,
-                                    write_timings)
+from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
+from dfmp2.records.ledger import write_kernel_ledger
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, RUNNING, SCHEMA, Node,
                                 RecordWriteError, read_record, set_status, status,
                                 write_record)

@@ -26,10 +26,10 @@ from dfmp2.mp2.methods import SOS_OS_DEFAULT, method_scales
 from dfmp2.mp2.pairs import Mp2Energies, PairLedger
 from dfmp2.mp2.plan import BlockPlan
 from dfmp2.records.checkpoint import RecordSaver, resumable_pairs, stored_occ_block
-from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section,
-                                    PlanSection, ScfEngineSection, Sizes, read_scf,
-                                    write_distributed, write_gradient, write_kernel_ledger,
-                                    write_scf, write_timings)
+from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, PlanSection,
+                                    ScfEngineSection, Sizes, read_scf, write_distributed,
+                                    write_gradient, write_scf, write_timings)
+from dfmp2.records.ledger import write_kernel_ledger
 from dfmp2.records.tree import Node, set_resumed
 from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release_integrals,
                                  restored_scf, run_scf)

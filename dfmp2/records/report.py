@@ -5,18 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from dfmp2.input.xyz import parse_xyz
-from dfmp2.records.sections import (
-    CheckSection,
-    DoubleHybridSection,
-    Mp2Section,
-    ScfSection,
-    Sizes,
-    executors_of,
-    read_gradient,
-    read_inputs,
-    read_kernel_ledger,
-    read_timings,
-)
+from dfmp2.records.sections import (CheckSection, DoubleHybridSection, Mp2Section, ScfSection,
+                                    Sizes, read_gradient, read_inputs, read_timings)
+from dfmp2.records.ledger import executors_of, read_kernel_ledger
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
 from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status

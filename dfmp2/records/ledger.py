@@ -1,0 +1,80 @@
+"""``/backend`` (and ``/scf_engine``'s kernel calls): which kernels ran where, how often, and
+what fell back, so that a record says honestly what computed it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dfmp2.records.sections import Section
+from dfmp2.records.tree import Node
+
+
+@dataclass(frozen=True)
+class BackendFacts(Section):
+    """``/backend``: which kernels ran where (the call counts are added by
+    :func:`write_kernel_ledger`)."""
+
+    group_name: ClassVar[str] = "backend"
+    backend: str
+    precision: str
+    device: str
+    fused_energy: bool
+
+
+def write_kernel_ledger(node: Node, calls: dict[tuple[str, str], int], fallbacks: int,
+                        fallback_reasons: list[str], report: dict[str, Any],
+                        group_name: str = BackendFacts.group_name) -> None:
+    """Call counts as ``calls.<kernel>.<executor>``, fallbacks, and the backend's own facts
+    (on NKI: mode, signatures, launches and the estimated trn1 time), in ``/backend`` (the
+    MP2 stage's kernels) or another group (``/scf_engine``: the SCF's)."""
+    group = node.group(group_name)
+    group.attrs.update({f"calls.{kernel}.{executor}": int(n)
+                        for (kernel, executor), n in sorted(calls.items())})
+    group.attrs["executors"] = sorted({executor for _, executor in calls})
+    group.attrs["fallbacks"] = fallbacks
+    group.attrs["fallback_reasons"] = fallback_reasons
+    group.attrs.update(report)
+
+
+@dataclass(frozen=True)
+class KernelLedger:
+    """What :func:`read_kernel_ledger` gives back."""
+
+    backend: str | None
+    precision: str | None
+    device: str | None
+    fused_energy: bool | None
+    fallbacks: int | None
+    calls: dict[str, int]
+    nki_mode: str | None
+    signatures: int | None
+    estimate: dict | None
+
+
+def executors_of(node: Node) -> list[str]:
+    """Where the record's kernels ran (``torch-cpu``, ``nki-interpreter``, ...), MP2 stage
+    and SCF together: what a figure measured on them measured."""
+    found = set()
+    for name in (BackendFacts.group_name, "scf_engine"):
+        group = node.groups.get(name)
+        if group is not None:
+            found.update(str(e) for e in np.atleast_1d(group.attrs.get("executors", [])))
+    return sorted(found)
+
+
+def read_kernel_ledger(node: Node) -> KernelLedger | None:
+    group = node.groups.get(BackendFacts.group_name)
+    if group is None:
+        return None
+    attrs = group.attrs
+    estimate = attrs.get("estimate")
+    if isinstance(estimate, str):
+        estimate = json.loads(estimate) if estimate not in ("none", "") else None
+    return KernelLedger(attrs.get("backend"), attrs.get("precision"), attrs.get("device"),
+                        attrs.get("fused_energy"), attrs.get("fallbacks"),
+                        {k[len("calls."):]: int(v) for k, v in attrs.items()
+                         if k.startswith("calls.")},
+                        attrs.get("nki_mode"), attrs.get("signatures"), estimate or None)
