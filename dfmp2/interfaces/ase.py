@@ -29,7 +29,6 @@ from ase.units import Bohr, Hartree
 
 from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
-from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError, temporary_record
 from dfmp2.input.comment import declared_field
 from dfmp2.records.properties_section import read_properties
@@ -45,7 +44,7 @@ NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "sp
 RUN_OPTIONS = {item.name for item in dataclasses.fields(RunSettings)} - NOT_OPTIONS
 # The atoms.info keys that set the charge and spin (ase.io.read's, from a comment line).
 INFO_KEYS = ("charge", "multiplicity")
-WORD = re.compile(r"[^a-z0-9_+]")
+NOT_IN_A_WORD = re.compile(r"[^a-z0-9_+]")
 
 
 class DFMP2(Calculator):
@@ -73,12 +72,9 @@ class DFMP2(Calculator):
         if unknown:
             raise InputError(f"unknown option {', '.join(unknown)} for DFMP2; it takes "
                              f"{', '.join(sorted(RUN_OPTIONS | set(self.default_parameters)))}")
-        if "method" in changes and changes["method"] not in METHODS:
-            raise InputError(f"method {changes['method']!r}: choose one of "
-                             f"{', '.join(METHODS)} (or xc= for a double hybrid)")
         if isinstance(changes.get("memory"), str):
             changes["memory"] = parse_size(changes["memory"])
-        checked = RUN_OPTIONS | {"charge", "spin"}
+        checked = RUN_OPTIONS | {"charge", "spin", "method"}
         options = {**{key: value for key, value in self.parameters.items() if key in checked},
                    **{key: value for key, value in changes.items() if key in checked}}
         RunSettings(molecule=Path("ase"), **options)
@@ -185,7 +181,7 @@ def info_declarations(info: dict, need_charge: bool, need_spin: bool) -> dict[st
                 raise InputError(f"the Atoms' info says {key}={value!r}: ase.io.read takes the "
                                  "positions for Angstrom; convert them and drop the key")
             continue
-        field = "charge" if name == "charge" else declared_field(WORD.sub("_", name))
+        field = "charge" if name == "charge" else declared_field(NOT_IN_A_WORD.sub("_", name))
         if field is None or not (need_charge if field == "charge" else need_spin):
             continue
         whole = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(

@@ -230,10 +230,13 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
              + ("-interaction" if item.interaction is not None else "")
              for s, item in zip(settings, items)]
     identities = [_calculation(item, s) for item, s in zip(items, settings)]
+    # By name first: comparing every line with every other is quadratic in a long manifest.
+    by_name: dict[str, list[tuple[BatchItem, tuple | None]]] = {}
+    for item, name, identity in zip(items, names, identities):
+        by_name.setdefault(name, []).append((item, identity))
     chosen = []
     for item, name, identity in zip(items, names, identities):
-        same_name = [(other_item, other) for other_item, other, other_name in
-                     zip(items, identities, names) if other_name == name]
+        same_name = by_name[name]
         if len(same_name) == 1 or (identity is not None
                                    and all(other == identity for _, other in same_name)):
             chosen.append(f"{name}.h5")
