@@ -161,6 +161,12 @@ def test_comment_words_in_atoms_info_are_read_as_the_command_line_reads_them(tmp
     atoms.calc = DFMP2(basis="sto-3g", threads=1)
     with pytest.raises(InputError, match="info has charge=True"):
         atoms.get_potential_energy()
+    nuclear = tmp_path / "q.xyz"
+    nuclear.write_text("2\nOH, nuclear charge=8\nO 0 0 0\nH 0 0 0.97\n")
+    atoms = ase.io.read(nuclear)
+    atoms.calc = DFMP2(basis="sto-3g", threads=1)
+    with pytest.raises(InputError, match="info has 'nuclear' beside charge=8"):
+        atoms.get_potential_energy()
     anion = tmp_path / "w.xyz"
     anion.write_text("2\nCharge=-1 Multiplicity=1\nO 0 0 0\nH 0 0 0.97\n")
     atoms = ase.io.read(anion)

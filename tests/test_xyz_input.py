@@ -50,6 +50,11 @@ WATER_ATOMS = "O 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
     ("2S+1=3", "'2S\\+1=3' is not read"),
     ("water units: bohr", "'units: bohr' is not read.*units=bohr"),
     ("coordinates in bohr", "'in bohr' is not read"),
+    # An atom's or a signal's value is not the molecule's: read, O's nuclear charge made water
+    # a cation of charge 8.
+    ("water, nuclear charge = 8", "'nuclear charge = 8' is not the molecule's charge"),
+    ("formal-charge=1", "'formal-charge=1' is not the molecule's charge"),
+    ("NMR multiplicity=3", "'NMR multiplicity=3' is not the molecule's multiplicity"),
     # Digits other than 0-9 are no integer of the comment line.
     ("charge=\u0663", "is not an integer"),
 ])
@@ -79,6 +84,8 @@ def test_what_the_command_line_gives_wins_over_an_unread_comment(comment, unread
 def test_valid_comment_values():
     geometry = parse_xyz(f"3\nwater, charge=+1; multiplicity=2 units=Angstrom\n{WATER_ATOMS}")
     assert (geometry.charge, geometry.multiplicity) == (1, 2)
+    geometry = parse_xyz(f"3\nMulliken charge=0 on O, total charge=-2\n{WATER_ATOMS}")
+    assert geometry.charge == -2 and resolve_charge_spin(geometry, None, None)[0] == -2
     assert geometry.coords[1, 1] == 0.757
 
 

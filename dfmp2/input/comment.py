@@ -30,6 +30,16 @@ SEPARATORS = {"=", ":", "of", "is"}
 CHARGE_WORDS = {"charge", "chg", "chrg", "q", "totalcharge", "netcharge"}
 MULTIPLICITY_WORDS = {"mult", "multiplicity", "spin", "s", "2s+1", "spinmultiplicity"}
 UNIT_WORDS = {"unit", "units"}
+# Words that make ``charge=``/``multiplicity=`` a quantity other than the molecule's own
+# ("nuclear charge = 8", "formal-charge=1", "NMR multiplicity=3"): read, they set the
+# molecule's charge or spin to an atom's or a signal's.
+OTHER_QUANTITY_WORDS = {
+    "nuclear", "partial", "formal", "effective", "atomic", "atom", "point", "core", "ionic",
+    "fractional", "site", "fragment", "residue", "group", "ligand", "metal", "oxidation",
+    "mulliken", "lowdin", "löwdin", "hirshfeld", "esp", "resp", "npa", "nbo", "cm5", "apt",
+    "bader", "gasteiger", "ddec", "chelpg", "mk", "nmr", "peak", "signal", "band"}
+# The word just before a key, joined to it by blanks, '-' or '_'.
+WORD_BEFORE_KEY = re.compile(r"([^\W\d_]+)[\s_-]*$")
 # Atomic units of length, as a units value or after "in".
 BOHR_WORDS = {"bohr", "bohrs", "au", "a.u.", "a.u", "a0"}
 REMEDIES = {"charge": "write charge=N in the comment line, or remove it and give --charge N",
@@ -51,13 +61,22 @@ class CommentFields:
 def parse_comment(comment: str, source: str) -> CommentFields:
     """``charge=N`` (an integer), ``multiplicity=M`` (an integer >= 1) and ``units=...``."""
     values: dict[str, str] = {}
+    qualified: list[tuple[str, str]] = []
     for match in COMMENT_FIELD.finditer(comment):
         key = match.group(1).lower().rstrip("s")
+        before = WORD_BEFORE_KEY.search(comment[:match.start()])
+        if key != "unit" and before and before.group(1).lower() in OTHER_QUANTITY_WORDS:
+            text = comment[before.start():match.end()]
+            qualified.append((key, f"{source}, line 2: {text!r} is not the molecule's "
+                                   f"{key}: {REMEDIES[key]}"))
+            continue
         if key in values:
             raise InputError(f"{source}, line 2: '{match.group(1)}' is given twice in the "
                              "comment line")
         values[key] = match.group(2)
-    unread = tuple(_unread_declarations(comment, set(values), source))
+    # A plain charge= beside "Mulliken charge=0" is the molecule's.
+    unread = tuple([(key, why) for key, why in qualified if key not in values]
+                   + _unread_declarations(comment, set(values), source))
     for field, why in unread:
         if field == "unit":
             raise InputError(why)

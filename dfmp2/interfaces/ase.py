@@ -30,7 +30,7 @@ from ase.units import Bohr, Hartree
 from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
 from dfmp2.errors import InputError, temporary_record
-from dfmp2.input.comment import declared_field
+from dfmp2.input.comment import OTHER_QUANTITY_WORDS, declared_field
 from dfmp2.records.properties_section import read_properties
 from dfmp2.records.sections import read_gradient
 from dfmp2.records.report import method_energy
@@ -190,6 +190,13 @@ def info_declarations(info: dict, need_charge: bool, need_spin: bool) -> dict[st
             raise InputError(f"the Atoms' info has {key}={value!r}, which dfmp2 cannot take for "
                              f"the {field}; pass charge= and spin= (2S) to DFMP2")
         declared[name] = int(value)
+    qualifiers = [key for key, value in info.items()
+                  if value is True and key.lower() in OTHER_QUANTITY_WORDS]
+    if declared and qualifiers:
+        raise InputError(f"the Atoms' info has {qualifiers[0]!r} beside "
+                         f"{', '.join(f'{k}={v}' for k, v in declared.items())}: the comment "
+                         "line may give an atom's or another quantity's value, not the "
+                         "molecule's; pass charge= and spin= (2S) to DFMP2")
     return declared
 
 
