@@ -155,13 +155,14 @@ def test_a_failed_rerun_names_the_complete_record_it_set_aside(run_cli, tmp_path
 
 def test_a_charge_the_comment_line_does_not_read_is_refused_for_a_dimer(run_cli, tmp_path):
     """Read when the charge and spin are resolved, a 'charge -2' the line does not read must
-    stop the interaction too, which splits the charge itself."""
+    stop the interaction too, which splits the charge itself, and name its own option."""
     lines = molecule_path("water_dimer").read_text().splitlines()
     dimer = tmp_path / "dimer.xyz"
     dimer.write_text("\n".join([lines[0], "water dimer, charge -2", *lines[2:]]) + "\n")
     result = run_cli("interaction", dimer, "--split", "3", "--basis", "sto-3g",
                      "-o", tmp_path / "i.h5")
     assert result.code == 2 and "'charge -2' is not read" in result.err
+    assert "give --charges A,B" in result.err
 
 
 def test_an_unstable_reference_is_named_with_the_interaction_energies(run_cli, tmp_path):

@@ -42,10 +42,21 @@ OTHER_QUANTITY_WORDS = {
 WORD_BEFORE_KEY = re.compile(r"([^\W\d_]+)[\s_-]*$")
 # Atomic units of length, as a units value or after "in".
 BOHR_WORDS = {"bohr", "bohrs", "au", "a.u.", "a.u", "a0"}
-REMEDIES = {"charge": "write charge=N in the comment line, or remove it and give --charge N",
-            "multiplicity": "write multiplicity=2S+1 in the comment line, or remove it and give "
-                            "--spin 2S",
+REWRITES = {"charge": "write charge=N in the comment line",
+            "multiplicity": "write multiplicity=2S+1 in the comment line",
             "unit": "write units=bohr (or units=angstrom) in the comment line"}
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A charge or multiplicity the comment line declares in a form that is not read: an
+    error unless the command line gives that field (whose option the refusal names)."""
+    field: str
+    statement: str
+    rewrite: str
+
+    def refusal(self, option: str) -> str:
+        return f"{self.statement}: {self.rewrite}, or remove it and give {option}"
 
 
 @dataclass(frozen=True)
@@ -53,33 +64,31 @@ class CommentFields:
     charge: int | None = None
     multiplicity: int | None = None
     angstrom_per_unit: float = 1.0
-    unread: tuple[tuple[str, str], ...] = ()
-    """(field, why) for a charge or multiplicity declared in a form that is not read: an
-    error unless --charge or --spin gives that field."""
+    unread: tuple[Unread, ...] = ()
 
 
 def parse_comment(comment: str, source: str) -> CommentFields:
     """``charge=N`` (an integer), ``multiplicity=M`` (an integer >= 1) and ``units=...``."""
     values: dict[str, str] = {}
-    qualified: list[tuple[str, str]] = []
+    qualified: list[Unread] = []
     for match in COMMENT_FIELD.finditer(comment):
         key = match.group(1).lower().rstrip("s")
         before = WORD_BEFORE_KEY.search(comment[:match.start()])
         if key != "unit" and before and before.group(1).lower() in OTHER_QUANTITY_WORDS:
             text = comment[before.start():match.end()]
-            qualified.append((key, f"{source}, line 2: {text!r} is not the molecule's "
-                                   f"{key}: {REMEDIES[key]}"))
+            qualified.append(Unread(key, f"{source}, line 2: {text!r} is not the molecule's "
+                                         f"{key}", REWRITES[key]))
             continue
         if key in values:
             raise InputError(f"{source}, line 2: '{match.group(1)}' is given twice in the "
                              "comment line")
         values[key] = match.group(2)
     # A plain charge= beside "Mulliken charge=0" is the molecule's.
-    unread = tuple([(key, why) for key, why in qualified if key not in values]
+    unread = tuple([item for item in qualified if item.field not in values]
                    + _unread_declarations(comment, set(values), source))
-    for field, why in unread:
-        if field == "unit":
-            raise InputError(why)
+    for item in unread:
+        if item.field == "unit":
+            raise InputError(f"{item.statement}: {item.rewrite}")
     charge = multiplicity = None
     if "charge" in values:
         charge = _comment_integer(values["charge"], "charge", source)
@@ -99,23 +108,23 @@ def parse_comment(comment: str, source: str) -> CommentFields:
 
 
 def _unread_declarations(comment: str, read: set[str], source: str
-                         ) -> list[tuple[str, str]]:
-    """(field, why) for each charge, multiplicity or units that the line declares in a form
-    it does not read, unless that field is also given as ``key=value``."""
+                         ) -> list[Unread]:
+    """Each charge, multiplicity or units that the line declares in a form it does not read,
+    unless that field is also given as ``key=value``."""
     pair = CHARGE_MULTIPLICITY_PAIR.fullmatch(comment)
     if pair and not read:
-        why = (f"{source}, line 2: {comment.strip()!r} opens like 'charge multiplicity', which "
-               f"dfmp2 does not read: write charge={pair.group(1)} multiplicity={pair.group(2)} "
-               "in the comment line (or give --charge and --spin)")
-        return [("charge", why), ("multiplicity", why)]
+        statement = (f"{source}, line 2: {comment.strip()!r} opens like 'charge multiplicity', "
+                     "which dfmp2 does not read")
+        rewrite = f"write charge={pair.group(1)} multiplicity={pair.group(2)} in the comment line"
+        return [Unread("charge", statement, rewrite), Unread("multiplicity", statement, rewrite)]
     found = []
     tokens = [token.strip("()[],;") for token in COMMENT_FIELD.sub(" ", comment).split()]
     for n, token in enumerate(tokens):
         declared = _declaration(tokens, n)
         if declared is not None and declared[0] not in read:
             field, text = declared
-            found.append((field, f"{source}, line 2: {text!r} is not read (dfmp2 reads "
-                                 f"charge=, multiplicity= and units=): {REMEDIES[field]}"))
+            found.append(Unread(field, f"{source}, line 2: {text!r} is not read (dfmp2 reads "
+                                       "charge=, multiplicity= and units=)", REWRITES[field]))
     return found
 
 

@@ -19,7 +19,7 @@ from pyscf.data import elements
 from scipy.spatial import cKDTree
 
 from dfmp2.errors import InputError
-from dfmp2.input.comment import free_text, parse_comment
+from dfmp2.input.comment import Unread, free_text, parse_comment
 
 MIN_DISTANCE_ANGSTROM = 0.1
 MAX_COORDINATE_ANGSTROM = 1.0e4
@@ -42,21 +42,23 @@ class Geometry:
     multiplicity: int | None
     text: str
     source: str
-    unread: tuple[tuple[str, str], ...] = ()
-    """The comment's charge or multiplicity in a form it does not read (see
-    :class:`dfmp2.input.comment.CommentFields`)."""
+    unread: tuple[Unread, ...] = ()
+    """The comment's charge or multiplicity in a form it does not read."""
 
     @property
     def natoms(self) -> int:
         return len(self.symbols)
 
-    def refuse_unread(self, charge_given: bool, spin_given: bool) -> None:
+    def refuse_unread(self, charge_given: bool, spin_given: bool,
+                      charge_option: str = "--charge N", spin_option: str = "--spin 2S"
+                      ) -> None:
         """Refuse a charge or multiplicity the comment line declares in a form it does not
-        read, unless the command line gives that one."""
-        unread = dict(self.unread)
-        for given, field in ((charge_given, "charge"), (spin_given, "multiplicity")):
+        read, unless the command line gives that one (by the option named)."""
+        unread = {item.field: item for item in reversed(self.unread)}
+        for given, field, option in ((charge_given, "charge", charge_option),
+                                     (spin_given, "multiplicity", spin_option)):
             if not given and field in unread:
-                raise InputError(unread[field])
+                raise InputError(unread[field].refusal(option))
 
     def pyscf_atoms(self, ghosts: frozenset[int] = frozenset()
                     ) -> list[tuple[str, tuple[float, float, float]]]:

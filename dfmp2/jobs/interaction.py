@@ -166,7 +166,8 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
     job = start_job(settings, output or settings.output_path("-interaction"))
     path, env, geometry = job.path, job.env, job.geometry
     split = resolve_split(geometry, split)
-    geometry.refuse_unread(charges is not None, spins is not None)
+    geometry.refuse_unread(charges is not None, spins is not None, "--charges A,B",
+                           "--spins A,B")
     charges = monomer_pair(charges, geometry.charge, "--charges", f"charge={geometry.charge}")
     multiplicity = geometry.multiplicity
     spins = monomer_pair(spins, None if multiplicity is None else multiplicity - 1, "--spins",
