@@ -1,9 +1,6 @@
 """Errors a user can act on: each carries its exit status and a one-line message."""
 from __future__ import annotations
 
-import contextlib
-from pathlib import Path
-
 
 class Dfmp2Error(Exception):
     """A failure reported to the user as one ``Error:`` line, without a traceback."""
@@ -30,16 +27,3 @@ class Interrupted(RunFailure):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-@contextlib.contextmanager
-def temporary_record(path: Path, temporary: bool):
-    """Errors of a job whose record lives in a scratch folder that is gone when the caller
-    sees them (the ASE calculator, the QCSchema harness) do not send the user to that
-    record."""
-    try:
-        yield
-    except Dfmp2Error as exc:
-        if temporary and exc.args:
-            exc.args = (str(exc).replace(f" (record {path})", ""), *exc.args[1:])
-        raise

@@ -68,6 +68,12 @@ def test_bad_arguments_are_clear(tmp_path):
     atoms.calc = DFMP2()
     with pytest.raises(InputError, match="not a whole number"):
         atoms.get_potential_energy()
+    # The calculator's parameter is named, not the command line's --frozen.
+    atoms = atoms_of("water")
+    atoms.calc = DFMP2(basis="sto-3g", frozen=50)
+    with pytest.raises(InputError, match="cannot freeze 50 of 5 occupied orbitals; lower "
+                                         "frozen=$"):
+        atoms.get_potential_energy()
 
 
 def test_a_changed_parameter_discards_the_results(tmp_path):

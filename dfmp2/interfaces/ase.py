@@ -29,7 +29,8 @@ from ase.units import Bohr, Hartree
 
 from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
-from dfmp2.errors import InputError, temporary_record
+from dfmp2.errors import InputError
+from dfmp2.interfaces.messages import interface_errors
 from dfmp2.input.comment import OTHER_QUANTITY_WORDS, declared_field
 from dfmp2.records.properties_section import read_properties
 from dfmp2.records.sections import read_gradient
@@ -103,7 +104,8 @@ class DFMP2(Calculator):
             geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
                                            self.atoms.positions, "angstrom",
                                            f"ase:{self.atoms.get_chemical_formula()}")
-            with temporary_record(settings.output, self.parameters.records is None):
+            with interface_errors(settings.output, self.parameters.records is None,
+                                  _parameter_spelling):
                 if task == properties_job.TASK:
                     outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
                                                  geometry=geometry)
@@ -162,6 +164,12 @@ class DFMP2(Calculator):
         if self.atoms is not None and _charge_info(self.atoms.info) != _charge_info(atoms.info):
             changes.append("info")
         return changes
+
+
+def _parameter_spelling(option: str) -> str | None:
+    """The calculator's parameter that gives what a command-line option gives."""
+    name = option.replace("-", "_")
+    return f"{name}=" if name in RUN_OPTIONS or name in DFMP2.default_parameters else None
 
 
 def _charge_info(info: dict) -> dict:

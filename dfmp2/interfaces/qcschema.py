@@ -28,7 +28,8 @@ from dfmp2.jobs import properties as properties_job
 from dfmp2.jobs import run as run_job
 from dfmp2.records import report
 from dfmp2.mp2.methods import METHODS
-from dfmp2.errors import InputError, temporary_record
+from dfmp2.errors import InputError
+from dfmp2.interfaces.messages import interface_errors
 from dfmp2.input.functionals import check_xc_string, known_names, named_functional
 from dfmp2.records.sections import (DoubleHybridSection, Mp2Section, ScfSection, read_gradient,
                                     read_inputs, read_scf)
@@ -50,6 +51,10 @@ KEYWORDS: dict[str, tuple[str, type]] = {
     "mp2_os": ("mp2_os", float), "mp2_ss": ("mp2_ss", float), "grid": ("grid", int),
     "nki_mode": ("nki_mode", str), "require_nki": ("require_nki", bool),
 }
+# Command-line options given by the AtomicInput itself, not by a keyword.
+SPECIFICATION_NAMES = {"charge": "molecule.molecular_charge",
+                       "spin": "molecule.molecular_multiplicity", "basis": "model.basis",
+                       "xc": "model.method", "method": "model.method"}
 RECORD_KEYWORD = "record"
 RECORD_FILE = "record.h5.base64"
 # QCEngine's memory (GiB) bounds the whole process; this share of it is the run's budget.
@@ -156,7 +161,7 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
         output = Path(kept) if kept else Path(scratch) / "record.h5"
         settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)
         geometry, ghosts = molecule_geometry(atomic_input.molecule)
-        with temporary_record(output, not kept):
+        with interface_errors(output, not kept, keyword_spelling):
             if settings.task == properties_job.TASK:
                 outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
                                              geometry=geometry, ghosts=ghosts)
@@ -167,6 +172,13 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
             else:
                 outcome = run_job.run(settings, geometry=geometry, ghosts=ghosts)
         return atomic_result(atomic_input, outcome.record, outcome.path, kept=bool(kept))
+
+
+def keyword_spelling(option: str) -> str | None:
+    """Where an AtomicInput gives what a command-line option gives."""
+    keyword = option.replace("-", "_")
+    return SPECIFICATION_NAMES.get(option) or (f"keyword {keyword}" if keyword in KEYWORDS
+                                                else None)
 
 
 def run_input(settings: RunSettings, record: Node) -> AtomicInput:
