@@ -254,6 +254,13 @@ def test_two_ranks_share_the_points(tmp_path, water):
                   - water.vibrations.frequencies).max() <= 1e-6
     with h5py.File(record, "r") as h5:
         assert list(h5["displacements/index"][()]) == list(range(19))
+        # Each rank's points and seconds, for the balance of the ranks.
+        dist = h5["distributed"].attrs
+        assert dist["world_size"] == 2 and dist["backend"] == "gloo"
+        dealt = [json.loads(dist[f"rank{r}.points"]) for r in range(2)]
+        assert sorted(dealt[0] + dealt[1]) == list(range(19)) and all(dealt)
+        assert all(json.loads(dist[f"rank{r}.stage_seconds"])["displaced_gradients"] > 0
+                   for r in range(2))
     assert not list(tmp_path.glob(".ranks.h5.*")), "no scratch file is left"
 
 

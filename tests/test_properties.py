@@ -40,6 +40,7 @@ from dfmp2.records.properties_section import PropertiesSection
 from dfmp2.records.tree import read_record
 from dfmp2.scf.engine import scf_kernels
 from dfmp2.scf.reference import ScfOptions, new_scf, run_scf
+from test_distributed import on_ranks
 
 BUDGET = 2 * 10**9
 RELAXED_TOLERANCE = 1e-6  # a.u.; see the module's docstring
@@ -414,3 +415,23 @@ def test_a_rerun_for_another_density_or_origin_keeps_the_complete_record(run_cli
     assert caplog.text.count("of other inputs, is kept as") == 2
     assert run_cli(*args, "--density", "unrelaxed", "--origin", "1,0,0").code == 0
     assert sorted(tmp_path.glob("p.superseded-*.h5")) == kept
+
+
+def test_two_ranks_give_one_process_properties_and_record_their_balance(tmp_path):
+    """The UHF relaxed density spread over two ranks: the same moments, charges and natural
+    occupations as one process, and each rank's stage seconds in /distributed (a properties
+    record had none)."""
+    args = (molecule_path("methylene"), "--basis", "6-31g", "--backend", "torch", "--threads",
+            "1", "--json")
+    results = []
+    for nranks in (1, 2):
+        job = on_ranks(nranks, "properties", *args, "-o", tmp_path / f"{nranks}.h5")
+        assert job.code == 0, job.err
+        results.append(json.loads(job.out.splitlines()[0]))
+    single, spread = results
+    assert abs(spread["e_tot"] - single["e_tot"]) <= 1e-9
+    for key in ("dipole_au", "quadrupole", "mulliken_charges", "natural_occupations_alpha"):
+        assert np.abs(np.array(spread[key]) - np.array(single[key])).max() <= 1e-7, key
+    dist = read_record(tmp_path / "2.h5").groups["distributed"].attrs
+    assert dist["world_size"] == 2
+    assert all(json.loads(dist[f"rank{r}.stage_seconds"])["properties"] > 0 for r in range(2))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,12 +42,13 @@ from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesS
                                                copy_reference, has_reference, read_points,
                                                write_frequencies, write_points,
                                                write_reference)
-from dfmp2.records.sections import CalculationInputs, read_inputs
+from dfmp2.records.sections import CalculationInputs, read_inputs, write_rank_stages
 from dfmp2.records.tree import (COMPLETE, FAILED, FREQUENCIES_SCHEMA, Node, read_record,
                                 schema, set_resumed, status, write_record)
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
 from dfmp2.system.files import refuse_overwriting
+from dfmp2.system.memory import peak_resident_megabytes
 from dfmp2.system.progress import Progress
 from dfmp2.vib.analysis import Thermochemistry, Vibrations, harmonic, thermochemistry
 from dfmp2.vib.displacements import (DEFAULT_STEP_BOHR, REFERENCE_POINT, central_differences,
@@ -307,8 +309,24 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
     progress = Progress(len(pending), "displaced gradients", show)
     if world.rank < len(pending):
         evaluator.start_from(reference)
-    compute_points(pending, lambda index: evaluator.evaluate(
-        index, displaced(reference, options.step, index)), world, keep, progress)
+    mine: list[int] = []
+    busy = 0.0
+
+    def evaluate(index: int) -> Finished:
+        nonlocal busy
+        started = time.perf_counter()
+        finished = evaluator.evaluate(index, displaced(reference, options.step, index))
+        busy += time.perf_counter() - started
+        mine.append(index)
+        return finished
+
+    compute_points(pending, evaluate, world, keep, progress)
+    if world.size > 1:
+        ranks = world.gather((busy, peak_resident_megabytes(), mine),
+                             "gathering every rank's points and seconds")
+        write_rank_stages(root, world.size, world.backend,
+                          [{"displaced_gradients": seconds} for seconds, _, _ in ranks],
+                          [peak for _, peak, _ in ranks], [points for _, _, points in ranks])
 
 
 def _analyse(calc: Calculation, method: str, points: dict[int, Point],

@@ -27,8 +27,8 @@ from dfmp2.input.xyz import MAX_COORDINATE_ANGSTROM, Geometry
 from dfmp2.jobs.preamble import active_sizes, make_plan, run_inputs, start_job
 from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_superseded,
                                 shared_previous_run)
-from dfmp2.jobs.stages import (RunContext, energy_scales, method_name, reference_stage,
-                               write_energies)
+from dfmp2.jobs.stages import (RunContext, energy_scales, method_name, record_rank_stages,
+                               reference_stage, write_energies)
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.props.analysis import analyse
 from dfmp2.props.molden import check_molden_path, write_molden
@@ -108,6 +108,7 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
             if ctx.saver is not None:
                 ctx.saver.save()
             properties_stage(ctx, reference_stage(ctx, keep_integrals=True), request)
+            record_rank_stages(ctx)
             session.complete(root, [Path(request.molden)] if request.molden else [])
             return 0
 

@@ -16,12 +16,11 @@ from dfmp2.jobs.check import run_check
 from dfmp2.jobs.preamble import make_plan, run_inputs, start_job
 from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_superseded,
                                 shared_previous_run)
-from dfmp2.jobs.stages import RunContext, calculate, gradient_stage, reference_stage
+from dfmp2.jobs.stages import (RunContext, calculate, gradient_stage, record_rank_stages,
+                               reference_stage)
 from dfmp2.records.checkpoint import RESUME, REUSE, RecordSaver
-from dfmp2.records.sections import write_rank_stages
 from dfmp2.records.tree import Node
 from dfmp2.system.distributed import World
-from dfmp2.system.memory import peak_resident_megabytes
 
 
 @dataclass
@@ -63,10 +62,7 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
                 outcome = calculate(ctx)
                 if settings.check and world.is_root:
                     passed = run_check(calc, outcome, env.kernel_set.precision, root)
-            if world.size > 1:
-                ranks = world.gather((ctx.timings, peak_resident_megabytes()),
-                                     "gathering every rank's stage times")
-                write_rank_stages(root, [t for t, _ in ranks], [m for _, m in ranks])
+            record_rank_stages(ctx)
             session.complete(root)
             return 0 if passed else 1
 

@@ -28,11 +28,12 @@ from dfmp2.mp2.plan import BlockPlan
 from dfmp2.records.checkpoint import RecordSaver, resumable_pairs, stored_occ_block
 from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, PlanSection,
                                     ScfEngineSection, Sizes, read_scf, write_distributed,
-                                    write_gradient, write_scf, write_timings)
+                                    write_gradient, write_rank_stages, write_scf, write_timings)
 from dfmp2.records.ledger import write_kernel_ledger
 from dfmp2.records.tree import Node, set_resumed
 from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release_integrals,
                                  restored_scf, run_scf)
+from dfmp2.system.memory import peak_resident_megabytes
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +247,17 @@ def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
     if world.size > 1:
         write_distributed(node, world.size, world.backend, result.ranks)
     return result
+
+
+def record_rank_stages(ctx: RunContext) -> None:
+    """With several ranks, every rank's seconds per stage and peak memory into the context's
+    node (a collective: every rank calls it)."""
+    world = ctx.env.world
+    if world.size > 1:
+        ranks = world.gather((ctx.timings, peak_resident_megabytes()),
+                             "gathering every rank's stage times")
+        write_rank_stages(ctx.node, world.size, world.backend, [t for t, _ in ranks],
+                          [m for _, m in ranks])
 
 
 def write_energies(ctx: RunContext, scf_result: ScfResult, energies: Mp2Energies,

@@ -386,15 +386,20 @@ def read_checkpoint(node: Node) -> Checkpoint | None:
                        for key, s in zip(keys, sums)})
 
 
-def write_rank_stages(node: Node, stages: list[dict[str, float]],
-                      peaks_mb: list[float]) -> None:
+def write_rank_stages(node: Node, world_size: int, backend: str,
+                      stages: list[dict[str, float]], peaks_mb: list[float],
+                      points: list[list[int]] | None = None) -> None:
     """``/distributed``: each rank's seconds per stage (``rankK.stage_seconds``, JSON) and its
-    peak resident memory (``rankK.peak_rss_mb``), so the balance of the ranks can be seen."""
+    peak resident memory (``rankK.peak_rss_mb``), so the balance of the ranks can be seen;
+    for a frequency job the displaced points each computed (``rankK.points``)."""
     group = node.group("distributed")
+    group.attrs.update({"world_size": world_size, "backend": backend})
     for rank, (seconds, peak) in enumerate(zip(stages, peaks_mb)):
         group.attrs[f"rank{rank}.stage_seconds"] = json.dumps(
             {name: round(value, 6) for name, value in sorted(seconds.items())})
         group.attrs[f"rank{rank}.peak_rss_mb"] = peak
+        if points is not None:
+            group.attrs[f"rank{rank}.points"] = json.dumps(points[rank])
 
 
 def write_distributed(node: Node, world_size: int, backend: str,
