@@ -288,3 +288,26 @@ def test_a_rank_waiting_in_a_collective_handles_sigterm_at_once(tmp_path):
         for rank in ranks:
             rank.kill()
             rank.communicate()
+
+
+def test_a_rank_waiting_to_join_ends_at_once_on_sigterm(tmp_path):
+    """A rank whose peers are gone waits in torch's C++ rendezvous, where Python's handlers do
+    not run: torchrun's SIGTERM waited for the join's timeout (58 s with a 40 s timeout), then
+    the rank said the finished work was in a record it had not begun."""
+    launch = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": str(free_port()), "DFMP2_DIST_TIMEOUT": "60"}
+    proc = subprocess.Popen([python_exe(), "-m", "dfmp2", "-vv", "run", molecule_path("water"),
+                             "--basis", "sto-3g", "--threads", "1", "-o", tmp_path / "w.h5"],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**environment(), **launch})
+    for line in proc.stderr:
+        if "joining the process group" in line:
+            break
+    time.sleep(1.0)
+    assert proc.poll() is None, "the rank is waiting to join"
+    proc.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    proc.wait(timeout=JOB_TIMEOUT_SECONDS)
+    assert time.monotonic() - start < 5
+    assert proc.returncode == -signal.SIGTERM
+    assert not (tmp_path / "w.h5").exists()

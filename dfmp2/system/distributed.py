@@ -26,6 +26,7 @@ import torch
 import torch.distributed as torch_dist
 
 from dfmp2.errors import InputError, RunFailure
+from dfmp2.system import interrupts
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_SECONDS = 300
@@ -291,11 +292,14 @@ def init_world(launch: Launch) -> World:
         return World()
     check_reachable(launch)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    log.debug("joining the process group of %d ranks at %s:%s", launch.size,
+              launch.master_addr, launch.master_port)
     try:
-        torch_dist.init_process_group(
-            backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
-            rank=launch.rank, world_size=launch.size,
-            timeout=dt.timedelta(seconds=launch.timeout_seconds))
+        with interrupts.ending_at_once():
+            torch_dist.init_process_group(
+                backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
+                rank=launch.rank, world_size=launch.size,
+                timeout=dt.timedelta(seconds=launch.timeout_seconds))
     except (RuntimeError, ValueError) as exc:
         # torch's message goes on with the C++ stack of where it was raised.
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -8,7 +8,14 @@ again (:func:`raise_if_requested`).
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
 from dfmp2.errors import Interrupted
+
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _requested: Interrupted | None = None
 
@@ -41,3 +48,20 @@ def raise_if_requested() -> None:
     stop = requested()
     if stop is not None:
         raise stop
+
+
+@contextlib.contextmanager
+def ending_at_once() -> Iterator[None]:
+    """SIGTERM and SIGINT end the process at once, as by default, while C++ code that holds
+    off Python's handlers runs before anything needs saving (joining the process group: a
+    rank waiting there for a killed peer kept torchrun's SIGTERM waiting for the join's
+    timeout, then said the finished work was in a record it had not begun)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handlers = {signum: signal.signal(signum, signal.SIG_DFL) for signum in STOPPING_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
