@@ -321,7 +321,7 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
         return finished
 
     compute_points(pending, evaluate, world, keep, progress)
-    if world.size > 1:
+    if world.size > 1 and pending:
         ranks = world.gather((busy, peak_resident_megabytes(), mine),
                              "gathering every rank's points and seconds")
         write_rank_stages(root, world.size, world.backend,
