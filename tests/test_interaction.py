@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 
 import h5py
+import numpy as np
 import pytest
 from pyscf import gto
 from pyscf.data import elements
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference
+from dfmp2.df import auxbasis
 from dfmp2.jobs import interaction
 from dfmp2.records.tree import read_record
 
@@ -181,3 +183,37 @@ def test_an_unstable_reference_is_named_with_the_interaction_energies(run_cli, t
             "eigenvalue -0.4566)") in shown
     assert interaction.json_summary(read_record(record), record)["unstable_references"] == {
         "dimer": -0.4566}
+
+
+def test_an_unfinished_record_of_another_command_is_not_replaced(run_cli, tmp_path):
+    """An interrupted `run` record at -o (its SCF and finished pairs, which `run` resumes) was
+    overwritten by the interaction job without a word."""
+    record = tmp_path / "k.h5"
+    args = (molecule_path("water_dimer"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "-o", record)
+    assert run_cli("run", *args).code == 0
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+    refused = run_cli("interaction", *args)
+    assert refused.code == 2 and "unfinished dfmp2.run/" in refused.err
+    stored = read_record(record)
+    assert stored.attrs["status"] == "interrupted" and "mp2" in stored.groups
+
+
+@pytest.mark.parametrize("atoms, basis, kind", [
+    # Iodine has no def2-SVP-RI set and lithium no cc-pVDZ-JKFIT set: PySCF generates them,
+    # and for a ghost it generated them from a nuclear charge of zero (12 s functions for
+    # iodine instead of 225: the counterpoise MP2 energy was 6e-6 Eh off).
+    ("H 0 0 -1.6; {}I 0 0 0; H 0 0 3.0; F 0 0 3.9", "def2-svp", "ri"),
+    ("{}Li 0 0 0; H 0 0 1.6; H 0 0 3.6; F 0 0 4.5", "cc-pvdz", "jk"),
+])
+def test_a_ghost_atom_carries_its_elements_fitting_functions(atoms, basis, kind):
+    choose = {"ri": lambda mol: auxbasis.ri_basis(mol, None), "jk": auxbasis.jk_basis}[kind]
+    real = gto.M(atom=atoms.format(""), basis=basis, verbose=0, spin=None)
+    ghost = gto.M(atom=atoms.format("ghost-"), basis=basis, verbose=0, spin=None)
+    real_aux = auxbasis.make_auxmol(real, choose(real))
+    ghost_aux = auxbasis.make_auxmol(ghost, choose(ghost))
+    assert ghost_aux.nao_nr() == real_aux.nao_nr()
+    ghost_shells, real_shells = ghost_aux.bas_exps(), real_aux.bas_exps()
+    assert len(ghost_shells) == len(real_shells)
+    assert all(np.array_equal(g, r) for g, r in zip(ghost_shells, real_shells))

@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from pyscf import df, gto
+from pyscf.data import elements
 
 from dfmp2.errors import InputError
 
@@ -47,9 +48,7 @@ def ri_basis(mol: gto.Mole, option: str | None) -> AuxBasis:
     """The MP2 fitting basis: ``option`` (a PySCF basis name) or the RI partner of the basis."""
     if option:
         return _checked(mol, AuxBasis(option, option, option), "--auxbasis", "cc-pvdz-ri")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spec = df.make_auxbasis(mol, mp2fit=True)
+    spec = default_spec(mol, mp2fit=True)
     return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--auxbasis",
                     "cc-pvdz-ri")
 
@@ -60,11 +59,53 @@ def jk_basis(mol: gto.Mole, option: str | None = None) -> AuxBasis:
     if option is not None:
         return _checked(mol, AuxBasis(option, option, option), "--jk-auxbasis",
                         "def2-universal-jkfit")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spec = df.make_auxbasis(mol)
+    spec = default_spec(mol, mp2fit=False)
     return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--jk-auxbasis",
                     "def2-universal-jkfit")
+
+
+def default_spec(mol: gto.Mole, mp2fit: bool) -> dict:
+    """PySCF's default fitting set per atom label. A ghost atom (a counterpoise partner)
+    gets its element's set: PySCF generates a ghost's set from a nuclear charge of zero, so
+    a ghost iodine in def2-SVP-RI got 12 s functions instead of iodine's 225, and the
+    monomer in the dimer basis was not in the dimer's fitting basis."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = df.make_auxbasis(mol, mp2fit=mp2fit)
+        generated_ghosts = [label for label, value in spec.items()
+                            if _element(label) != label and not isinstance(value, str)]
+        if not generated_ghosts:
+            return spec
+        real = df.make_auxbasis(_ghosts_made_real(mol), mp2fit=mp2fit)
+    spec.update((label, real[_element(label)]) for label in generated_ghosts)
+    return spec
+
+
+def _element(label: str) -> str:
+    """The element of an atom label, without a ghost prefix (``GHOST-I``, ``X-I``: ``I``)."""
+    return elements._std_symbol_without_ghost(label)
+
+
+def _ghosts_made_real(mol: gto.Mole) -> gto.Mole:
+    """``mol`` with its ghost atoms as atoms of their element, in the same orbital basis
+    (named as given, so PySCF finds the same fitting partners), without ECPs: what chooses a
+    fitting set is the basis and the nuclear charge."""
+    basis = mol.basis
+    if isinstance(basis, dict):
+        # A real atom's entry wins over a ghost's of the same element.
+        real_labels = {label: value for label, value in basis.items()
+                       if label == "default" or _element(label) == label}
+        basis = {**{_element(label): value for label, value in basis.items()
+                    if label not in real_labels}, **real_labels}
+    real = gto.Mole(atom=[(_element(label), coords) for label, coords in mol._atom],
+                    basis=basis, unit="Bohr", verbose=0)
+    for spin in (0, 1):
+        real.spin = spin
+        try:
+            return real.build()
+        except RuntimeError:
+            continue
+    raise RuntimeError("no spin fits the electrons of the molecule's atoms")
 
 
 def make_auxmol(mol: gto.Mole, aux: AuxBasis, option: str = "--auxbasis") -> gto.Mole:
