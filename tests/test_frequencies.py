@@ -4,6 +4,7 @@ a saddle point, a linear molecule, thermochemistry, resume, shards, two ranks an
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from dataclasses import replace
 
@@ -418,3 +419,21 @@ def test_qcengine_hessian_driver_and_ase_vibrations_agree_with_the_command(tmp_p
     vibrations.run()
     theirs = np.sort(np.real(vibrations.get_frequencies()))[-3:]
     assert np.abs(theirs - water.vibrations.frequencies).max() < 1.0
+
+
+def test_points_of_another_dispersion_are_not_taken(run_cli, tmp_path, caplog):
+    """B2PLYP and B2PLYP-D3BJ share their MP2 scales, so a B2PLYP shard's points (energies
+    and gradients without the dispersion) went into a B2PLYP-D3BJ Hessian and its energy,
+    7e-5 Eh off, with status 0."""
+    common = (molecule_path("hydrogen_fluoride"), "--basis", "sto-3g", "--threads", "1",
+              "--backend", "torch")
+    record = tmp_path / "f.h5"
+    caplog.set_level(logging.INFO)
+    assert run_cli("frequencies", *common, "--xc", "b2plyp", "--shard", "0/2",
+                   "-o", record).code == 0
+    dispersed = run_cli("frequencies", *common, "--xc", "b2plyp-d3bj", "-o", record, "--json")
+    assert dispersed.code == 0, dispersed.err
+    assert "finished points taken" not in caplog.text
+    energy = json.loads(run_cli("run", *common, "--xc", "b2plyp-d3bj", "--json",
+                                "-o", tmp_path / "e.h5").out)["e_tot"]
+    assert json.loads(dispersed.out)["e_tot"] == pytest.approx(energy, abs=1e-9)

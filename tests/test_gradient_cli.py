@@ -241,3 +241,75 @@ def test_the_optimised_file_reads_back_as_the_molecule_that_was_optimised(run_cl
     shown = run_cli("show", tmp_path / "opt.h5").out
     assert shown.startswith("dfmp2 optimize record: status complete")
     assert f"in {summary['steps']} steps: E = {summary['e_tot']:.10f} Eh" in shown
+
+
+DISTORTED_WATER = ("3\ndistorted water\nO 0.0 0.0 0.10\nH 0.0 0.90 -0.45\n"
+                   "H 0.0 -0.70 -0.60\n")
+
+
+def test_an_optimisation_of_other_scales_does_not_replay_their_steps(run_cli, tmp_path):
+    """The recorded steps are the method's energies and gradients: a failed SCS-MP2
+    optimisation was resumed with another --scs-os, its steps replayed, and the old method's
+    energy reported as converged for the new one (11.8 mEh off, exit 0)."""
+    record = tmp_path / "scs.h5"
+    args = ("optimize", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "--method", "scs-mp2", "-o", record)
+    assert run_cli(*args, "--max-steps", "1").code == 1
+    assert len(read_record(record).groups["optimize"].datasets["energies"]) >= 1
+    other = run_cli(*args, "--scs-os", "1.5", "--json")
+    assert other.code == 0, other.err
+    with h5py.File(record, "r") as h5:
+        assert h5["optimize"].attrs["replayed_steps"] == 0
+        assert h5["input"].attrs["scs_os"] == 1.5
+
+
+def test_a_looser_resume_ends_the_trajectory_at_its_final_geometry(run_cli, tmp_path):
+    """A resume whose criteria hold at a replayed step wrote a record without the steps, and
+    reported the last recorded step's energy and count rather than the final geometry's."""
+    molecule = tmp_path / "distorted.xyz"
+    molecule.write_text(DISTORTED_WATER)
+    record = tmp_path / "d.h5"
+    args = ("optimize", molecule, "--basis", "sto-3g", "--backend", "torch", "--threads", "1",
+            "-o", record)
+    assert run_cli(*args, "--convergence", "GAU_VERYTIGHT", "--max-steps", "5").code == 1
+    recorded = read_record(record).groups["optimize"].datasets["energies"]
+    resumed = run_cli(*args, "--convergence", "NWCHEM_LOOSE", "--json")
+    assert resumed.code == 0, resumed.err
+    summary = json.loads(resumed.out)
+    with h5py.File(record, "r") as h5:
+        assert h5["optimize"].attrs["replayed_steps"] >= summary["steps"] - 1
+        energies, coords = h5["optimize/energies"][()], h5["optimize/coords"][()]
+    assert len(energies) == summary["steps"] <= len(recorded) + 1
+    assert energies[-1] == summary["e_tot"]
+    final = np.array([xyz for _, *xyz in summary["geometry"]]) / optimize.param.BOHR
+    assert np.abs(coords[-1] - final).max() < 1e-9
+
+
+def test_a_rerun_sets_the_optimised_geometry_aside_with_its_record(run_cli, tmp_path):
+    """A rerun of other inputs that failed left the earlier optimised .xyz beside the new
+    failed record, a result that looked current; the --resume of other criteria over the
+    complete record rewrote it in place."""
+    record = tmp_path / "st.h5"
+    args = ("optimize", molecule_path("water"), "--backend", "torch", "--threads", "1",
+            "-o", record)
+    assert run_cli(*args, "--basis", "sto-3g").code == 0
+    optimised = (tmp_path / "st.xyz").read_text()
+    refused = run_cli(*args, "--basis", "sto-3g", "--resume", "--convergence", "NWCHEM_LOOSE")
+    assert refused.code == 2 and "complete run with other options" in refused.err
+    assert run_cli(*args, "--basis", "6-31g", "--max-steps", "1").code == 1
+    assert not (tmp_path / "st.xyz").exists()
+    [kept] = tmp_path.glob("st.superseded-*.h5")
+    assert kept.with_suffix(".xyz").read_text() == optimised
+
+
+def test_a_gradient_of_a_conventional_scf_is_refused_before_the_record_is_touched(run_cli,
+                                                                                 tmp_path):
+    record = tmp_path / "g.h5"
+    args = ("gradient", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "-o", record)
+    assert run_cli(*args).code == 0
+    for command in ("gradient", "optimize", "frequencies"):
+        refused = run_cli(command, *args[1:], "--scf", "conventional")
+        assert refused.code == 2 and "needs a density-fitted SCF" in refused.err
+    assert read_record(record).attrs["status"] == "complete"
+    assert not list(tmp_path.glob("g.superseded-*"))

@@ -415,6 +415,10 @@ def test_a_rerun_for_another_density_or_origin_keeps_the_complete_record(run_cli
     assert caplog.text.count("of other inputs, is kept as") == 2
     assert run_cli(*args, "--density", "unrelaxed", "--origin", "1,0,0").code == 0
     assert sorted(tmp_path.glob("p.superseded-*.h5")) == kept
+    # --resume over it resumed in place, rewriting the complete record with other properties.
+    refused = run_cli(*args, "--resume")
+    assert refused.code == 2 and "complete run with other options" in refused.err
+    assert PropertiesSection.read(read_record(record)).density == "unrelaxed"
 
 
 def test_two_ranks_give_one_process_properties_and_record_their_balance(tmp_path):

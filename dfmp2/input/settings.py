@@ -27,6 +27,9 @@ MAX_SCALE_FACTOR = 100.0
 SCALE_FIELDS = ("scs_os", "scs_ss", "mp2_os", "mp2_ss")
 # Whole-number fields and their least value (None: not given).
 COUNT_FIELDS = {"threads": 1, "occ_block": 1, "frozen": 0}
+# Jobs built on the analytic gradient of the DF-SCF plus DF-MP2 energy.
+DIFFERENTIATING_TASKS = {"gradient": "the gradient", "optimize": "an optimisation",
+                         "frequencies": "a frequency job"}
 # Fields that name one of a few choices.
 CHOICE_FIELDS = {"method": METHODS, "reference": REFERENCES, "scf_method": SCF_METHODS,
                  "scf_engine": ENGINES}
@@ -129,6 +132,11 @@ class RunSettings:
             if isinstance(self.memory, bool) or not isinstance(self.memory, int):
                 raise InputError(f"memory {self.memory!r} must be a number of bytes")
             checked_size(self.memory)
+        if self.task in DIFFERENTIATING_TASKS and self.scf_method != "df":
+            # Refused here, before any record is touched: found after the SCF, it had moved
+            # a complete record aside for a job that could not run.
+            raise InputError(f"{DIFFERENTIATING_TASKS[self.task]} needs a density-fitted SCF "
+                             "(--scf df): the energy it differentiates is DF-SCF plus DF-MP2")
 
     def xc_suffix(self) -> str:
         """``-<functional>[-<dispersion>]`` in default record names of a double hybrid (``-xc``

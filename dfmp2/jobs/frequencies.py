@@ -158,7 +158,7 @@ def shard_records(path: Path, inputs: CalculationInputs) -> list[tuple[Path, Nod
             continue
         stored = read_inputs(node)
         if schema(node) == FREQUENCIES_SCHEMA and stored is not None and not stored.differing(
-                inputs, CalculationInputs.RESUME_FIELDS):
+                inputs, CalculationInputs.SCALED_FIELDS):
             found.append((candidate, node))
     return found
 
@@ -169,7 +169,9 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
     """The points this job need not compute (from the record at ``path`` and, unless the job
     is a shard, from the shard records beside ``main_path``), a record holding the input
     geometry's calculation, if one does, and what was at ``path``."""
-    previous = examine_previous(path, FREQUENCIES_SCHEMA, inputs, settings.resume, True)
+    # The points are the method's own energies and gradients (its scales and dispersion in).
+    previous = examine_previous(path, FREQUENCIES_SCHEMA, inputs, settings.resume, True,
+                                CalculationInputs.SCALED_FIELDS)
     record = previous.record if previous.action in (RESUME, REUSE) else None
     if record is not None and _other_displacements(record, expected):
         previous = _displaced_otherwise(path, record, expected)

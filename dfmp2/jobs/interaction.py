@@ -18,10 +18,10 @@ from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.run import RunOutcome
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
 from dfmp2.jobs.stages import RunContext, calculate
-from dfmp2.records.checkpoint import set_aside
+from dfmp2.records.checkpoint import complete_copies_beside, set_aside
 from dfmp2.errors import InputError
-from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, Node, read_record, schema,
-                                stale_temporaries, status)
+from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, INTERRUPTED, RUNNING, Node,
+                                read_record, schema, stale_temporaries, status)
 from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection)
 from dfmp2.records.report import heading
 from dfmp2.records.job_sections import (InteractionInputs, calculation_node, interaction_value,
@@ -144,8 +144,10 @@ def _same_calculations(inputs: dict[str, CalculationInputs]) -> Callable[[Node],
 
 def keep_complete_record(path: Path) -> Path | None:
     """A complete record about to be replaced is moved aside instead (a finished result is
-    never lost), and its new name returned; temporaries of an interrupted write are
-    removed."""
+    never lost), and its new name returned; an unfinished record of another command, which
+    that command would resume, is refused; temporaries of an interrupted write are
+    removed. (An interaction job starts its five calculations again, so its own unfinished
+    records are replaced.)"""
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
     if not path.exists():
@@ -154,7 +156,14 @@ def keep_complete_record(path: Path) -> Path | None:
         previous = read_record(path)
     except InputError:
         return None
-    return set_aside(path, previous) if status(previous) == COMPLETE else None
+    state = status(previous)
+    if state == COMPLETE:
+        return set_aside(path, previous)
+    if state in (RUNNING, INTERRUPTED) and schema(previous) != INTERACTION_SCHEMA:
+        raise InputError(f"{path} holds an unfinished {schema(previous)} record, which its own "
+                         "command would resume; choose another -o"
+                         f"{complete_copies_beside(path)}")
+    return None
 
 
 def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int] | None,

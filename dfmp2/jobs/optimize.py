@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -29,10 +30,10 @@ from dfmp2.input.calculation import Calculation
 from dfmp2.records.checkpoint import RESUME, examine_previous, save_checkpoint
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.report import heading
-from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, write_record
+from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, read_record, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
-from dfmp2.records.sections import read_inputs, write_timings
+from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
@@ -129,6 +130,14 @@ class StepLog:
             if np.allclose(recorded, coords, rtol=0.0, atol=SAME_GEOMETRY_BOHR):
                 return n
         return None
+
+    def through(self, coords: np.ndarray) -> Steps:
+        """The steps up to the one at ``coords`` (Bohr), which the engine evaluated."""
+        last = self.find(coords)
+        if last is None:
+            raise RuntimeError("the optimiser ended at a geometry it never evaluated")
+        return Steps(self.steps.coords[:last + 1], self.steps.energies[:last + 1],
+                     self.steps.gradients[:last + 1])
 
     def add(self, coords: np.ndarray, energy: float, grad: np.ndarray) -> None:
         self.steps = Steps(np.concatenate([self.steps.coords, coords[None]]),
@@ -242,9 +251,18 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     start = optimised_molecule(start, int(calc.mol.charge), int(calc.mol.spin) + 1)
     make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
+    def same_optimisation(old: Node) -> bool:
+        section = OptimizationSection.read(old)
+        return (same_inputs(inputs)(old) and section is not None
+                and section.convergence_set == convergence)
+
     with RecordSession(path, env) as session:
-        previous = examine_previous(path, OPTIMIZE_SCHEMA, inputs, settings.resume, False)
+        # The recorded steps are the method's own energies and gradients: only a run of the
+        # same scales and dispersion may replay them.
+        previous = examine_previous(path, OPTIMIZE_SCHEMA, inputs, settings.resume, False,
+                                    CalculationInputs.SCALED_FIELDS, same_optimisation)
         session.superseded = previous.superseded
+        moved_geometry = _set_geometry_aside(xyz_path, previous.superseded)
         recorded = read_steps(previous.record) if previous.action == RESUME else None
         root = job.new_record(OPTIMIZE_SCHEMA)
         inputs.write(root)
@@ -261,26 +279,39 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             write_record(path, root)
             t0 = time.perf_counter()
             final = optimize(start, evaluate, log_steps, convergence, max_steps)
+            # A resume with looser criteria may converge on a replayed step before the
+            # recorded last one: the trajectory, and the energy, end at the final geometry.
+            steps = log_steps.through(np.asarray(final.coords) / param.BOHR)
+            write_steps(root, steps)
             write_new_text(xyz_path, final.text, XYZ_REMEDY)
             write_timings(root, {"optimize": time.perf_counter() - t0})
-            energy = float(log_steps.steps.energies[-1])
+            energy = float(steps.energies[-1])
             write_optimization(root, OptimizationSection(
                 True, convergence, json.dumps(criteria(convergence)), max_steps,
-                len(log_steps.steps.energies), log_steps.replayed, energy, final.text,
-                str(xyz_path)))
+                len(steps.energies), log_steps.replayed, energy, final.text, str(xyz_path)))
             session.complete(root, [xyz_path])
-            return OptimizeOutcome(root, path, final, xyz_path, energy,
-                                   len(log_steps.steps.energies), criteria(convergence))
+            return OptimizeOutcome(root, path, final, xyz_path, energy, len(steps.energies),
+                                   criteria(convergence))
 
         outcome = guarded(session, root, work)
-
-        def same_optimisation(old: Node) -> bool:
-            section = OptimizationSection.read(old)
-            return (same_inputs(inputs)(old) and section is not None
-                    and section.convergence_set == convergence)
-
-        settle_superseded(previous.superseded, same_optimisation)
+        if settle_superseded(previous.superseded, same_optimisation) and moved_geometry:
+            moved_geometry.unlink(missing_ok=True)
         return outcome
+
+
+def _set_geometry_aside(xyz_path: Path, superseded: Path | None) -> Path | None:
+    """The optimised geometry written beside a complete record goes aside with it (a failed
+    rerun of other inputs left it beside the new record, a result that looked current)."""
+    if superseded is None or xyz_path.is_symlink() or not xyz_path.is_file():
+        return None
+    target = superseded.with_suffix(".xyz")
+    section = OptimizationSection.read(read_record(superseded))
+    if (section is None or target.exists()
+            or xyz_path.read_text(encoding="utf-8", errors="replace") != section.final_xyz):
+        return None
+    os.rename(xyz_path, target)
+    log.info("moved %s, the optimised geometry of %s, to %s", xyz_path, superseded, target)
+    return target
 
 
 def json_summary(outcome: OptimizeOutcome) -> dict:

@@ -96,8 +96,13 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
     gradient.check_budget(max(n for n, _ in sizes), max(v for _, v in sizes),
                           calc.auxbasis_functions(), calc.mol.nao_nr(), env.budget)
     inputs = run_inputs(calc, settings, env)
+    asked = same_properties(inputs, method_name(calc, settings), density_kind(request),
+                            origin_of(request, calc.mol))
     with RecordSession(path, env) as session:
-        previous = shared_previous_run(session, inputs, settings.resume, reuse_complete=False)
+        # A complete record of other properties (density, origin) is set aside, never
+        # resumed in place: that rewrote it.
+        previous = shared_previous_run(session, inputs, settings.resume, reuse_complete=False,
+                                       same_result=asked)
         root = job.new_record()
         inputs.write(root)
         ctx = RunContext(calc, settings, env, root, session.scratch_area("run"), plan,
@@ -114,20 +119,31 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
 
         exit_code = guarded(session, root, work)
         if world.is_root:
-            settle_superseded(previous.superseded, same_properties(inputs, root))
+            settle_superseded(previous.superseded, asked)
     return PropertiesOutcome(root, path, exit_code)
 
 
-def same_properties(inputs: CalculationInputs, new: Node) -> Callable[[Node], bool]:
-    """Whether a record holds the properties of ``new``: the same calculation, density
-    (relaxed or not) and origin."""
-    ours = PropertiesSection.read(new)
+def density_kind(request: PropertiesRequest) -> str:
+    return "relaxed" if request.relaxed else "unrelaxed"
 
+
+def origin_of(request: PropertiesRequest, mol) -> np.ndarray:
+    """The origin of the moments (Bohr): the one asked for, else the centre of nuclear
+    charge."""
+    if request.origin is not None:
+        return np.asarray(request.origin, dtype=float)
+    return nuclear_charge_centre(mol)
+
+
+def same_properties(inputs: CalculationInputs, method: str, density: str,
+                    origin: np.ndarray) -> Callable[[Node], bool]:
+    """Whether a record holds these properties: the same calculation, method, density
+    (relaxed or not) and origin."""
     def same(old: Node) -> bool:
         theirs = PropertiesSection.read(old)
-        return (same_inputs(inputs)(old) and theirs is not None and ours is not None
-                and (theirs.method, theirs.density) == (ours.method, ours.density)
-                and np.allclose(theirs.origin, ours.origin, rtol=0.0, atol=1e-12))
+        return (same_inputs(inputs)(old) and theirs is not None
+                and (theirs.method, theirs.density) == (method, density)
+                and np.allclose(theirs.origin, origin, rtol=0.0, atol=1e-12))
     return same
 
 
@@ -175,7 +191,7 @@ def properties_stage(ctx: RunContext, scf_result: ScfResult,
         raise RunFailure(f"the {method} density overflowed to non-finite numbers; "
                          "give --scs-os/--scs-ss values of an ordinary size")
     given = request.origin is not None
-    origin = np.asarray(request.origin, dtype=float) if given else nuclear_charge_centre(mol)
+    origin = origin_of(request, mol)
     mo_coeff = scf_result.mf.mo_coeff
     mp2 = analyse(mol, densities.total, mo_coeff, origin)
     scf = analyse(mol, densities.scf, mo_coeff, origin)
@@ -185,7 +201,7 @@ def properties_stage(ctx: RunContext, scf_result: ScfResult,
                                   mp2.natural_occupations))
     response = densities.response
     section = PropertiesSection(
-        method, "relaxed" if request.relaxed else "unrelaxed",
+        method, density_kind(request),
         densities.e_tot + ctx.calc.e_disp,
         densities.e_scf, origin.tolist(), "given" if given else CENTRE,
         response_solver=response.solver if response else "",

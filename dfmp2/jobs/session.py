@@ -229,20 +229,21 @@ def _kept_note(path: Path) -> str:
     return (f" (the record keeps its last save, status {RUNNING}: rerunning the command "
             "resumes from it)")
 
-def settle_superseded(superseded: Path | None, same: Callable[[Node], bool]) -> None:
+def settle_superseded(superseded: Path | None, same: Callable[[Node], bool]) -> bool:
     """After a run completed: the complete record moved aside for it is dropped when it held
     the same calculation (``same`` of its root), and kept otherwise, with a warning naming
-    it."""
+    it. Whether it was dropped."""
     if superseded is None:
-        return
+        return False
     try:
         if same(read_record(superseded)):
             superseded.unlink()
             log.info("removed %s: the new record holds the same calculation", superseded)
-            return
+            return True
     except (Dfmp2Error, OSError):
         pass
     log.warning("the earlier complete record, of other inputs, is kept as %s", superseded)
+    return False
 
 
 def same_inputs(inputs: CalculationInputs) -> Callable[[Node], bool]:
@@ -255,14 +256,17 @@ def same_inputs(inputs: CalculationInputs) -> Callable[[Node], bool]:
 
 
 def shared_previous_run(session: RecordSession, inputs: CalculationInputs, resume: bool,
-                        reuse_complete: bool) -> PreviousRun:
-    """What to do with the run record at the session's path, decided by rank 0 alone (the one
-    that writes records) and its action shared with every rank; the other ranks know nothing
-    of the record itself."""
+                        reuse_complete: bool, same_result: Callable[[Node], bool] | None = None
+                        ) -> PreviousRun:
+    """What to do with the run record at the session's path (see
+    :func:`dfmp2.records.checkpoint.examine_previous`), decided by rank 0 alone (the one that
+    writes records) and its action shared with every rank; the other ranks know nothing of
+    the record itself."""
     world = session.env.world
     previous = PreviousRun(FRESH)
     if world.is_root:
-        previous = examine_previous(session.path, SCHEMA, inputs, resume, reuse_complete)
+        previous = examine_previous(session.path, SCHEMA, inputs, resume, reuse_complete,
+                                    same_result=same_result)
         session.superseded = previous.superseded
     return replace(previous,
                    action=world.broadcast(previous.action, "sharing the resume decision"))

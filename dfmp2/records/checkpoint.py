@@ -21,6 +21,7 @@ import glob
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,14 @@ class PreviousRun:
 
 
 def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs,
-                     resume_required: bool, reuse_complete: bool) -> PreviousRun:
+                     resume_required: bool, reuse_complete: bool,
+                     resume_fields: tuple[str, ...] = CalculationInputs.RESUME_FIELDS,
+                     same_result: Callable[[Node], bool] | None = None) -> PreviousRun:
+    """What to do with the record at ``path``: an unfinished one of the same
+    ``resume_fields`` is resumed (other ones refused, failed ones replaced), a complete one of
+    the same inputs is reused or resumed only when ``same_result`` (what the job asks of it
+    beyond ``/input``, such as a density or convergence criteria) holds for it, and any other
+    complete one is set aside."""
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
     if not path.exists():
@@ -79,19 +87,21 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
         raise InputError(f"cannot resume from {path}: {exc}") from None
     with interpreting(path):
         return _previous_run(path, previous, expected_schema, inputs, resume_required,
-                             reuse_complete)
+                             reuse_complete, resume_fields, same_result)
 
 
 def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: CalculationInputs,
-                  resume_required: bool, reuse_complete: bool) -> PreviousRun:
+                  resume_required: bool, reuse_complete: bool, resume_fields: tuple[str, ...],
+                  same_result: Callable[[Node], bool] | None) -> PreviousRun:
     if schema(previous) != expected_schema:
         raise InputError(f"{path} holds a {schema(previous)} record, not a {expected_schema} "
                          "one; choose another -o")
     stored = read_inputs(previous)
     state = status(previous)
     if state == COMPLETE:
-        same = stored is not None and not stored.differing(inputs,
-                                                           CalculationInputs.REUSE_FIELDS)
+        same = (stored is not None
+                and not stored.differing(inputs, CalculationInputs.REUSE_FIELDS)
+                and (same_result is None or same_result(previous)))
         if same and reuse_complete:
             return PreviousRun(REUSE, previous)
         if same and resume_required:
@@ -100,8 +110,8 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
             raise InputError(f"--resume: {path} holds a complete run with other options; "
                              "drop --resume to recompute it")
         return PreviousRun(FRESH, superseded=set_aside(path, previous))
-    differing = (list(CalculationInputs.RESUME_FIELDS) if stored is None else
-                 stored.differing(inputs, CalculationInputs.RESUME_FIELDS))
+    differing = (list(resume_fields) if stored is None else
+                 stored.differing(inputs, resume_fields))
     stored_scf = read_scf(previous)
     resumable = (read_checkpoint(previous) is not None or read_steps(previous) is not None
                  or (stored_scf is not None and stored_scf[1] is not None))

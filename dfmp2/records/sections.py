@@ -79,19 +79,22 @@ def _from_attr(value: Any, annotation: str, where: str) -> Any:
 class CalculationInputs(Section):
     """``/input``: what was computed and how. Two kinds of comparison use it: a resumed run
     must share ``RESUME_FIELDS`` with the interrupted one (its checkpoint depends on nothing
-    else), and a complete record stands for a new request only when ``REUSE_FIELDS`` match
-    (every option that changes a stored number)."""
+    else; ``SCALED_FIELDS`` for a checkpoint of scaled energies and gradients), and a
+    complete record stands for a new request only when ``REUSE_FIELDS`` match (every option
+    that changes a stored number)."""
 
     group_name: ClassVar[str] = "input"
     RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
         "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
         "scf_engine", "jk_auxbasis", "reference", "frozen", "backend", "precision",
         "fused_energy", "task", "method", "xc_functional", "grid_level")
-    # The dispersion term is added after the SCF and MP2, so an interrupted run's checkpoint
-    # holds for any; a finished record's total does not.
-    REUSE_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
+    # The scales and the dispersion term are applied after the SCF and the MP2 pair sums, so
+    # an interrupted energy's checkpoint holds for any. A checkpoint of the method's own
+    # energies and gradients (optimisation steps, displaced points) holds only for the same.
+    SCALED_FIELDS: ClassVar[tuple[str, ...]] = RESUME_FIELDS + (
         "scs_os", "scs_ss", "xc", "xc_os", "xc_ss", "dispersion", "dispersion_method",
-        "allow_unconverged", "check")
+        "allow_unconverged")
+    REUSE_FIELDS: ClassVar[tuple[str, ...]] = SCALED_FIELDS + ("check",)
 
     xyz: str
     source: str
