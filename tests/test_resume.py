@@ -125,3 +125,45 @@ def test_non_finite_checkpoint_sums_are_computed_again(run_cli, tmp_path, caplog
     e_fresh, resumed = _resumed_after_altering(run_cli, tmp_path, water_record, alter)
     assert any("non-finite sums" in r.getMessage() for r in caplog.records)
     assert json.loads(resumed.out)["e_tot"] == pytest.approx(e_fresh, abs=1e-10)
+
+
+STO3G_WATER_NWCHEM = """BASIS "ao basis" SPHERICAL PRINT
+H    S
+      3.42525091             0.15432897
+      0.62391373             0.53532814
+      0.16885540             0.44463454
+O    S
+    130.7093200              0.15432897
+     23.8088610              0.53532814
+      6.4436083              0.44463454
+O    SP
+      5.0331513             -0.09996723             0.15591627
+      1.1695961              0.39951283             0.60768372
+      0.3803890              0.70011547             0.39195739
+END
+"""
+
+
+def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
+    """PySCF reads a basis name as a file when one exists. The record kept only the name, so
+    a resume after the file was edited mixed two bases' block pairs (1e-6 Eh off) and a batch
+    reused the old energy; and a file named like a library basis replaced it unseen."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(molecule_path("water"), "water.xyz")
+    basis = tmp_path / "my.nw"
+    basis.write_text(STO3G_WATER_NWCHEM)
+    args = ("run", "water.xyz", "--basis", "my.nw", "--backend", "torch", "--threads", "1",
+            "-o", "w.h5", "--json")
+    first = json.loads(run_cli(*args).out)
+    assert read_record(tmp_path / "w.h5").groups["input"].attrs["basis_file"].startswith(
+        "sha256:")
+    assert run_cli(*args, "--resume").code == 0
+    basis.write_text(STO3G_WATER_NWCHEM.replace("0.16885540", "0.20000000"))
+    refused = run_cli(*args, "--resume")
+    assert refused.code == 2 and "complete run with other options" in refused.err
+    edited = json.loads(run_cli(*args).out)
+    assert abs(edited["e_tot"] - first["e_tot"]) > 1e-4
+    (tmp_path / "sto-3g").write_text(STO3G_WATER_NWCHEM.replace("0.16885540", "0.3"))
+    for option in ("--basis", "--auxbasis"):
+        shadowed = run_cli("run", "water.xyz", option, "sto-3g", "-o", "s.h5")
+        assert shadowed.code == 2 and "give the file as ./sto-3g" in shadowed.err

@@ -17,6 +17,7 @@ from pyscf import df, gto
 from pyscf.data import elements
 
 from dfmp2.errors import InputError
+from dfmp2.input.basis_files import refuse_shadowed_library_name
 
 GENERATED = "even-tempered (PySCF)"
 DEFAULT_OPTION = "default"
@@ -124,5 +125,7 @@ def make_auxmol(mol: gto.Mole, aux: AuxBasis, option: str = "--auxbasis") -> gto
 def _checked(mol: gto.Mole, aux: AuxBasis, option: str, example: str) -> AuxBasis:
     if not aux.name.strip():
         raise InputError(f"{option} is empty; give a PySCF basis name such as {example}")
+    if aux.option != DEFAULT_OPTION:
+        refuse_shadowed_library_name(aux.option, option)
     make_auxmol(mol, aux, option)
     return aux

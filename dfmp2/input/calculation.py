@@ -15,6 +15,7 @@ from pyscf.data import elements
 
 from dfmp2.df.auxbasis import DEFAULT_OPTION, AuxBasis, jk_basis, make_auxmol, ri_basis
 from dfmp2.errors import InputError
+from dfmp2.input.basis_files import file_digest
 from dfmp2.input.dispersion import Dispersion, dispersion_energy
 from dfmp2.input.functionals import GRID_LEVELS, DoubleHybrid, stored_functional
 from dfmp2.input.molecule import (NO_ECP, build_molecule, element_ecp, resolve_charge_spin,
@@ -104,6 +105,9 @@ class Calculation:
             scf=self.scf_method, jk_auxbasis=self.jk_name(),
             jk_auxbasis_option=(self.jk_auxbasis.option if self.jk_auxbasis
                                 else DEFAULT_OPTION),
+            basis_file=file_digest(self.mol.basis),
+            auxbasis_file=_option_file_digest(self.auxbasis),
+            jk_auxbasis_file=_option_file_digest(self.jk_auxbasis),
             reference=self.reference, frozen=self.nfrozen, **self._functional_inputs())
 
     def _functional_inputs(self) -> dict:
@@ -116,6 +120,12 @@ class Calculation:
                 "grid_level": -1 if self.grid is None else self.grid,
                 "dispersion": dispersion.model if dispersion else "",
                 "dispersion_method": dispersion.method if dispersion else ""}
+
+
+def _option_file_digest(aux: AuxBasis | None) -> str:
+    """The digest of the file an auxiliary basis option names (empty for a library name or
+    the default)."""
+    return "" if aux is None or aux.option == DEFAULT_OPTION else file_digest(aux.option)
 
 
 def ecp_core_electrons(geometry: Geometry, ecp: dict[str, str],

@@ -10,6 +10,7 @@ from pyscf import gto
 from pyscf.data import elements
 
 from dfmp2.errors import InputError
+from dfmp2.input.basis_files import refuse_shadowed_library_name
 from dfmp2.input.xyz import Geometry
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
     """The PySCF molecule; an unknown basis or one lacking an element is an InputError."""
     if not basis.strip():
         raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
+    refuse_shadowed_library_name(basis, "--basis")
     mol = gto.Mole()
     mol.atom = geometry.pyscf_atoms(ghosts)
     mol.unit = "Angstrom"

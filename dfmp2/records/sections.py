@@ -85,9 +85,10 @@ class CalculationInputs(Section):
 
     group_name: ClassVar[str] = "input"
     RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
-        "xyz", "basis", "auxbasis", "ecp", "charge", "spin", "ghost_atoms", "scf",
-        "scf_engine", "jk_auxbasis", "reference", "frozen", "backend", "precision",
-        "fused_energy", "task", "method", "xc_functional", "grid_level")
+        "xyz", "basis", "basis_file", "auxbasis", "auxbasis_file", "ecp", "charge", "spin",
+        "ghost_atoms", "scf", "scf_engine", "jk_auxbasis", "jk_auxbasis_file", "reference",
+        "frozen", "backend", "precision", "fused_energy", "task", "method", "xc_functional",
+        "grid_level")
     # The scales and the dispersion term are applied after the SCF and the MP2 pair sums, so
     # an interrupted energy's checkpoint holds for any. A checkpoint of the method's own
     # energies and gradients (optimisation steps, displaced points) holds only for the same.
@@ -106,6 +107,11 @@ class CalculationInputs(Section):
     """The SCF's JK-fit basis, as :attr:`auxbasis` names it (``none``: a conventional SCF)."""
     jk_auxbasis_option: str = "default"
     """The ``--jk-auxbasis`` given, or ``default``."""
+    basis_file: str = ""
+    """``sha256:<hex>`` of the file ``basis`` names, if it names a file (empty: the library's);
+    ``auxbasis_file`` and ``jk_auxbasis_file`` likewise."""
+    auxbasis_file: str = ""
+    jk_auxbasis_file: str = ""
     charge: int = 0
     spin: int = 0
     ghost_atoms: str = "[]"
