@@ -219,6 +219,15 @@ def test_an_optimisation_never_writes_over_its_input(run_cli, tmp_path):
     assert molecule.read_bytes() == before and not (tmp_path / "w.h5").exists()
 
 
+def test_a_record_named_like_the_optimised_geometry_is_refused(run_cli, tmp_path):
+    """-o out.xyz: the geometry was written to out.xyz, then the record replaced it, and the
+    run said both were written."""
+    result = run_cli("optimize", molecule_path("water"), "--basis", "sto-3g",
+                     "-o", tmp_path / "out.xyz")
+    assert result.code == 2 and "give the record another suffix" in result.err
+    assert not (tmp_path / "out.xyz").exists()
+
+
 def test_the_optimised_file_reads_back_as_the_molecule_that_was_optimised(run_cli, tmp_path):
     """A units=bohr input with --charge/--spin on the command line: the written geometry kept
     the input's comment line, so it read back 0.53 times the size and neutral."""

@@ -84,6 +84,32 @@ def test_full_disk_while_writing_the_scratch_file(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_a_rerun_that_cannot_write_its_record_puts_the_complete_one_back(tmp_path):
+    """The complete record was moved aside, the rerun could not write a byte, and the error
+    line did not say where the result had gone: -o pointed at nothing."""
+    first = subprocess.run(dfmp2_command("run", *WATER_OUT_OF_CORE), capture_output=True,
+                           text=True, cwd=tmp_path, timeout=TIMEOUT_SECONDS)
+    assert first.returncode == 0, first.stderr
+    result = run_with_file_limit(4000, *WATER_OUT_OF_CORE, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "the earlier complete record is back at w.h5" in one_error_line(result.stderr)
+    assert read_record(tmp_path / "w.h5").attrs["status"] == "complete"
+    assert not list(tmp_path.glob("w.superseded-*")) and leftovers(tmp_path) == []
+
+
+def test_a_record_with_an_overlong_creation_time_is_still_set_aside(run_cli, tmp_path):
+    """The name of the copy was built from the whole 'created' attribute: 300 characters of
+    it ended the rerun in OSError: File name too long."""
+    args = ("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "-o", tmp_path / "r.h5")
+    assert run_cli(*args).code == 0
+    with h5py.File(tmp_path / "r.h5", "r+") as h5:
+        h5.attrs["created"] = "1" * 300
+    assert run_cli(*args, "--basis", "6-31g").code == 0
+    [kept] = tmp_path.glob("r.superseded-*.h5")
+    assert kept.name == "r.superseded-" + "1" * 19 + ".h5"
+
+
 def test_too_little_room_for_the_scratch_file_is_said_before_writing(tmp_path):
     result = run_with_file_limit(40_000, *WATER_OUT_OF_CORE, cwd=tmp_path)
     assert result.returncode == 1

@@ -244,6 +244,10 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     if start.natoms < 2:
         raise InputError("an optimisation needs at least two atoms")
     xyz_path = path.with_suffix(".xyz")
+    if xyz_path == path:
+        raise InputError(f"-o {path} names the record, and the optimised geometry goes beside "
+                         "it with the suffix .xyz; give the record another suffix, e.g. "
+                         f"-o {path.with_suffix('.h5')}")
     refuse_overwriting(xyz_path, "the optimised geometry's file (beside the record)",
                        {"input molecule": settings.molecule},
                        f"choose another -o (e.g. {path.with_name(path.stem + '-opt.h5')})")

@@ -214,8 +214,24 @@ def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
                 f"; the earlier complete record is kept as {session.superseded}")
         return f" (record {session.path}{kept})"
     if isinstance(exc, RecordWriteError):
-        return _kept_note(session.path)
+        return _kept_note(session.path) + _superseded_note(session)
     return f" (record {session.path} not updated: {unwritten})"
+
+
+def _superseded_note(session: RecordSession) -> str:
+    """Where the complete record set aside for a run that could not write its own is: back
+    at its path when the run wrote nothing there (a full disk), else beside it."""
+    superseded = session.superseded
+    if superseded is None:
+        return ""
+    if not session.path.exists():
+        try:
+            os.rename(superseded, session.path)
+        except OSError:
+            return f" (the earlier complete record is kept as {superseded})"
+        session.superseded = None
+        return f" (the earlier complete record is back at {session.path})"
+    return f" (the earlier complete record is kept as {superseded})"
 
 def _kept_note(path: Path) -> str:
     """What a record that could not be rewritten at all still says: when its last save was

@@ -135,6 +135,10 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
     return PreviousRun(RESUME, previous)
 
 
+# 'created' (ISO 8601 with its UTC offset) as digits: 20261125T0902270000.
+SET_ASIDE_STAMP_LENGTH = 19
+
+
 def complete_copies_beside(path: Path) -> str:
     """`` (complete earlier records beside it: ...)`` naming the copies set aside for
     ``path``, for a refusal that leaves the user looking for their result; empty if none."""
@@ -145,7 +149,8 @@ def complete_copies_beside(path: Path) -> str:
 
 def set_aside(path: Path, previous: Node) -> Path:
     """Move a complete record out of the way, named after its creation time."""
-    stamp = re.sub(r"[^0-9T]", "", created(previous) or "") or "earlier"
+    # Bounded: an edited or foreign record's 'created' made a name too long to create.
+    stamp = re.sub(r"[^0-9T]", "", created(previous) or "")[:SET_ASIDE_STAMP_LENGTH] or "earlier"
     target = path.with_name(f"{path.stem}.superseded-{stamp}{path.suffix}")
     counter = 1
     while target.exists():
