@@ -324,3 +324,21 @@ def test_a_batch_of_hostile_names_keeps_the_terminal_and_the_spreadsheet_safe(
     assert float(cells["e_tot"]) < 0 and cells["status"] == "complete"
     rows = json.loads((tmp_path / "out" / "summary.json").read_text(encoding="utf-8"))
     assert rows[0]["molecule"] == name
+
+
+def test_a_line_break_in_a_file_name_forges_no_line_of_the_report(run_cli, tmp_path,
+                                                                  monkeypatch):
+    """Escape sequences were escaped, but a newline in the molecule's name or in -o passed
+    into the report, where '-o "x<newline>Error: forged.h5"' printed an error line of its own
+    after a run that succeeded."""
+    molecule = tmp_path / "a\nb.xyz"
+    shutil.copy(HOSTILE.parent.parent / "molecules" / "water.xyz", molecule)
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("run", molecule.name, "--basis", "sto-3g", "--backend", "torch",
+                     "--threads", "1", "-o", "x\nError: forged.h5")
+    assert result.code == 0, result.err
+    assert not any(line.startswith(("Error", "b.xyz")) for line in result.out.splitlines())
+    assert "molecule a\\nb.xyz" in result.out and "x\\nError: forged.h5" in result.out
+    shown = run_cli("show", "x\nError: forged.h5").out
+    assert "molecule a\\nb.xyz" in shown and not any(
+        line.startswith("b.xyz") for line in shown.splitlines())

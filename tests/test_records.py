@@ -579,6 +579,63 @@ def test_a_record_with_values_of_another_kind_is_one_error_line(command, group, 
         assert len(lines) == 1 and lines[0].startswith("Error:"), result.err
 
 
+def _link_to_itself(h5: h5py.File) -> None:
+    h5["loop"] = h5py.SoftLink("/loop")
+
+
+def _link_elsewhere(h5: h5py.File) -> None:
+    h5["elsewhere"] = h5py.ExternalLink("/nonexistent.h5", "/")
+
+
+def _narrow_pairs(h5: h5py.File) -> None:
+    del h5["checkpoint/pairs"]
+    h5["checkpoint"].create_dataset("pairs", data=np.zeros((3, 3), dtype=int))
+
+
+def _text_energies(h5: h5py.File) -> None:
+    count = len(h5["scf/mo_energy"])
+    del h5["scf/mo_energy"]
+    h5["scf"].create_dataset("mo_energy", data=np.array([b"x"] * count))
+
+
+@pytest.mark.parametrize("command", ["show", "show --all", "compare", "run"])
+@pytest.mark.parametrize("alter", [_link_to_itself, _link_elsewhere, _narrow_pairs,
+                                   _text_energies])
+def test_a_record_with_links_or_datasets_of_another_kind_is_one_error_line(
+        command, alter, run_cli, tmp_path, water_record):
+    """Links (one to itself looped, one to a missing file was a TypeError), checkpoint pairs
+    of another width and orbital energies that are not numbers ended in tracebacks."""
+    record = tmp_path / "w.h5"
+    shutil.copy(water_record, record)
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+        if "checkpoint" not in h5:
+            h5.create_group("checkpoint")
+            h5["checkpoint"].create_dataset("pairs", data=np.zeros((0, 5), dtype=int))
+        alter(h5)
+    words = command.split()
+    result = run_cli(*([*WATER_RECORD_ARGS, "-o", record] if words == ["run"]
+                       else [*words, record]))
+    assert "Traceback" not in result.err
+    if result.code != 0:
+        assert result.code == 2 and one_error_line(result.err)
+
+
+def test_a_record_another_program_holds_open_is_said_to_be(run_cli, tmp_path, water_record):
+    record = tmp_path / "w.h5"
+    shutil.copy(water_record, record)
+    holder = subprocess.Popen([sys.executable, "-c", "import h5py, sys, time; "
+                               "f = h5py.File(sys.argv[1], 'r+'); print('open', flush=True); "
+                               "time.sleep(60)", str(record)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        result = run_cli("show", record)
+        assert result.code == 2 and "is open in another program" in one_error_line(result.err)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_compare_names_a_record_without_energies_for_what_it_is(run_cli, tmp_path,
                                                                water_record):
     """A complete record without SCF and MP2 energies (an optimisation's, say): compare says

@@ -56,7 +56,11 @@ def _quiet_kept_interrupt(unraisable) -> None:
 
 
 class _PrintableFormatter(logging.Formatter):
-    """Log lines whose file names cannot act on the terminal (control characters escaped)."""
+    """Log lines whose file names cannot act on the terminal or forge another line (control
+    characters and line breaks escaped; a traceback after the message keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record), one_line=True)
 
     def format(self, record: logging.LogRecord) -> str:
         return printable(super().format(record))

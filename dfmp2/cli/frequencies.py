@@ -72,12 +72,12 @@ def frequencies_command(obj: dict, molecule: Path, step: float, temperature: flo
         click.echo(json.dumps(frequencies.json_summary(outcome)))
     elif outcome.vibrations is None:
         k, n = choice.shard
-        click.echo(f"shard {k}/{n}: {len(outcome.points)} points in {printable(str(outcome.path))}"
-                   "; when every shard has finished, run the same command without --shard to "
-                   "assemble the Hessian")
+        shown = printable(str(outcome.path), one_line=True)
+        click.echo(f"shard {k}/{n}: {len(outcome.points)} points in {shown}; when every shard "
+                   "has finished, run the same command without --shard to assemble the Hessian")
     else:
         click.echo(printable(report.summary(outcome.record)))
-        click.echo(f"\nrecord written to {printable(str(outcome.path))}")
+        click.echo(f"\nrecord written to {printable(str(outcome.path), one_line=True)}")
         if molden is not None:
-            click.echo(f"normal modes written to {printable(str(molden))}")
+            click.echo(f"normal modes written to {printable(str(molden), one_line=True)}")
     return 0

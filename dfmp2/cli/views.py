@@ -23,7 +23,7 @@ def print_outcome(outcome: RunOutcome, as_json: bool) -> None:
         click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
     else:
         click.echo(printable(report.summary(outcome.record)))
-        click.echo(f"\nrecord written to {printable(str(outcome.path))}")
+        click.echo(f"\nrecord written to {printable(str(outcome.path), one_line=True)}")
 
 
 def print_properties(record: Node, path: Path, as_json: bool) -> None:
@@ -33,7 +33,7 @@ def print_properties(record: Node, path: Path, as_json: bool) -> None:
         click.echo(json.dumps({**summary, "record": str(path), "status": status(record)}))
     else:
         click.echo(printable(report.summary(record)))
-        click.echo(f"\nrecord written to {printable(str(path))}")
+        click.echo(f"\nrecord written to {printable(str(path), one_line=True)}")
 
 
 def qcschema_module() -> ModuleType:

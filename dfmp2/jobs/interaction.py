@@ -28,6 +28,7 @@ from dfmp2.records.job_sections import (InteractionInputs, calculation_node, int
                                         read_interaction, write_interaction)
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
+from dfmp2.system.files import printable
 
 # Hartree to kcal/mol (CODATA 2018: 1 Eh = 4.3597447222071e-18 J; N_A; 4184 J/kcal).
 KCAL_PER_HARTREE = 627.5094740631
@@ -272,7 +273,7 @@ def format_table(root: Node, path: Path | None) -> str:
                      "solution exists, and the interaction energies built on it are "
                      "questionable")
     if path is not None:
-        lines.append(f"\nrecord written to {path}")
+        lines.append(f"\nrecord written to {printable(str(path), one_line=True)}")
     return "\n".join(lines)
 
 

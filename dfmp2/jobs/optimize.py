@@ -37,7 +37,8 @@ from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
-from dfmp2.system.files import refuse_overwriting, refuse_unless_regular, write_new_text
+from dfmp2.system.files import (printable, refuse_overwriting, refuse_unless_regular,
+                                write_new_text)
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,8 @@ def format_summary(outcome: OptimizeOutcome) -> str:
              "final geometry (Angstrom):"]
     lines += [f"  {s:<2} {x:14.8f} {y:14.8f} {z:14.8f}"
               for s, (x, y, z) in zip(outcome.geometry.symbols, outcome.geometry.coords)]
-    lines += [f"\ngeometry written to {outcome.xyz_path}", f"record written to {outcome.path}"]
+    lines += [f"\ngeometry written to {printable(str(outcome.xyz_path), one_line=True)}",
+              f"record written to {printable(str(outcome.path), one_line=True)}"]
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ from dfmp2.records.ledger import executors_of, read_kernel_ledger
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
 from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status
+from dfmp2.system.files import printable
 
 TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "gradient",
                 "properties", "reference", "total")
@@ -41,10 +42,11 @@ def heading(root: Node, kind: str, described: str | None) -> list[str]:
     """The first lines of ``dfmp2 show``: the kind of record and how it ended, what it
     computed (``described``), and its error if it failed."""
     lines = [f"dfmp2 {kind} record: status {status(root)}"]
+    # Each is one line: a newline in a file name must not forge another.
     if described is not None:
-        lines.append(f"  {described}")
+        lines.append(f"  {printable(described, one_line=True)}")
     if error(root):
-        lines.append(f"  error    {error(root)}")
+        lines.append(f"  error    {printable(error(root), one_line=True)}")
     return lines
 
 
@@ -53,9 +55,9 @@ def summary(root: Node) -> str:
     kind = "frequencies" if schema(root) == FREQUENCIES_SCHEMA else "run"
     lines = [f"dfmp2 {kind} record: status {status(root)}"]
     if inputs is not None:
-        lines.append(f"  molecule {inputs.source}  basis {inputs.basis}  "
-                     f"auxbasis {inputs.auxbasis}  charge {inputs.charge}  "
-                     f"spin {inputs.spin}  frozen {inputs.frozen}")
+        lines.append(printable(f"  molecule {inputs.source}  basis {inputs.basis}  "
+                               f"auxbasis {inputs.auxbasis}  charge {inputs.charge}  "
+                               f"spin {inputs.spin}  frozen {inputs.frozen}", one_line=True))
         if inputs.ecp not in ("{}", ""):
             lines.append(f"  ECP      {inputs.ecp}")
     double_hybrid = DoubleHybridSection.read(root)
@@ -86,7 +88,7 @@ def summary(root: Node) -> str:
             lines.append(f"  {ledger.estimate.get('label', 'estimate')}: "
                          f"{ledger.estimate.get('overlapped_seconds', float('nan')):.3e} s")
     if error(root):
-        lines.append(f"  error    {error(root)}")
+        lines.append(f"  error    {printable(error(root), one_line=True)}")
     scf = ScfSection.read(root)
     if scf is not None and scf.stability == "unstable":
         lines.append(f"  Warning: the {scf.reference.upper()} reference is internally unstable "

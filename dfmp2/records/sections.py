@@ -388,8 +388,12 @@ def read_checkpoint(node: Node) -> Checkpoint | None:
     if group is None:
         return None
     occ_block = group.attrs.get("occ_block")
-    keys = group.datasets.get("pairs", np.empty((0, PAIR_KEY_LENGTH)))
-    sums = group.datasets.get("sums", np.empty((0, 2)))
+    keys = np.asarray(group.datasets.get("pairs", np.empty((0, PAIR_KEY_LENGTH), dtype=int)))
+    sums = np.asarray(group.datasets.get("sums", np.empty((0, 2))))
+    if (keys.ndim != 2 or keys.shape[1] != PAIR_KEY_LENGTH or sums.shape != (len(keys), 2)
+            or not np.issubdtype(keys.dtype, np.integer)):
+        raise ValueError(f"checkpoint pairs of shape {keys.shape} and sums of shape "
+                         f"{sums.shape}")
     return Checkpoint(None if occ_block is None else int(occ_block),
                       {tuple(int(v) for v in key): (float(s[0]), float(s[1]))
                        for key, s in zip(keys, sums)})

@@ -171,13 +171,21 @@ def stale_temporaries(path: Path) -> list[Path]:
             if name.fullmatch(found.name)]
 
 
+class _LinkInRecord(Exception):
+    """A soft or external link: dfmp2 writes none, and following one may loop or open
+    another file."""
+
+
 def _read_node(group: h5py.Group) -> Node:
     node = Node()
     for key, value in group.attrs.items():
         if isinstance(value, bytes):
             value = value.decode("utf-8", "surrogateescape")
         node.attrs[key] = value.item() if isinstance(value, np.generic) else value
-    for key, item in group.items():
+    for key in group.keys():
+        if not isinstance(group.get(key, getlink=True), h5py.HardLink):
+            raise _LinkInRecord(f"{group.name.rstrip('/')}/{key}")
+        item = group[key]
         if isinstance(item, h5py.Group):
             node.groups[key] = _read_node(item)
         else:
@@ -197,7 +205,13 @@ def read_record(path: str | Path) -> Node:
     try:
         with h5py.File(path, "r") as h5:
             root = _read_node(h5)
-    except OSError:
+    except _LinkInRecord as link:
+        raise InputError(f"{path} holds a link at {printable(str(link), one_line=True)}, which "
+                         f"dfmp2 records never do; {FOREIGN_RECORD}") from None
+    except OSError as exc:
+        if "unable to lock file" in str(exc):
+            raise InputError(f"{path} is open in another program, which holds HDF5's lock on "
+                             "it; close it there and try again") from None
         raise InputError(f"{path} is not a readable HDF5 run record") from None
     found = root.attrs.get("schema")
     if not (isinstance(found, str) and found in KNOWN_SCHEMAS):

@@ -319,6 +319,8 @@ def orbital_problem(mol: gto.Mole, orbitals: StoredOrbitals) -> str | None:
             or not occ.size == energies.size == channels.shape[0] * channels.shape[2]):
         return (f"have the shape {coeff.shape} ({occ.size} occupations, {energies.size} "
                 f"energies), not that of {nao} basis functions")
+    if not all(np.issubdtype(a.dtype, np.number) for a in (channels, energies, occ)):
+        return "hold values that are not numbers"
     if not (np.all(np.isfinite(channels)) and np.all(np.isfinite(energies))):
         return "hold non-finite numbers"
     if not abs(float(occ.sum()) - mol.nelectron) < 1e-8:
