@@ -190,14 +190,23 @@ def test_water_optimisation_ends_where_a_finite_difference_one_ends(tmp_path):
 
 def test_an_optimisation_that_runs_out_of_steps_fails_then_resumes(run_cli, tmp_path):
     record = tmp_path / "w.h5"
-    args = ("optimize", molecule_path("water"), "--basis", "6-31g", "--backend", "torch",
-            "-o", record)
+    molecule = tmp_path / "distorted.xyz"
+    molecule.write_text(DISTORTED_WATER)
+    args = ("optimize", molecule, "--basis", "6-31g", "--backend", "torch", "-o", record)
     stopped = run_cli(*args, "--max-steps", "2")
     assert stopped.code == 1 and "did not converge in 2 steps" in stopped.err
     failed = read_record(record)
     assert failed.attrs["status"] == "failed"
     recorded = len(failed.groups["optimize"].datasets["energies"])
     assert recorded >= 2
+    # The same command goes on for two more steps (the replayed ones stopped it at once, and
+    # the record it left had lost every step).
+    again = run_cli(*args, "--max-steps", "1")
+    assert again.code == 1, again.err
+    kept = read_record(record).groups["optimize"].datasets["energies"]
+    assert len(kept) == recorded + 1
+    assert np.array_equal(kept[:recorded], failed.groups["optimize"].datasets["energies"])
+    recorded = len(kept)
     resumed = run_cli(*args, "--json")
     assert resumed.code == 0, resumed.err
     with h5py.File(record, "r") as h5:
@@ -313,6 +322,8 @@ def test_a_rerun_sets_the_optimised_geometry_aside_with_its_record(run_cli, tmp_
 
 def test_a_gradient_of_a_conventional_scf_is_refused_before_the_record_is_touched(run_cli,
                                                                                  tmp_path):
+    """Found after the SCF (a conventional SCF, a meta-GGA double hybrid), the refusal had
+    moved the complete record aside and left a failed one at -o."""
     record = tmp_path / "g.h5"
     args = ("gradient", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
             "--threads", "1", "-o", record)
@@ -320,5 +331,9 @@ def test_a_gradient_of_a_conventional_scf_is_refused_before_the_record_is_touche
     for command in ("gradient", "optimize", "frequencies"):
         refused = run_cli(command, *args[1:], "--scf", "conventional")
         assert refused.code == 2 and "needs a density-fitted SCF" in refused.err
+    meta_gga = ("--xc", "0.5*HF + 0.5*TPSS, TPSS", "--mp2-os", "0.3", "--mp2-ss", "0.3")
+    for command in ("gradient", "optimize", "frequencies", "properties"):
+        refused = run_cli(command, *args[1:], *meta_gga)
+        assert refused.code == 2 and "gradients of MGGA functionals" in refused.err
     assert read_record(record).attrs["status"] == "complete"
     assert not list(tmp_path.glob("g.superseded-*"))

@@ -26,7 +26,7 @@ tests/test_dh_gradient.py), and the forces add up to zero within about 5e-6 Eh/B
 from __future__ import annotations
 
 import numpy as np
-from pyscf import gto
+from pyscf import dft, gto
 
 from dfmp2.errors import InputError
 from dfmp2.system.distributed import World
@@ -44,18 +44,25 @@ def exact_exchange_share(mf) -> float:
     """a_x of a global hybrid; range-separated and non-local (VV10) functionals are refused."""
     if not is_kohn_sham(mf):
         return 1.0
-    omega, _, hybrid = mf._numint.rsh_and_hybrid_coeff(mf.xc, spin=mf.mol.spin)
-    if omega != 0:
-        raise InputError(f"analytic gradients of range-separated functionals ({mf.xc}) are "
+    refuse_undifferentiable(mf.xc, mf.mol.spin, mf._numint, bool(getattr(mf, "nlc", "")))
+    return float(mf._numint.rsh_and_hybrid_coeff(mf.xc, spin=mf.mol.spin)[2])
+
+
+def refuse_undifferentiable(xc: str, spin: int = 0, numint=None, nlc: bool = False) -> None:
+    """Refuse an exchange-correlation mix whose gradient is not implemented (range-separated,
+    non-local, meta-GGA); the jobs call it before any work, since found after the SCF it
+    had moved a complete record aside."""
+    numint = numint or dft.numint.NumInt()
+    if numint.rsh_and_hybrid_coeff(xc, spin=spin)[0] != 0:
+        raise InputError(f"analytic gradients of range-separated functionals ({xc}) are "
                          "not implemented; use a global hybrid mix")
-    if mf.do_nlc():
-        raise InputError(f"analytic gradients with non-local correlation ({mf.xc}) are not "
+    if nlc or numint.libxc.is_nlc(xc):
+        raise InputError(f"analytic gradients with non-local correlation ({xc}) are not "
                          "implemented")
-    xc_type = mf._numint._xc_type(mf.xc)
+    xc_type = numint._xc_type(xc)
     if xc_type not in ("HF", "LDA", "GGA"):
-        raise InputError(f"analytic gradients of {xc_type} functionals ({mf.xc}) are not "
+        raise InputError(f"analytic gradients of {xc_type} functionals ({xc}) are not "
                          "implemented; use an LDA or GGA mix")
-    return float(hybrid)
 
 
 def response_function(mf):

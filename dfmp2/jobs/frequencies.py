@@ -34,7 +34,7 @@ from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.optimize import SAME_GEOMETRY_BOHR
 from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
-from dfmp2.jobs.stages import energy_scales, method_name
+from dfmp2.jobs.stages import check_differentiable, energy_scales, method_name
 from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun,
                                      complete_copies_beside, examine_previous,
                                      save_checkpoint, set_aside)
@@ -246,6 +246,7 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
     if job.geometry.natoms < 2:
         raise InputError("a single atom has no vibrations; give a molecule of two or more atoms")
     calc = job.calculation(settings.charge, settings.spin)
+    check_differentiable(calc)
     check_budgets(calc, job.env)
     inputs = run_inputs(calc, settings, job.env)
     expected = displacement_section(calc, settings, options, job.geometry.natoms)

@@ -23,7 +23,7 @@ from pyscf.lib import param
 
 from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
-from dfmp2.jobs.stages import differentiate
+from dfmp2.jobs.stages import check_differentiable, differentiate
 from dfmp2.df.store import ScratchArea
 from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
@@ -191,14 +191,18 @@ def _quiet_geometric():
 
 def optimize(start: Geometry, evaluate: Evaluator, steps: StepLog, convergence: str,
              max_steps: int) -> Geometry:
-    """Run geomeTRIC from ``start``; the converged geometry, or a RunFailure."""
+    """Run geomeTRIC from ``start``, at most ``max_steps`` steps beyond those ``steps`` holds
+    (a rerun after --max-steps goes on, as the README says, instead of stopping among its
+    replayed steps); the converged geometry, or a RunFailure."""
     from geometric.errors import GeomOptNotConvergedError
     from geometric.internal import DelocalizedInternalCoordinates
     from geometric.optimize import Optimize
     from geometric.params import OptParams
 
     engine, molecule = _engine(start, evaluate, steps)
-    params = OptParams(convergence_set=convergence, maxiter=max_steps)
+    # The recorded steps are the starting point and the iterations after it.
+    done = max(len(steps.steps.energies) - 1, 0)
+    params = OptParams(convergence_set=convergence, maxiter=max_steps + done)
     coordinates = DelocalizedInternalCoordinates(molecule, build=True, connect=False,
                                                  addcart=False)
     with tempfile.TemporaryDirectory(prefix="dfmp2-geometric-") as folder, _quiet_geometric():
@@ -253,6 +257,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                        {"input molecule": settings.molecule},
                        f"choose another -o (e.g. {path.with_name(path.stem + '-opt.h5')})")
     calc = job.calculation(settings.charge, settings.spin)
+    check_differentiable(calc)
     start = optimised_molecule(start, int(calc.mol.charge), int(calc.mol.spin) + 1)
     make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
@@ -281,6 +286,9 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
         refuse_unless_regular(xyz_path, XYZ_REMEDY)
 
         def work() -> OptimizeOutcome:
+            # The record is the checkpoint: the steps resumed from stay in it until the end.
+            if recorded is not None:
+                write_steps(root, recorded)
             write_record(path, root)
             t0 = time.perf_counter()
             final = optimize(start, evaluate, log_steps, convergence, max_steps)

@@ -27,8 +27,8 @@ from dfmp2.input.xyz import MAX_COORDINATE_ANGSTROM, Geometry
 from dfmp2.jobs.preamble import active_sizes, make_plan, run_inputs, start_job
 from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_superseded,
                                 shared_previous_run)
-from dfmp2.jobs.stages import (RunContext, energy_scales, method_name, record_rank_stages,
-                               reference_stage, write_energies)
+from dfmp2.jobs.stages import (RunContext, check_differentiable, energy_scales, method_name,
+                               record_rank_stages, reference_stage, write_energies)
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.props.analysis import analyse
 from dfmp2.props.molden import check_molden_path, write_molden
@@ -91,6 +91,8 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
                            {"input molecule": settings.molecule, "record": path},
                            "choose another --molden")
     calc = job.calculation(settings.charge, settings.spin, ghosts)
+    if request.relaxed:
+        check_differentiable(calc)
     plan = make_plan(calc, settings, env)
     sizes = active_sizes(calc)
     gradient.check_budget(max(n for n, _ in sizes), max(v for _, v in sizes),

@@ -16,8 +16,8 @@ from dfmp2.jobs.check import run_check
 from dfmp2.jobs.preamble import make_plan, run_inputs, start_job
 from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_superseded,
                                 shared_previous_run)
-from dfmp2.jobs.stages import (RunContext, calculate, gradient_stage, record_rank_stages,
-                               reference_stage)
+from dfmp2.jobs.stages import (RunContext, calculate, check_differentiable, gradient_stage,
+                               record_rank_stages, reference_stage)
 from dfmp2.records.checkpoint import RESUME, REUSE, RecordSaver
 from dfmp2.records.tree import Node
 from dfmp2.system.distributed import World
@@ -40,6 +40,8 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
     job = start_job(settings, settings.output_path(), world, geometry)
     path, env = job.path, job.env
     calc = job.calculation(settings.charge, settings.spin, ghosts)
+    if settings.task == "gradient":
+        check_differentiable(calc)
     plan = make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env, same_inputs(inputs)) as session:

@@ -17,6 +17,7 @@ from dfmp2.df.store import ScratchArea
 from dfmp2.errors import RunFailure
 from dfmp2.grad import kernel as gradient
 from dfmp2.grad.kernel import GradientResult
+from dfmp2.grad.kohn_sham import refuse_undifferentiable
 from dfmp2.input.calculation import Calculation
 from dfmp2.input.dispersion import dispersion_gradient
 from dfmp2.input.settings import RunSettings
@@ -198,6 +199,13 @@ def energy_scales(calc: Calculation, settings: RunSettings) -> tuple[float, floa
 def method_name(calc: Calculation, settings: RunSettings) -> str:
     """What the job's energy is: the double hybrid's name with ``--xc``, else the method."""
     return settings.method if calc.functional is None else calc.functional.name
+
+
+def check_differentiable(calc: Calculation) -> None:
+    """Refuse, before any work, a double hybrid whose gradient (or relaxed density) is not
+    implemented."""
+    if calc.functional is not None:
+        refuse_undifferentiable(calc.functional.xc, int(calc.mol.spin))
 
 
 def differentiate(calc: Calculation, settings: RunSettings, env: Environment, mf,
