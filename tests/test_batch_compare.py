@@ -197,3 +197,20 @@ def test_batch_accepts_dimers(tmp_path, run_cli):
 ])
 def test_manifest_comments_start_a_word_outside_quotes_as_in_a_shell(line, tokens):
     assert shlex.split(without_comment(line)) == tokens
+
+
+def test_a_failed_check_stays_failed_when_the_batch_reuses_its_record(run_cli, tmp_path):
+    """A record whose --check disagreed with PySCF was reported 'complete (check failed)' once,
+    then 'complete (skipped)' on every rerun; and a batch with a disagreement exited 0, where
+    `dfmp2 run --check` exits 1."""
+    args = ("batch", MOLECULES / "water.xyz", "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "--check", "--out", tmp_path / "out", "--json")
+    first = run_cli(*args)
+    assert first.code == 0, first.err
+    assert json.loads(first.out)[0]["status"] == "complete"
+    record = Path(json.loads(first.out)[0]["record"])
+    with h5py.File(record, "r+") as h5:
+        h5["reference"].attrs["passed"] = False
+    again = run_cli(*args)
+    assert again.code == 1 and "disagree with PySCF beyond the --check tolerance" in again.err
+    assert json.loads(again.out)[0]["status"] == "complete (check failed)"

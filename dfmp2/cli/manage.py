@@ -68,6 +68,12 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
     if failed:
         names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)
         raise RunFailure(f"{len(failed)} of {len(rows)} molecules failed: {names}")
+    # As `dfmp2 run --check` does, a disagreement with PySCF ends the batch with status 1.
+    disagreeing = [row for row in rows if row["status"] == batch.CHECK_FAILED]
+    if disagreeing:
+        names = ", ".join(Path(r["molecule"]).name for r in disagreeing)
+        raise RunFailure(f"{len(disagreeing)} of {len(rows)} molecules disagree with PySCF "
+                         f"beyond the --check tolerance: {names}")
     return 0
 
 

@@ -39,7 +39,7 @@ from dfmp2.system.files import printable
 from dfmp2.system.progress import Progress
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA, Node,
                                 new_record, read_record, schema, set_status, status, write_record)
-from dfmp2.records.sections import CalculationInputs
+from dfmp2.records.sections import CalculationInputs, CheckSection
 from dfmp2.records.lock import RecordInUse, RecordLock
 from dfmp2.records.report import json_summary
 from dfmp2.input.settings import RunSettings
@@ -59,6 +59,7 @@ NOT_STARTED = "not started"
 OTHER_RUN = "(other run)"
 # A row's key (not written) for what tells whether a record holds its calculation.
 SAME_CALCULATION = "_same_calculation"
+CHECK_FAILED = "complete (check failed)"
 # First characters that make a spreadsheet read a CSV cell as a formula.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -291,8 +292,13 @@ def run_item(item: BatchItem, settings: RunSettings) -> dict:
             values = _run_dimer(item, settings)
         else:
             outcome = run_job.run(settings, reuse_complete=True)
-            state = ("complete (skipped)" if outcome.reused else
-                     "complete" if outcome.exit_code == 0 else "complete (check failed)")
+            # A reused record's --check result stands as it was (a failed check was
+            # reported once, then as plain 'complete (skipped)' on every rerun).
+            check = CheckSection.read(outcome.record)
+            failed = (outcome.exit_code != 0 if not outcome.reused
+                      else check is not None and not check.passed)
+            state = (CHECK_FAILED if failed else
+                     "complete (skipped)" if outcome.reused else "complete")
             values = {"status": state, **_energies(outcome.record, outcome.path)}
     except Interrupted:
         raise
