@@ -10,7 +10,7 @@ import h5py
 import pytest
 
 from conftest import MOLECULES, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
-from dfmp2.jobs.batch import without_comment
+from dfmp2.jobs.manifest import without_comment
 
 
 @pytest.fixture
@@ -214,3 +214,16 @@ def test_a_failed_check_stays_failed_when_the_batch_reuses_its_record(run_cli, t
     again = run_cli(*args)
     assert again.code == 1 and "disagree with PySCF beyond the --check tolerance" in again.err
     assert json.loads(again.out)[0]["status"] == "complete (check failed)"
+
+
+def test_a_manifest_lines_frozen_count_overrides_a_batch_wide_frozen_core(run_cli, tmp_path):
+    """'water.xyz --frozen 0' under 'batch --frozen-core' was refused as giving both, though
+    options on a line override the batch's."""
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{MOLECULES / 'water.xyz'} --frozen 0\n{MOLECULES / 'water.xyz'}\n")
+    result = run_cli("batch", manifest, "--basis", "sto-3g", "--backend", "torch", "--threads",
+                     "1", "--frozen-core", "--out", tmp_path / "out", "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    frozen = [h5py.File(row["record"], "r")["input"].attrs["frozen"] for row in rows]
+    assert frozen == [0, 1]

@@ -15,7 +15,7 @@ from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, VERBOSE, X
                                XYZ_FILE, environment_settings, with_options)
 from dfmp2.errors import RunFailure
 from dfmp2.input.settings import RunSettings
-from dfmp2.jobs import batch, bench, compare
+from dfmp2.jobs import batch, bench, compare, manifest
 from dfmp2.jobs.bench import MAX_REPEATS
 from dfmp2.records.tree import interpreting, read_record
 from dfmp2.system import distributed
@@ -46,7 +46,7 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
     """
     # Manifest lines are parsed with the options of the commands they stand for.
     commands = {"run": run_command, "interaction": interaction_command}
-    items = batch.collect_items(list(inputs), commands, dimers)
+    items = manifest.collect_items(list(inputs), commands, dimers)
     launch = distributed.launch_from(os.environ)
     # Joining checks that the other ranks exist: rank variables left over in a shell would
     # otherwise make a batch that runs only its share and looks complete.

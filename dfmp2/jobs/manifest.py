@@ -1,0 +1,147 @@
+"""What a batch runs: XYZ files, globs of them, and manifests.
+
+Manifest format: one molecule per line, ``path/to/molecule.xyz [run options]``, with the same
+options as ``dfmp2 run`` (e.g. ``water.xyz --basis cc-pvtz --frozen-core``). A line with
+``--split N`` (and optionally ``--charges a,b`` / ``--spins a,b``) is a dimer: it gets a
+counterpoise interaction-energy job with the options of ``dfmp2 interaction``. Paths are
+relative to the manifest's folder; blank lines and lines starting with ``#`` are ignored.
+Options on a line override the batch's own options for that molecule. A line that cannot be
+read becomes an item carrying its error, which the batch records as failed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from dfmp2.errors import InputError
+from dfmp2.input.settings import RunSettings
+
+GLOB_CHARACTERS = set("*?[")
+INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
+SETTINGS_FIELDS = {item.name for item in dataclasses.fields(RunSettings)}
+
+
+@dataclass
+class BatchItem:
+    index: int
+    molecule: Path
+    overrides: dict
+    interaction: dict | None = None
+    error: str | None = None
+    options_unread: bool = False
+    """A manifest line whose options could not be read: its basis is not known."""
+
+
+def _manifest_items(manifest: Path, commands: dict[str, click.Command],
+                    start: int) -> list[BatchItem]:
+    try:
+        lines = manifest.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return [BatchItem(start, manifest, {}, error=f"manifest {manifest} cannot be read as "
+                                                      "text")]
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        items.append(_line_item(manifest, number, line, commands, start + len(items)))
+    return items
+
+
+def without_comment(line: str) -> str:
+    """``line`` up to a comment: a ``#`` that starts a word outside quotes, as in a shell (so
+    ``a#1.xyz`` is a file name, and ``# note`` after the options is not an option)."""
+    quote, escaped, word_start = None, False, True
+    for position, char in enumerate(line):
+        if char == "#" and word_start and quote is None and not escaped:
+            return line[:position]
+        word_start = char.isspace() and quote is None and not escaped
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+    return line
+
+
+def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click.Command],
+               index: int) -> BatchItem:
+    where = f"{manifest}, line {number}"
+    try:
+        tokens = shlex.split(without_comment(line))
+    except ValueError as exc:
+        return BatchItem(index, manifest, {}, error=f"{where}: {exc}", options_unread=True)
+    path = Path(tokens[0])
+    path = path if path.is_absolute() else manifest.parent / path
+    is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
+    name = "interaction" if is_dimer else "run"
+    try:
+        ctx = commands[name].make_context(name, [str(path), *tokens[1:]], obj={"command": ""})
+    except click.ClickException as exc:
+        return BatchItem(index, path, {}, error=f"{where}: {exc.format_message()}",
+                         options_unread=True)
+    overrides = {key: value for key, value in ctx.params.items()
+                 if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
+                 and key not in ("molecule", "dimer")}
+    interaction = None
+    if is_dimer:
+        interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
+    # Output options (--json, -o, --qcschema) are the batch's, not a molecule's.
+    outputs = [key for key in overrides if key not in SETTINGS_FIELDS or key == "output"]
+    if outputs:
+        names = ", ".join(next(param.opts[-1] for param in ctx.command.params
+                               if param.name == key) for key in outputs)
+        verb = "is" if len(outputs) == 1 else "are"
+        return BatchItem(index, path, {}, error=f"{where}: {names} {verb} chosen by the batch, "
+                                                "not per molecule", options_unread=True)
+    return BatchItem(index, path, overrides, interaction)
+
+
+def collect_items(inputs: list[str], commands: dict[str, click.Command],
+                  dimers: bool = False) -> list[BatchItem]:
+    """XYZ files, globs of them, and manifests, in the order given. With ``dimers`` every XYZ
+    input is a dimer whose split is read from its comment line. Inputs that do not exist
+    become failed items."""
+    as_dimer = {"split": None, "charges": None, "spins": None} if dimers else None
+    items: list[BatchItem] = []
+    for text in inputs:
+        if GLOB_CHARACTERS & set(text):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                items.append(BatchItem(len(items), Path(text), {},
+                                       error=f"the pattern {text!r} matches no file"))
+            items += [BatchItem(len(items) + n, Path(m), {}, as_dimer)
+                      for n, m in enumerate(matches)]
+            continue
+        path = Path(text)
+        if not path.is_file():
+            problem = "not a regular file" if path.exists() else "no such file"
+            items.append(BatchItem(len(items), path, {}, error=f"{text}: {problem}"))
+        elif path.suffix.lower() == ".xyz":
+            items.append(BatchItem(len(items), path, {}, as_dimer))
+        else:
+            items += _manifest_items(path, commands, len(items))
+    if not items:
+        raise InputError("no molecules to run")
+    return items
+
+
+# Options that exclude each other: a line giving one overrides the batch's other.
+EXCLUSIVE_OPTIONS = {"frozen": {"frozen_core": False}, "frozen_core": {"frozen": None}}
+
+
+def line_settings(base: RunSettings, item: BatchItem) -> RunSettings:
+    """The batch's options with the line's on top (a line's --frozen 0 under a batch-wide
+    --frozen-core was refused as giving both)."""
+    options: dict = {}
+    for key in item.overrides:
+        options.update(EXCLUSIVE_OPTIONS.get(key, {}))
+    options.update(item.overrides)
+    return dataclasses.replace(base, molecule=item.molecule, **options)
