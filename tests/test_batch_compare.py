@@ -58,18 +58,20 @@ def test_a_calculation_listed_twice_is_computed_once(tmp_path, run_cli):
     the second reuses the first's. The same molecule with other options gets its own record,
     and a line whose options cannot be read names no basis."""
     (tmp_path / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
+    (tmp_path / "link.xyz").symlink_to("water.xyz")
     manifest = tmp_path / "jobs.txt"
     manifest.write_text("water.xyz --basis sto-3g\n"
                         "./water.xyz --basis=sto-3g\n"
                         "water.xyz --basis sto-3g --frozen-core\n"
-                        "water.xyz --basis cc-pvtz --no-such-option\n")
+                        "water.xyz --basis cc-pvtz --no-such-option\n"
+                        "link.xyz --basis sto-3g\n")
     out = tmp_path / "out"
     result = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
     assert result.code == 1
     rows = json.loads(result.out)
     assert [row["status"] for row in rows] == ["complete", "complete (skipped)", "complete",
-                                               "failed"]
-    assert rows[0]["record"] == rows[1]["record"] != rows[2]["record"]
+                                               "failed", "complete (skipped)"]
+    assert rows[0]["record"] == rows[1]["record"] == rows[4]["record"] != rows[2]["record"]
     assert rows[0]["e_tot"] == rows[1]["e_tot"] != rows[2]["e_tot"]
     assert rows[3]["basis"] == "" and "no-such-option" in rows[3]["error"]
     assert sorted(p.name for p in out.glob("*.h5")) == [

@@ -113,6 +113,11 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
              + ("-interaction" if item.interaction is not None else "")
              for s, item in zip(settings, items)]
     identities = [_calculation(item, s) for item, s in zip(items, settings)]
+    # A listing through another name of the file (a symbolic link) takes the first's name.
+    first_names: dict[str, str] = {}
+    for n, identity in enumerate(identities):
+        if identity is not None:
+            names[n] = first_names.setdefault(repr(identity), names[n])
     # By name first: comparing every line with every other is quadratic in a long manifest.
     by_name: dict[str, list[tuple[BatchItem, tuple | None]]] = {}
     for item, name, identity in zip(items, names, identities):
