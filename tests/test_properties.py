@@ -439,3 +439,13 @@ def test_two_ranks_give_one_process_properties_and_record_their_balance(tmp_path
     dist = read_record(tmp_path / "2.h5").groups["distributed"].attrs
     assert dist["world_size"] == 2
     assert all(json.loads(dist[f"rank{r}.stage_seconds"])["properties"] > 0 for r in range(2))
+
+
+@pytest.mark.parametrize("name", [".p.h5.lock", ".p.h5.run.b0.bin", "p.superseded-1.h5"])
+def test_a_molden_file_among_the_records_files_is_refused(run_cli, tmp_path, name):
+    """--molden .p.h5.lock replaced the run's lock mid-run (a second run could then lock a
+    fresh one), was deleted with it, and was reported as written."""
+    result = run_cli("properties", molecule_path("water"), "--basis", "sto-3g",
+                     "-o", tmp_path / "p.h5", "--molden", tmp_path / name)
+    assert result.code == 2 and "is one of the files of the record" in result.err
+    assert not (tmp_path / "p.h5").exists()

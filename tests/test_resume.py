@@ -163,6 +163,13 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
     assert refused.code == 2 and "complete run with other options" in refused.err
     edited = json.loads(run_cli(*args).out)
     assert abs(edited["e_tot"] - first["e_tot"]) > 1e-4
+    # A basis file in a folder names default records by its own name.
+    (tmp_path / "bases").mkdir()
+    shutil.copy(basis, tmp_path / "bases" / "my.nw")
+    batch = run_cli("batch", "water.xyz", "--basis", "bases/my.nw", "--backend", "torch",
+                    "--threads", "1", "--out", "out")
+    assert batch.code == 0, batch.err
+    assert (tmp_path / "out" / "water-my.nw.h5").is_file()
     (tmp_path / "sto-3g").write_text(STO3G_WATER_NWCHEM.replace("0.16885540", "0.3"))
     for option in ("--basis", "--auxbasis"):
         shadowed = run_cli("run", "water.xyz", option, "sto-3g", "-o", "s.h5")

@@ -155,5 +155,10 @@ class RunSettings:
         """``-o``, else ``runs/<molecule>-<basis>[-<functional>]<suffix>.h5``."""
         if self.output is not None:
             return Path(self.output)
-        return DEFAULT_OUTPUT_DIR / (f"{Path(self.molecule).stem}-{self.basis.lower()}"
+        return DEFAULT_OUTPUT_DIR / (f"{Path(self.molecule).stem}-{self.basis_label()}"
                                      f"{self.xc_suffix()}{suffix}.h5")
+
+    def basis_label(self) -> str:
+        """The basis in default record names: its name, or a basis file's own name (a path's
+        folders made the record's name a path into folders that do not exist)."""
+        return Path(self.basis).name.lower()

@@ -109,7 +109,7 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
     """``<molecule>-<basis>[-<functional>].h5``, numbered where two different calculations
     would share a name. The same calculation listed twice (the same file, options and split)
     shares one record, so it is computed once and the second listing reuses it."""
-    names = [f"{s.molecule.stem}-{s.basis.lower()}{s.xc_suffix()}"
+    names = [f"{s.molecule.stem}-{s.basis_label()}{s.xc_suffix()}"
              + ("-interaction" if item.interaction is not None else "")
              for s, item in zip(settings, items)]
     identities = [_calculation(item, s) for item, s in zip(items, settings)]

@@ -205,7 +205,7 @@ def as_arrays(runs: list[dict]) -> dict[str, np.ndarray]:
 
 def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dict, str]:
     path = settings.output or DEFAULT_OUTPUT_DIR / (
-        f"bench-{settings.molecule.stem}-{settings.basis.lower()}-"
+        f"bench-{settings.molecule.stem}-{settings.basis_label()}-"
         f"{settings.precision or 'fp64'}.h5")
     preamble.check_output_path(path)
     calc = _define(settings)

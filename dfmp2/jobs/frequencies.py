@@ -47,7 +47,7 @@ from dfmp2.records.tree import (COMPLETE, FAILED, FREQUENCIES_SCHEMA, Node, read
                                 schema, set_resumed, status, write_record)
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
-from dfmp2.system.files import refuse_overwriting
+from dfmp2.system.files import refuse_overwriting, refuse_record_files
 from dfmp2.system.memory import peak_resident_megabytes
 from dfmp2.system.progress import Progress
 from dfmp2.vib.analysis import Thermochemistry, Vibrations, harmonic, thermochemistry
@@ -243,6 +243,7 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
         refuse_overwriting(options.molden, "--molden",
                            {"input molecule": settings.molecule, "record": path},
                            "choose another --molden")
+        refuse_record_files(options.molden, "--molden", path, "choose another --molden")
     if job.geometry.natoms < 2:
         raise InputError("a single atom has no vibrations; give a molecule of two or more atoms")
     calc = job.calculation(settings.charge, settings.spin)

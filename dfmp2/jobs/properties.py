@@ -39,7 +39,7 @@ from dfmp2.records.sections import CalculationInputs, write_timings
 from dfmp2.records.tree import Node
 from dfmp2.scf.reference import ScfResult, release_integrals
 from dfmp2.system.distributed import World
-from dfmp2.system.files import refuse_overwriting
+from dfmp2.system.files import refuse_overwriting, refuse_record_files
 
 log = logging.getLogger(__name__)
 TASK = "properties"
@@ -90,6 +90,7 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
         refuse_overwriting(Path(request.molden), "--molden",
                            {"input molecule": settings.molecule, "record": path},
                            "choose another --molden")
+        refuse_record_files(Path(request.molden), "--molden", path, "choose another --molden")
     calc = job.calculation(settings.charge, settings.spin, ghosts)
     if request.relaxed:
         check_differentiable(calc)

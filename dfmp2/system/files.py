@@ -91,6 +91,20 @@ def refuse_overwriting(target: Path, what: str, others: dict[str, Path], remedy:
             raise InputError(f"{what} {shown(target)} is the {name}; {remedy}")
 
 
+def refuse_record_files(target: Path, what: str, record: Path, remedy: str) -> None:
+    """Refuse, before any work, an output ``target`` among the files named after the record:
+    its lock, temporaries and scratch (``.<record>.*``, the lock replaced mid-run by a Molden
+    file let a second run lock a fresh one) and its set-aside copies
+    (``<stem>.superseded-*``), which writing it would destroy."""
+    folder = Path(os.path.abspath(record)).parent
+    if Path(os.path.abspath(target)).parent != folder:
+        return
+    name = target.name
+    if name.startswith(f".{record.name}.") or name.startswith(f"{record.stem}.superseded-"):
+        raise InputError(f"{what} {shown(target)} is one of the files of the record "
+                         f"{shown(record)}; {remedy}")
+
+
 def create_exclusive(path: Path, remedy: str, mode: int = 0o600) -> int:
     """A new, empty file at ``path``, opened read-write, that no link can redirect. A regular
     file already there (an earlier run's) is replaced; a link or anything else is refused.
