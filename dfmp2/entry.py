@@ -39,7 +39,7 @@ def drop_invalid_openmp_threads(environ=os.environ) -> str | None:
     if value is None:
         return None
     if OPENMP_THREADS.fullmatch(value) and all(
-            0 < int(count) < 2**64 for count in value.split(",")):
+            0 < int(count) < 2**63 for count in value.split(",")):
         return None
     del environ["OMP_NUM_THREADS"]
     return (f"OMP_NUM_THREADS={value!r} is not a positive number of threads and is ignored; "

@@ -165,7 +165,8 @@ def test_require_nki_takes_the_usual_words_for_on_and_off(value, required, monke
 
 @pytest.mark.parametrize("value,kept", [("2", True), (" 4 ", True), ("2,1", True),
                                         ("0", False), ("-1", False), ("", False),
-                                        ("1.5", False), ("3x", False), ("2" + "0" * 20, False)])
+                                        ("1.5", False), ("3x", False), ("2" + "0" * 20, False),
+                                        (str(2**63 - 1), True), (str(2**63), False)])
 def test_omp_num_threads_is_kept_exactly_when_libgomp_accepts_it(value, kept):
     environ = {"OMP_NUM_THREADS": value}
     warning = drop_invalid_openmp_threads(environ)

@@ -215,3 +215,22 @@ def test_a_record_name_is_not_a_pattern(name, run_cli, tmp_path, monkeypatch):
     assert result.code == 0, result.err
     assert all(path.read_bytes() == b"another run's" for path in others)
     assert not own.exists()
+
+
+def test_a_record_is_as_readable_as_the_umask_allows(run_cli, tmp_path):
+    """Records were created 0600, so colleagues in a shared project folder could not read
+    them whatever the user's umask."""
+    previous = os.umask(0o022)
+    try:
+        result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend",
+                         "torch", "--threads", "1", "-o", tmp_path / "w.h5")
+    finally:
+        os.umask(previous)
+    assert result.code == 0, result.err
+    assert (tmp_path / "w.h5").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_folder_at_the_lock_name_is_bad_input(run_cli, tmp_path):
+    (tmp_path / ".w.h5.lock").mkdir()
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "-o", tmp_path / "w.h5")
+    assert result.code == 2 and "the lock file" in result.err and "is a folder" in result.err

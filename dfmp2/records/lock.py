@@ -45,6 +45,9 @@ class RecordLock:
         while True:
             try:
                 fd = open_lock_file(self.path, REMEDY)
+            except IsADirectoryError:
+                # Something the user put there, as a link or a FIFO would be: bad input.
+                raise InputError(f"the lock file {self.path} is a folder; {REMEDY}") from None
             except OSError as exc:
                 raise RunFailure(f"cannot create the lock file {self.path}: "
                                  f"{disk_reason(exc, SPACE_REMEDY)}") from None

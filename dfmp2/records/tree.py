@@ -113,6 +113,7 @@ def record_image(root: Node) -> bytes:
     return image.getvalue()
 
 
+RECORD_MODE = 0o666
 TEMPORARY_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -135,7 +136,9 @@ def write_record(path: str | Path, root: Node) -> Path:
         while fd is None:
             tmp_name = str(directory / f".{path.name}.{secrets.token_hex(4)}.tmp")
             with contextlib.suppress(FileExistsError):
-                fd = os.open(tmp_name, TEMPORARY_FLAGS, 0o600)
+                # Readable as the user's umask allows, as any result file: 0600 kept
+                # colleagues in a shared project folder from reading the records.
+                fd = os.open(tmp_name, TEMPORARY_FLAGS, RECORD_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(image)
             handle.flush()
