@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 
 import h5py
 import numpy as np
@@ -217,3 +219,29 @@ def test_a_ghost_atom_carries_its_elements_fitting_functions(atoms, basis, kind)
     ghost_shells, real_shells = ghost_aux.bas_exps(), real_aux.bas_exps()
     assert len(ghost_shells) == len(real_shells)
     assert all(np.array_equal(g, r) for g, r in zip(ghost_shells, real_shells))
+
+
+def test_an_interrupted_interaction_resumes_its_finished_calculations(run_cli, tmp_path,
+                                                                      caplog):
+    """The record was written only at the end, so an interrupted job (or a batch's dimer
+    line) started all five calculations again. Finished ones are now taken from the record
+    and an unfinished one resumes from its checkpoint, to the uninterrupted energies."""
+    caplog.set_level(logging.INFO)
+    args = ("interaction", molecule_path("water_dimer"), "--basis", "sto-3g", "--backend",
+            "torch", "--threads", "1")
+    whole = tmp_path / "whole.h5"
+    assert run_cli(*args, "-o", whole).code == 0
+    cut = tmp_path / "cut.h5"
+    shutil.copy(whole, cut)
+    with h5py.File(cut, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+        for name in ("interaction", "monomer_a", "monomer_b", "monomer_b_cp/mp2"):
+            del h5[name]
+    assert run_cli(*args, "-o", cut).code == 0
+    assert "dimer: taken from the interrupted record" in caplog.text
+    assert "monomer_b_cp: taken" not in caplog.text
+    with h5py.File(whole, "r") as a, h5py.File(cut, "r") as b:
+        assert b.attrs["status"] == "complete"
+        for key, value in a["interaction"].attrs.items():
+            if key.startswith("e_int"):
+                assert b["interaction"].attrs[key] == pytest.approx(value, abs=1e-10), key

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,8 @@ from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.run import RunOutcome
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
 from dfmp2.jobs.stages import RunContext, calculate
-from dfmp2.records.checkpoint import complete_copies_beside, set_aside
+from dfmp2.records.checkpoint import (RecordSaver, complete_copies_beside, save_checkpoint,
+                                     set_aside)
 from dfmp2.errors import InputError
 from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, INTERRUPTED, RUNNING, Node,
                                 read_record, schema, stale_temporaries, status)
@@ -29,6 +31,8 @@ from dfmp2.records.job_sections import (InteractionInputs, calculation_node, int
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import printable
+
+log = logging.getLogger(__name__)
 
 # Hartree to kcal/mol (CODATA 2018: 1 Eh = 4.3597447222071e-18 J; N_A; 4184 J/kcal).
 KCAL_PER_HARTREE = 627.5094740631
@@ -143,12 +147,37 @@ def _same_calculations(inputs: dict[str, CalculationInputs]) -> Callable[[Node],
     return same
 
 
+def _unfinished_interaction(path: Path, inputs: dict[str, CalculationInputs]) -> Node | None:
+    """An interrupted (or failed) interaction record of the same five calculations at
+    ``path``, whose finished calculations and checkpoints the job resumes from (each used to
+    start again: an interrupted dimer in a batch recomputed all five)."""
+    if not path.is_file():
+        return None
+    try:
+        previous = read_record(path)
+    except InputError:
+        return None
+    if schema(previous) != INTERACTION_SCHEMA or status(previous) == COMPLETE:
+        return None
+    # The calculations it began (it may not have reached all five) are the same.
+    begun = [name for name in CALCULATIONS if name in previous.groups]
+    if not all(same_inputs(inputs[name])(previous.groups[name]) for name in begun):
+        return None
+    return previous
+
+
+def _finished(node: Node, calc: Calculation) -> bool:
+    """Whether a calculation of an interaction record has its final energies."""
+    return (Mp2Section.read(node) is not None
+            and (calc.functional is None or DoubleHybridSection.read(node) is not None))
+
+
 def keep_complete_record(path: Path) -> Path | None:
     """A complete record about to be replaced is moved aside instead (a finished result is
     never lost), and its new name returned; an unfinished record of another command, which
     that command would resume, is refused; temporaries of an interrupted write are
-    removed. (An interaction job starts its five calculations again, so its own unfinished
-    records are replaced.)"""
+    removed. (An unfinished interaction record of other calculations is replaced; one of
+    the same is resumed, see :func:`_unfinished_interaction`.)"""
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
     if not path.exists():
@@ -191,21 +220,30 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
         previous = _reusable(path, inputs) if reuse_complete else None
         if previous is not None:
             return RunOutcome(previous, path, 0, reused=True)
+        unfinished = _unfinished_interaction(path, inputs)
         superseded = session.superseded = keep_complete_record(path)
         root = job.new_record(INTERACTION_SCHEMA)
         InteractionInputs(geometry.text, str(settings.molecule), split, json.dumps(charges),
                           json.dumps(spins), settings.basis, settings.frozen_core).write(root)
 
         def work() -> int:
+            save_checkpoint(path, root)
             for name in CALCULATIONS:
+                earlier = (None if unfinished is None or name not in unfinished.groups
+                           else calculation_node(unfinished, name))
+                if earlier is not None and _finished(earlier, calcs[name]):
+                    root.groups[name] = earlier
+                    log.info("%s: taken from the interrupted record", name)
+                    continue
                 node = calculation_node(root, name)
                 inputs[name].write(node)
                 try:
                     calculate(RunContext(calcs[name], per_molecule, env, node,
-                                         session.scratch_area(name),
-                                         plans[name]))
+                                         session.scratch_area(name), plans[name],
+                                         RecordSaver(path, root, node), earlier))
                 except InputError as exc:
                     raise InputError(f"{name.replace('_', ' ')}: {exc}") from None
+                save_checkpoint(path, root)
             write_interaction(root, interaction_energies(root), KCAL_PER_HARTREE)
             session.complete(root)
             return 0
