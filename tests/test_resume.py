@@ -163,6 +163,9 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
     assert refused.code == 2 and "complete run with other options" in refused.err
     edited = json.loads(run_cli(*args).out)
     assert abs(edited["e_tot"] - first["e_tot"]) > 1e-4
+    [kept] = tmp_path.glob("w.superseded-*.h5")
+    rows = json.loads(run_cli("compare", kept, "w.h5", "--json").out)
+    assert rows[1]["differs_in"] == ["basis"]
     # A basis file in a folder names default records by its own name.
     (tmp_path / "bases").mkdir()
     shutil.copy(basis, tmp_path / "bases" / "my.nw")

@@ -25,7 +25,9 @@ from dfmp2.records.ledger import read_kernel_ledger
 # The inputs that change what is computed, with the names a row's differences are shown by.
 # The others (backend, precision, fused energy, SCF engine, the task, SCS scales, which the
 # compared energies do not include) are what a comparison is for: they should agree.
-DEFINING_FIELDS = {"xyz": "geometry", "basis": "basis", "auxbasis": "auxbasis", "ecp": "ecp",
+DEFINING_FIELDS = {"xyz": "geometry", "basis": "basis", "basis_file": "basis",
+                   "auxbasis": "auxbasis", "auxbasis_file": "auxbasis",
+                   "jk_auxbasis_file": "jk-auxbasis", "ecp": "ecp",
                    "charge": "charge", "spin": "spin", "ghost_atoms": "ghost atoms",
                    "scf": "scf", "jk_auxbasis": "jk-auxbasis", "reference": "reference",
                    "frozen": "frozen", "xc_functional": "xc", "xc_os": "xc scales",
