@@ -229,3 +229,23 @@ def test_a_manifest_lines_frozen_count_overrides_a_batch_wide_frozen_core(run_cl
     rows = json.loads(result.out)
     frozen = [h5py.File(row["record"], "r")["input"].attrs["frozen"] for row in rows]
     assert frozen == [0, 1]
+
+
+def test_an_unfinished_record_of_a_lines_earlier_options_is_moved_aside(run_cli, tmp_path):
+    """A molecule interrupted in a batch, whose manifest line was then changed, failed on
+    every rerun ('choose another -o', which a batch line cannot); the batch now follows its
+    manifest and keeps the unfinished record beside the new one."""
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{MOLECULES / 'water.xyz'} --basis sto-3g\n")
+    args = ("batch", manifest, "--backend", "torch", "--threads", "1", "--out",
+            tmp_path / "out", "--json")
+    record = Path(json.loads(run_cli(*args).out)[0]["record"])
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+    manifest.write_text(f"{MOLECULES / 'water.xyz'} --basis sto-3g --frozen-core\n")
+    again = run_cli(*args)
+    assert again.code == 0, again.err
+    assert json.loads(again.out)[0]["status"] == "complete"
+    [kept] = (tmp_path / "out").glob("water-sto-3g.unfinished-*.h5")
+    with h5py.File(kept, "r") as h5:
+        assert h5.attrs["status"] == "interrupted" and h5["input"].attrs["frozen"] == 0

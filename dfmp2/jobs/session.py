@@ -281,8 +281,10 @@ def shared_previous_run(session: RecordSession, inputs: CalculationInputs, resum
     world = session.env.world
     previous = PreviousRun(FRESH)
     if world.is_root:
+        # A batch (the caller that reuses complete records) follows its manifest: an
+        # unfinished record of a line's earlier options is moved aside, not refused forever.
         previous = examine_previous(session.path, SCHEMA, inputs, resume, reuse_complete,
-                                    same_result=same_result)
+                                    same_result=same_result, unfinished_aside=reuse_complete)
         session.superseded = previous.superseded
     return replace(previous,
                    action=world.broadcast(previous.action, "sharing the resume decision"))

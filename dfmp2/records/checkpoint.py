@@ -69,11 +69,13 @@ class PreviousRun:
 def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs,
                      resume_required: bool, reuse_complete: bool,
                      resume_fields: tuple[str, ...] = CalculationInputs.RESUME_FIELDS,
-                     same_result: Callable[[Node], bool] | None = None) -> PreviousRun:
+                     same_result: Callable[[Node], bool] | None = None,
+                     unfinished_aside: bool = False) -> PreviousRun:
     """What to do with the record at ``path``: an unfinished one of the same
-    ``resume_fields`` is resumed (other ones refused, failed ones replaced), a complete one of
-    the same inputs is reused or resumed only when ``same_result`` (what the job asks of it
-    beyond ``/input``, such as a density or convergence criteria) holds for it, and any other
+    ``resume_fields`` is resumed (other ones refused, or with ``unfinished_aside`` moved aside
+    as ``<stem>.unfinished-<created>``; failed ones replaced), a complete one of the same
+    inputs is reused or resumed only when ``same_result`` (what the job asks of it beyond
+    ``/input``, such as a density or convergence criteria) holds for it, and any other
     complete one is set aside."""
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
@@ -87,12 +89,13 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
         raise InputError(f"cannot resume from {path}: {exc}") from None
     with interpreting(path):
         return _previous_run(path, previous, expected_schema, inputs, resume_required,
-                             reuse_complete, resume_fields, same_result)
+                             reuse_complete, resume_fields, same_result, unfinished_aside)
 
 
 def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: CalculationInputs,
                   resume_required: bool, reuse_complete: bool, resume_fields: tuple[str, ...],
-                  same_result: Callable[[Node], bool] | None) -> PreviousRun:
+                  same_result: Callable[[Node], bool] | None,
+                  unfinished_aside: bool) -> PreviousRun:
     if schema(previous) != expected_schema:
         raise InputError(f"{path} holds a {schema(previous)} record, not a {expected_schema} "
                          "one; choose another -o")
@@ -119,6 +122,11 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
         if resume_required:
             raise InputError(f"cannot resume from {path}: it holds a failed run with different "
                              f"{', '.join(differing)}")
+        return PreviousRun(FRESH)
+    if differing and unfinished_aside and not resume_required:
+        kept = set_aside(path, previous, "unfinished")
+        log.warning("%s held an unfinished run with different %s; it is kept as %s",
+                    path, ", ".join(differing), kept)
         return PreviousRun(FRESH)
     if differing:
         kind = "an interrupted" if state == INTERRUPTED else "an unfinished"
@@ -147,18 +155,20 @@ def complete_copies_beside(path: Path) -> str:
             if kept else "")
 
 
-def set_aside(path: Path, previous: Node) -> Path:
-    """Move a complete record out of the way, named after its creation time."""
+def set_aside(path: Path, previous: Node, kind: str = "superseded") -> Path:
+    """Move a record out of the way as ``<stem>.<kind>-<created>``: a complete one
+    (``superseded``), or an unfinished one a batch line no longer asks for."""
     # Bounded: an edited or foreign record's 'created' made a name too long to create.
     stamp = re.sub(r"[^0-9T]", "", created(previous) or "")[:SET_ASIDE_STAMP_LENGTH] or "earlier"
-    target = path.with_name(f"{path.stem}.superseded-{stamp}{path.suffix}")
+    target = path.with_name(f"{path.stem}.{kind}-{stamp}{path.suffix}")
     counter = 1
     while target.exists():
         counter += 1
-        target = path.with_name(f"{path.stem}.superseded-{stamp}-{counter}{path.suffix}")
+        target = path.with_name(f"{path.stem}.{kind}-{stamp}-{counter}{path.suffix}")
     path.rename(target)
     # Whether the copy stays is known once the new run completes (settle_superseded).
-    log.info("moved the complete record %s to %s", path, target)
+    log.info("moved the %s record %s to %s", "complete" if kind == "superseded" else kind,
+             path, target)
     return target
 
 
