@@ -233,6 +233,7 @@ def _superseded_note(session: RecordSession) -> str:
         return f" (the earlier complete record is back at {session.path})"
     return f" (the earlier complete record is kept as {superseded})"
 
+
 def _kept_note(path: Path) -> str:
     """What a record that could not be rewritten at all still says: when its last save was
     of this run (``running``), rerunning the command resumes from what it holds."""
@@ -244,6 +245,7 @@ def _kept_note(path: Path) -> str:
         return ""
     return (f" (the record keeps its last save, status {RUNNING}: rerunning the command "
             "resumes from it)")
+
 
 def settle_superseded(superseded: Path | None, same: Callable[[Node], bool]) -> bool:
     """After a run completed: the complete record moved aside for it is dropped when it held
