@@ -74,6 +74,20 @@ def test_bad_arguments_are_clear(tmp_path):
     with pytest.raises(InputError, match="cannot freeze 50 of 5 occupied orbitals; lower "
                                          "frozen=$"):
         atoms.get_potential_energy()
+    atoms.calc = DFMP2(basis="sto-3g", scf_method="conventional")
+    with pytest.raises(InputError, match=r"density-fitted SCF \(scf_method= df\)"):
+        atoms.get_forces()
+
+
+def test_moments_that_add_up_to_a_negative_spin_are_that_spins_state(tmp_path):
+    """Initial magnetic moments adding up to -2 (beta excess) were refused as 'spin= must be
+    non-negative', a parameter the user never gave; they are the triplet."""
+    down = atoms_of("oxygen")
+    down.set_initial_magnetic_moments([-1.0, -1.0])
+    down.calc = DFMP2(basis="sto-3g", threads=1)
+    up = atoms_of("oxygen")
+    up.calc = DFMP2(basis="sto-3g", threads=1, spin=2)
+    assert down.get_potential_energy() == pytest.approx(up.get_potential_energy(), abs=1e-9)
 
 
 def test_a_changed_parameter_discards_the_results(tmp_path):

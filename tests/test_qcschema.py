@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 
 from pathlib import Path
 
@@ -210,3 +211,34 @@ def test_run_qcschema_prints_version_1_by_default_as_the_harness_returns(run_cli
     assert result.properties.mp2_correlation_energy == pytest.approx(
         harness.properties.mp2_correlation_energy, abs=1e-9)
     assert run_cli("run", water_xyz(tmp_path), "--qcschema-version", "2").code == 2
+
+
+def test_the_equivalent_command_line_runs_the_same_calculation(run_cli, tmp_path):
+    """native_files['input'] left out the charge and spin (an anion's line computed the
+    neutral radical's input and failed) and wrote --nki-mode/--require-nki, which the
+    command line takes from environment variables."""
+    hydroxide = {"symbols": ["O", "H"], "geometry": [0.0, 0.0, 0.0, 0.0, 0.0, 1.83],
+                 "molecular_charge": -1, "fix_com": True, "fix_orientation": True}
+    result = qcengine.compute({"molecule": hydroxide, "driver": "energy",
+                               "model": {"method": "mp2", "basis": "6-31g"},
+                               "keywords": {"require_nki": False, "frozen_core": True},
+                               "protocols": {"native_files": "all"}}, "dfmp2",
+                              return_version=2)
+    assert result.success, getattr(result, "error", None)
+    words = shlex.split(result.native_files["input"])
+    assert words[:2] == ["DFMP2_REQUIRE_NKI=0", "dfmp2"]
+    molecule = tmp_path / "hydroxide.xyz"
+    molecule.write_text(f"2\n\nO 0 0 0\nH 0 0 {1.83 * BOHR:.12f}\n")
+    words = [str(molecule) if word == "<molecule>.xyz" else word for word in words[2:]]
+    again = run_cli(*words, "--threads", "1", "-o", tmp_path / "again.h5", "--json")
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["e_tot"] == pytest.approx(result.return_result, abs=1e-9)
+
+
+def test_a_fractional_multiplicity_is_an_input_error():
+    """QCElemental keeps a multiplicity of 1.9, which was computed as a singlet."""
+    result = qcengine.compute({"molecule": {**water_molecule(), "molecular_multiplicity": 2.9},
+                               "driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"}},
+                              "dfmp2", return_version=2)
+    assert not result.success and result.error.error_type == "input_error"
+    assert "multiplicity 2.9 is not an integer" in result.error.error_message

@@ -43,6 +43,8 @@ from dfmp2.system.memory import parse_size
 NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
                "output", "resume", "show_progress", "command"}
 RUN_OPTIONS = {item.name for item in dataclasses.fields(RunSettings)} - NOT_OPTIONS
+# Command-line options whose RunSettings field has another name.
+OPTION_FIELDS = {"scf": "scf_method"}
 # The atoms.info keys that set the charge and spin (ase.io.read's, from a comment line).
 INFO_KEYS = ("charge", "multiplicity")
 NOT_IN_A_WORD = re.compile(r"[^a-z0-9_+]")
@@ -100,7 +102,8 @@ class DFMP2(Calculator):
         results."""
         self.count += 1
         with tempfile.TemporaryDirectory(prefix="dfmp2-ase-") as scratch:
-            settings = self._settings(Path(scratch), task)
+            with interface_errors(None, False, _parameter_spelling):
+                settings = self._settings(Path(scratch), task)
             geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
                                            self.atoms.positions, "angstrom",
                                            f"ase:{self.atoms.get_chemical_formula()}")
@@ -152,9 +155,10 @@ class DFMP2(Calculator):
                              "initial charges", "charge")
         if spin is None:
             multiplicity = declared.get("multiplicity")
-            spin = _agreed(None if multiplicity is None else multiplicity - 1,
-                           self.atoms.get_initial_magnetic_moments,
-                           "initial magnetic moments (2S)", "spin")
+            # Moments that add up to -2 (more beta than alpha) are the same triplet.
+            spin = abs(_agreed(None if multiplicity is None else multiplicity - 1,
+                               self.atoms.get_initial_magnetic_moments,
+                               "initial magnetic moments (2S)", "spin"))
         return int(charge), int(spin)
 
     def check_state(self, atoms, tol: float = 1e-15) -> list[str]:
@@ -168,7 +172,7 @@ class DFMP2(Calculator):
 
 def _parameter_spelling(option: str) -> str | None:
     """The calculator's parameter that gives what a command-line option gives."""
-    name = option.replace("-", "_")
+    name = OPTION_FIELDS.get(option, option.replace("-", "_"))
     return f"{name}=" if name in RUN_OPTIONS or name in DFMP2.default_parameters else None
 
 

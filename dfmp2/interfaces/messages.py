@@ -15,8 +15,8 @@ COMMAND_LINE_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
 
 
 @contextlib.contextmanager
-def interface_errors(record: Path, temporary: bool, spelling: Callable[[str], str | None]
-                     ) -> Iterator[None]:
+def interface_errors(record: Path | None, temporary: bool,
+                     spelling: Callable[[str], str | None]) -> Iterator[None]:
     """Errors of the job inside name each command-line option as ``spelling`` gives it (the
     option without its dashes; ``None`` keeps the option) and, when ``temporary``, do not
     send the caller to the record."""
@@ -25,7 +25,7 @@ def interface_errors(record: Path, temporary: bool, spelling: Callable[[str], st
     except Dfmp2Error as exc:
         if exc.args:
             message = str(exc)
-            if temporary:
+            if temporary and record is not None:
                 message = message.replace(f" (record {record})", "")
             message = COMMAND_LINE_OPTION.sub(
                 lambda match: spelling(match.group(1)) or match.group(0), message)

@@ -55,6 +55,8 @@ KEYWORDS: dict[str, tuple[str, type]] = {
 SPECIFICATION_NAMES = {"charge": "molecule.molecular_charge",
                        "spin": "molecule.molecular_multiplicity", "basis": "model.basis",
                        "xc": "model.method", "method": "model.method"}
+# Keywords the command line takes from environment variables.
+ENVIRONMENT_KEYWORDS = {"nki_mode": "DFMP2_NKI_MODE", "require_nki": "DFMP2_REQUIRE_NKI"}
 RECORD_KEYWORD = "record"
 RECORD_FILE = "record.h5.base64"
 # QCEngine's memory (GiB) bounds the whole process; this share of it is the run's budget.
@@ -80,7 +82,11 @@ def _charge_spin(molecule: Molecule) -> tuple[int, int]:
     charge = float(molecule.molecular_charge)
     if abs(charge - round(charge)) > 1e-8:
         raise InputError(f"molecular charge {charge} is not an integer")
-    return int(round(charge)), int(molecule.molecular_multiplicity) - 1
+    # QCElemental allows a fractional multiplicity; int() made 1.9 a singlet.
+    multiplicity = float(molecule.molecular_multiplicity)
+    if abs(multiplicity - round(multiplicity)) > 1e-8:
+        raise InputError(f"molecular multiplicity {multiplicity:g} is not an integer")
+    return int(round(charge)), int(round(multiplicity)) - 1
 
 
 def method_options(method: str, keywords: dict) -> dict:
@@ -159,9 +165,9 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
         raise InputError(f"keyword {RECORD_KEYWORD} must be a path (a string), not {kept!r}")
     with tempfile.TemporaryDirectory(prefix="dfmp2-qcschema-", dir=scratch_root) as scratch:
         output = Path(kept) if kept else Path(scratch) / "record.h5"
-        settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)
-        geometry, ghosts = molecule_geometry(atomic_input.molecule)
         with interface_errors(output, not kept, keyword_spelling):
+            settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)
+            geometry, ghosts = molecule_geometry(atomic_input.molecule)
             if settings.task == properties_job.TASK:
                 outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
                                              geometry=geometry, ghosts=ghosts)
@@ -272,7 +278,14 @@ def _native_files(atomic_input: AtomicInput, path: Path) -> dict[str, str]:
     if str(getattr(atomic_input.specification.protocols.native_files, "value",
                    atomic_input.specification.protocols.native_files)) == "none":
         return {}
-    return {"input": shlex.join(_command_words(atomic_input)),
+    line = shlex.join(_command_words(atomic_input))
+    ghosts = [n for n, real in enumerate(atomic_input.molecule.real) if not real]
+    if ghosts:
+        # `dfmp2 run` has no ghost atoms (only `interaction` makes them): say so, rather than
+        # give a command line for the molecule without them.
+        line += (f"  # atoms {', '.join(map(str, ghosts))} (from 0) are ghosts, which the "
+                 "command line cannot give")
+    return {"input": line,
             RECORD_FILE: base64.b64encode(Path(path).read_bytes()).decode("ascii")}
 
 
@@ -280,13 +293,20 @@ def _command_words(atomic_input: AtomicInput) -> list[str]:
     specification = atomic_input.specification
     driver = str(getattr(specification.driver, "value", specification.driver))
     command = {"energy": "run", "hessian": "frequencies"}.get(driver, driver)
-    words = ["dfmp2", command, "<molecule>.xyz", "--basis", str(specification.model.basis)]
+    charge, spin = _charge_spin(atomic_input.molecule)
+    words = [f"{ENVIRONMENT_KEYWORDS[key]}={int(value) if isinstance(value, bool) else value}"
+             for key, value in sorted(specification.keywords.items())
+             if key in ENVIRONMENT_KEYWORDS and value is not None]
+    words += ["dfmp2", command, "<molecule>.xyz", "--basis", str(specification.model.basis),
+              "--charge", str(charge), "--spin", str(spin)]
     method = specification.model.method
     if method.lower() not in METHODS:
         words += ["--xc", method]
     elif driver != "energy":
         words += ["--method", method.lower()]
     for key, value in sorted(specification.keywords.items()):
+        if key in ENVIRONMENT_KEYWORDS:
+            continue
         if key == RECORD_KEYWORD:
             words += ["-o", str(value)]
         elif value is True:
