@@ -32,6 +32,10 @@ def test_run_json_and_record(run_cli, tmp_path, water_reference):
     assert CONTRACT_JSON_KEYS <= summary.keys()
     assert abs(summary["e_corr"] - water_reference.e_corr) <= 1e-8
     assert summary["record"] == str(record)
+    # What was computed, beside its energies (e_scs said nothing of its scales).
+    assert (summary["scs_os"], summary["scs_ss"]) == (1.2, pytest.approx(1 / 3))
+    assert {key: summary[key] for key in ("basis", "charge", "spin", "frozen", "reference")} == {
+        "basis": "cc-pvdz", "charge": 0, "spin": 0, "frozen": 0, "reference": "rhf"}
 
     with h5py.File(record, "r") as h5:
         assert h5.attrs["schema"] == "dfmp2.run/1"

@@ -156,10 +156,16 @@ def json_summary(root: Node, path: str) -> dict:
                "fallbacks": ledger.fallbacks, "stability": scf.stability,
                # JSON has no NaN: an unchecked reference has no eigenvalue.
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
-                                        else scf.stability_eigenvalue)}
+                                        else scf.stability_eigenvalue),
+               # What was computed, beside its energies (e_scs is of these scales).
+               "scs_os": energies.scs_os_scale, "scs_ss": energies.scs_ss_scale}
+    inputs = read_inputs(root)
+    if inputs is not None:
+        summary.update({"basis": inputs.basis, "charge": inputs.charge, "spin": inputs.spin,
+                        "frozen": inputs.frozen, "reference": inputs.reference})
     double_hybrid = DoubleHybridSection.read(root)
     if double_hybrid is not None:
-        for key in ("e_scs", "e_sos"):
+        for key in ("e_scs", "e_sos", "scs_os", "scs_ss"):
             del summary[key]
         summary.update({"xc": double_hybrid.name, "xc_functional": double_hybrid.xc,
                         "mp2_os": double_hybrid.os_scale, "mp2_ss": double_hybrid.ss_scale,
