@@ -162,7 +162,7 @@ def test_functional_and_grid_decide_whether_a_record_is_reused():
 
 def test_double_hybrid_interaction_energy(run_cli, tmp_path):
     result = run_cli("interaction", molecule_path("water_dimer"), "--basis", "6-31g",
-                     "--xc", "pbe0-dh", "--json", "-o", tmp_path / "i.h5")
+                     "--xc", "b2plyp-d3bj", "--json", "-o", tmp_path / "i.h5")
     assert result.code == 0, result.err
     values = json.loads(result.out)
     with h5py.File(tmp_path / "i.h5", "r") as h5:
@@ -171,6 +171,9 @@ def test_double_hybrid_interaction_energy(run_cli, tmp_path):
     expected = totals["dimer"] - totals["monomer_a_cp"] - totals["monomer_b_cp"]
     assert values["e_int_dh_cp"] == pytest.approx(expected, abs=1e-12)
     assert -0.02 < values["e_int_dh_cp"] < -0.005 and "e_int_mp2_cp" not in values
+    # The functional's whole name heads its column (B2PLYP-D3BJ was cut to 'E(B2PLYP-D3BJ) / E').
+    shown = run_cli("show", tmp_path / "i.h5").out
+    assert "E(B2PLYP-D3BJ) / Eh" in shown.splitlines()[3]
 
 
 def test_batch_lines_with_and_without_functional(run_cli, tmp_path):

@@ -112,9 +112,12 @@ def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
                 "geometry": (dimer.coords / BOHR).ravel().tolist(),
                 "real": [True] * 3 + [False] * 3, "fix_com": True, "fix_orientation": True}
     result = qcengine.compute({"molecule": molecule, "driver": "energy",
-                               "model": {"method": "mp2", "basis": "sto-3g"}}, "dfmp2",
+                               "model": {"method": "mp2", "basis": "sto-3g"},
+                               "keywords": {"record": str(tmp_path / "g.h5")}}, "dfmp2",
                               return_version=2)
     assert result.success, getattr(result, "error", None)
+    # show names the ghosts (it said only qcschema-H4O2).
+    assert "ghosts   atoms [3, 4, 5]" in run_cli("show", tmp_path / "g.h5").out
     interaction = run_cli("interaction", molecule_path("water_dimer"), "--basis", "sto-3g",
                           "-o", tmp_path / "i.h5")
     assert interaction.code == 0, interaction.err

@@ -293,15 +293,20 @@ def format_table(root: Node, path: Path | None) -> str:
     values = read_interaction(root)
     labels = kind_labels(root)
     shown = [kind for kind in kinds(root) if kind != "sos"]
-    lines = [f"{'calculation':<16} " + " ".join(f"{f'E({labels[k]}) / Eh'[:18]:>18}"
-                                                for k in shown)]
+    # Columns as wide as their headings: a functional's name (B2PLYP-D3BJ) was cut short.
+    headings = [f"E({labels[k]}) / Eh" for k in shown]
+    widths = [max(18, len(heading)) for heading in headings]
+    lines = [f"{'calculation':<16} " + " ".join(f"{heading:>{width}}"
+                                                for heading, width in zip(headings, widths))]
     for name in CALCULATIONS:
         node = calculation_node(root, name)
-        lines.append(f"{name:<16} " + " ".join(f"{_energy(node, k):18.10f}" for k in shown))
-    lines += ["", f"{'interaction':<16} {'CP / Eh':>16} {'CP kcal/mol':>12} "
+        lines.append(f"{name:<16} " + " ".join(f"{_energy(node, k):{width}.10f}"
+                                                for k, width in zip(shown, widths)))
+    label_width = max(16, *(len(label) for label in labels.values()))
+    lines += ["", f"{'interaction':<{label_width}} {'CP / Eh':>16} {'CP kcal/mol':>12} "
                   f"{'no CP / Eh':>16} {'no CP kcal/mol':>15}"]
     for kind, label in labels.items():
-        lines.append(f"{label[:16]:<16} {interaction_value(values, kind, True):16.10f} "
+        lines.append(f"{label:<{label_width}} {interaction_value(values, kind, True):16.10f} "
                      f"{interaction_value(values, kind, True, kcal=True):12.4f} "
                      f"{interaction_value(values, kind, False):16.10f} "
                      f"{interaction_value(values, kind, False, kcal=True):15.4f}")

@@ -60,6 +60,9 @@ def summary(root: Node) -> str:
                                f"spin {inputs.spin}  frozen {inputs.frozen}", one_line=True))
         if inputs.ecp not in ("{}", ""):
             lines.append(f"  ECP      {inputs.ecp}")
+        if inputs.ghost_atoms not in ("[]", ""):
+            lines.append(f"  ghosts   atoms {inputs.ghost_atoms} (from 0): basis functions, "
+                         "no charge")
     double_hybrid = DoubleHybridSection.read(root)
     if double_hybrid is not None:
         lines.append(f"  xc       {double_hybrid.name}: {double_hybrid.xc}; MP2 scales "
