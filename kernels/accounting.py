@@ -42,3 +42,15 @@ class KernelAccounting:
         """``calls.<kernel>.<executor>`` -> count, as the record's /backend attributes."""
         return {f"calls.{kernel}.{executor}": int(n)
                 for (kernel, executor), n in sorted(self.calls.items())}
+
+    def snapshot(self) -> tuple[dict[tuple[str, str], int], int, list[str]]:
+        """Calls, fallbacks and their reasons, to send to the rank that writes the record."""
+        return dict(self.calls), self.fallbacks, list(self.fallback_reasons)
+
+    def absorb(self, snapshot: tuple[dict[tuple[str, str], int], int, list[str]]) -> None:
+        """Add another process's :meth:`snapshot` (another rank's, or an interrupted run's
+        whose work this one continues), so the record counts every call behind it."""
+        calls, fallbacks, reasons = snapshot
+        self.calls.update(calls)
+        self.fallbacks += fallbacks
+        self.fallback_reasons += [r for r in reasons if r not in self.fallback_reasons]

@@ -100,6 +100,9 @@ def test_two_ranks_match_pyscf_on_their_orbitals(tmp_path):
         pairs = [json.loads(dist[f"rank{r}.pairs"]) for r in (0, 1)]
         assert pairs[0] and pairs[1], "both ranks computed block pairs"
         assert len(pairs[0]) + len(pairs[1]) == 5 * 6 // 2
+        # The kernel ledger counts every rank's calls (it held rank 0's alone, so another
+        # rank's NKI fallbacks left no trace).
+        assert h5["backend"].attrs["calls.mp2_energy.torch-cpu"] == 5 * 6 // 2
         for rank in (0, 1):
             stages = json.loads(dist[f"rank{rank}.stage_seconds"])
             assert {"scf", "jk_tensor", "integrals", "fit", "energy"} <= set(stages), stages

@@ -177,3 +177,27 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
     for option in ("--basis", "--auxbasis"):
         shadowed = run_cli("run", "water.xyz", option, "sto-3g", "-o", "s.h5")
         assert shadowed.code == 2 and "give the file as ./sto-3g" in shadowed.err
+
+
+def test_a_resumed_run_accounts_for_the_pairs_it_did_not_compute(run_cli, tmp_path):
+    """The ledger described only the resuming process: pairs a killed run had computed
+    (perhaps on a torch fallback) were counted as the resuming run's executor. They now
+    carry the interrupted run's own calls, or, when it was killed before writing them,
+    appear as energy calls of an 'unrecorded' executor."""
+    record = tmp_path / "w.h5"
+    args = ("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "--occ-block", "1", "-o", record, "--json")
+    assert run_cli(*args).code == 0
+    pairs = 5 * 6 // 2
+    for keep_ledger, expected in ((True, {"torch-cpu": pairs}), (False, {"unrecorded": pairs})):
+        with h5py.File(record, "r+") as h5:
+            h5.attrs["status"] = "interrupted"
+            del h5["mp2"]
+            if not keep_ledger:
+                del h5["backend"]
+        resumed = json.loads(run_cli(*args).out)
+        with h5py.File(record, "r") as h5:
+            calls = {key.split(".", 2)[2]: value for key, value in h5["backend"].attrs.items()
+                     if key.startswith("calls.mp2_energy.")}
+        assert calls == expected
+        assert set(expected) <= set(resumed["executors"])

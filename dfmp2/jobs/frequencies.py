@@ -326,11 +326,15 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
 
     compute_points(pending, evaluate, world, keep, progress)
     if world.size > 1 and pending:
-        ranks = world.gather((busy, peak_resident_megabytes(), mine),
-                             "gathering every rank's points and seconds")
+        accounting = job.env.kernel_set.accounting
+        ranks = world.gather((busy, peak_resident_megabytes(), mine, accounting.snapshot()),
+                             "gathering every rank's points, seconds and kernel calls")
         write_rank_stages(root, world.size, world.backend,
-                          [{"displaced_gradients": seconds} for seconds, _, _ in ranks],
-                          [peak for _, peak, _ in ranks], [points for _, _, points in ranks])
+                          [{"displaced_gradients": rank[0]} for rank in ranks],
+                          [rank[1] for rank in ranks], [rank[2] for rank in ranks])
+        if world.is_root:
+            for rank in ranks[1:]:
+                accounting.absorb(rank[3])
 
 
 def _analyse(calc: Calculation, method: str, points: dict[int, Point],

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dfmp2.df.store import ScratchArea
+from kernels.accounting import KernelAccounting
 from dfmp2.errors import RunFailure
 from dfmp2.grad import kernel as gradient
 from dfmp2.grad.kernel import GradientResult
@@ -30,13 +31,16 @@ from dfmp2.records.checkpoint import RecordSaver, resumable_pairs, stored_occ_bl
 from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, PlanSection,
                                     ScfEngineSection, Sizes, read_scf, write_distributed,
                                     write_gradient, write_rank_stages, write_scf, write_timings)
-from dfmp2.records.ledger import write_kernel_ledger
+from dfmp2.records.ledger import stored_calls, write_kernel_ledger
 from dfmp2.records.tree import Node, set_resumed
+from dfmp2.scf.engine import ScfKernels
 from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release_integrals,
                                  restored_scf, run_scf)
 from dfmp2.system.memory import peak_resident_megabytes
 
 log = logging.getLogger(__name__)
+# Where pairs ran that a killed run finished but could not account for.
+UNRECORDED_EXECUTOR = "unrecorded"
 
 
 @dataclass
@@ -116,11 +120,7 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
     write_scf(ctx.node, scf_result.section, scf_result.orbitals)
     if scf_result.engine is not None:
         scf_result.engine.write(ctx.node)
-        engine_kernels = ctx.env.scf_kernels
-        ledger = engine_kernels.accounting
-        write_kernel_ledger(ctx.node, dict(ledger.calls), ledger.fallbacks,
-                            list(ledger.fallback_reasons), engine_kernels.fast.report(),
-                            ScfEngineSection.group_name)
+        write_scf_ledger(ctx.node, ctx.env.scf_kernels)
     write_timings(ctx.node, ctx.timings)
     if ctx.saver is not None and ctx.env.world.is_root:
         ctx.saver.save()
@@ -128,6 +128,26 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
         raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
                          "rerun with --allow-unconverged to accept it")
     return scf_result
+
+
+def carry_ledger(previous: Node, pairs: int, accounting: KernelAccounting) -> None:
+    """The resumed pairs' kernels into this run's ledger: the interrupted run's calls and
+    fallbacks, or, when it was killed before writing them, its ``pairs`` as energy calls of
+    an ``unrecorded`` executor (the ledger said every pair ran where the resuming run's did,
+    though the killed run's may have fallen back to torch)."""
+    stored = stored_calls(previous)
+    if stored is not None and stored[0]:
+        accounting.absorb(stored)
+    else:
+        accounting.record("mp2_energy", UNRECORDED_EXECUTOR, pairs)
+
+
+def write_scf_ledger(node: Node, engine_kernels: ScfKernels) -> None:
+    """``/scf_engine``'s kernel calls and fallbacks: the SCF's J/K builds."""
+    ledger = engine_kernels.accounting
+    write_kernel_ledger(node, dict(ledger.calls), ledger.fallbacks,
+                        list(ledger.fallback_reasons), engine_kernels.fast.report(),
+                        ScfEngineSection.group_name)
 
 
 def reconciled_plan(ctx: RunContext) -> BlockPlan:
@@ -152,6 +172,8 @@ def mp2_stage(ctx: RunContext, scf_result: ScfResult) -> mp2.Mp2Result:
     if world.is_root:
         plan = reconciled_plan(ctx)
         shared = (plan, resumable_pairs(ctx.previous, plan))
+        if shared[1]:
+            carry_ledger(ctx.previous, len(shared[1]), ctx.env.kernel_set.accounting)
     plan, finished = world.broadcast(shared, "sharing the block plan")
     ledger = PairLedger(finished)
     if ctx.saver is not None and world.is_root:
@@ -259,13 +281,24 @@ def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
 
 def record_rank_stages(ctx: RunContext) -> None:
     """With several ranks, every rank's seconds per stage and peak memory into the context's
-    node (a collective: every rank calls it)."""
-    world = ctx.env.world
-    if world.size > 1:
-        ranks = world.gather((ctx.timings, peak_resident_megabytes()),
-                             "gathering every rank's stage times")
-        write_rank_stages(ctx.node, world.size, world.backend, [t for t, _ in ranks],
-                          [m for _, m in ranks])
+    node, and every rank's kernel calls and fallbacks into rank 0's ledgers (a collective:
+    every rank calls it). Rank 0's ledgers alone hid another rank's calls and fallbacks."""
+    world, env = ctx.env.world, ctx.env
+    if world.size == 1:
+        return
+    ranks = world.gather((ctx.timings, peak_resident_megabytes(),
+                          env.kernel_set.accounting.snapshot(),
+                          env.scf_kernels.accounting.snapshot()),
+                         "gathering every rank's stage times and kernel calls")
+    write_rank_stages(ctx.node, world.size, world.backend, [r[0] for r in ranks],
+                      [r[1] for r in ranks])
+    if not world.is_root:
+        return
+    for _, _, mp2_calls, scf_calls in ranks[1:]:
+        env.kernel_set.accounting.absorb(mp2_calls)
+        env.scf_kernels.accounting.absorb(scf_calls)
+    if ScfEngineSection.group_name in ctx.node.groups:
+        write_scf_ledger(ctx.node, env.scf_kernels)
 
 
 def write_energies(ctx: RunContext, scf_result: ScfResult, energies: Mp2Energies,

@@ -78,3 +78,19 @@ def read_kernel_ledger(node: Node) -> KernelLedger | None:
                         {k[len("calls."):]: int(v) for k, v in attrs.items()
                          if k.startswith("calls.")},
                         attrs.get("nki_mode"), attrs.get("signatures"), estimate or None)
+
+
+def stored_calls(node: Node) -> tuple[dict[tuple[str, str], int], int, list[str]] | None:
+    """An interrupted run's ``/backend`` calls, fallbacks and reasons as a
+    :meth:`kernels.accounting.KernelAccounting.snapshot` (None: it has none, as when it was
+    killed before its end could write them)."""
+    group = node.groups.get(BackendFacts.group_name)
+    if group is None:
+        return None
+    calls = {}
+    for key, value in group.attrs.items():
+        if key.startswith("calls.") and key.count(".") >= 2:
+            _, kernel, executor = key.split(".", 2)
+            calls[(kernel, executor)] = int(value)
+    reasons = [str(r) for r in np.atleast_1d(group.attrs.get("fallback_reasons", []))]
+    return calls, int(group.attrs.get("fallbacks", 0)), reasons
