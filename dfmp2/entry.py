@@ -23,13 +23,13 @@ EXIT_SIGINT = 128 + signal.SIGINT
 OPENMP_THREADS = re.compile(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*")
 
 
-class StoppedWhileStarting(BaseException):
-    """A SIGTERM while the command line is being imported (a BaseException: library code that
-    catches Exception must not swallow it)."""
-
-
 def _stop(signum: int, frame) -> None:
-    raise StoppedWhileStarting(signum)
+    """A signal while the command line is being imported: nothing has run, so the program
+    ends here. Raising instead, at whatever bytecode the signal landed on, could leave numpy
+    half-imported, and the next access recursed into a 46-line RecursionError, exit 1."""
+    sys.stderr.write(f"Error: {signal.Signals(signum).name} while starting; nothing was run\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def drop_invalid_openmp_threads(environ=os.environ) -> str | None:
@@ -65,14 +65,11 @@ def main() -> None:
     for invalid in (drop_invalid_openmp_threads(), drop_invalid_pyscf_memory()):
         if invalid is not None:
             print(f"dfmp2: WARNING: {invalid}", file=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, _stop)
+    previous = {signum: signal.signal(signum, _stop)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         from dfmp2.cli import main as run_command_line
-    except (KeyboardInterrupt, StoppedWhileStarting) as stop:
-        signum = stop.args[0] if isinstance(stop, StoppedWhileStarting) else signal.SIGINT
-        print(f"Error: {signal.Signals(signum).name} while starting; nothing was run",
-              file=sys.stderr)
-        sys.exit(128 + signum)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     run_command_line(prog_name="dfmp2")
