@@ -193,3 +193,17 @@ def test_small_memory_budget_runs_out_of_core(run_cli, tmp_path, water_reference
         assert h5["plan"].attrs["out_of_core"]
         assert h5["plan"].attrs["occ_blocks"] > 1
     assert not list(scratch.iterdir())
+
+
+@pytest.mark.parametrize("command", ["optimize", "interaction"])
+def test_a_one_process_command_under_a_launcher_is_refused(run_cli, tmp_path, monkeypatch,
+                                                           command):
+    """Under torchrun every rank ran the whole job on one record: one was refused the lock,
+    torchrun then stopped the other, and no result was left."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    result = run_cli(command, molecule_path("water_dimer"), "--basis", "sto-3g",
+                     "-o", tmp_path / "o.h5")
+    assert result.code == 2 and "runs as one process" in result.err
+    assert not (tmp_path / "o.h5").exists()

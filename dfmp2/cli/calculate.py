@@ -57,6 +57,16 @@ def run_command(obj: dict, molecule: Path, as_json: bool, as_qcschema: bool,
     return outcome.exit_code
 
 
+def refuse_ranks(command: str) -> None:
+    """``command`` runs as one process: under torchrun or srun every rank ran the whole job
+    on one record, the loser of the lock said another run held it, and torchrun then stopped
+    the winner, leaving no result."""
+    if distributed.launch_from(os.environ).size > 1:
+        raise click.UsageError(f"dfmp2 {command} runs as one process; start it without "
+                               "torchrun or srun (run, gradient, properties, frequencies and "
+                               "batch spread over ranks)")
+
+
 def on_every_rank(job: Callable[..., Outcome], settings: RunSettings,
                   *arguments) -> Outcome | None:
     """``job(settings, *arguments, world)``; under torchrun or srun every rank joins it, and
@@ -114,6 +124,7 @@ def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int
                      as_json: bool, **options) -> int:
     """Optimise the geometry of MOLECULE with geomeTRIC on the DF-MP2 (SCS, SOS) or
     double-hybrid gradient."""
+    refuse_ranks("optimize")
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
     outcome = optimize.run(settings, convergence, max_steps)
@@ -138,6 +149,7 @@ def interaction_command(obj: dict, dimer: Path, split: int | None, charges: str 
                         spins: str | None, output: Path | None, as_json: bool,
                         **options) -> int:
     """Counterpoise-corrected (and uncorrected) SCF, MP2 and SCS-MP2 interaction energies."""
+    refuse_ranks("interaction")
     settings = RunSettings(molecule=dimer, command=obj["command"], **options,
                            **environment_settings())
     outcome = interaction.run_interaction(settings, split,
