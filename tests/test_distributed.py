@@ -199,6 +199,24 @@ def test_batch_under_torchrun_spreads_molecules(tmp_path):
     assert len(list(out.glob("*.h5"))) == 3
 
 
+def test_a_failed_molecule_on_one_rank_does_not_stop_the_others(tmp_path):
+    """Rank 1's only molecule failed at once, the rank exited 1, and torchrun stopped rank 0
+    in its first molecule: every rerun ended the same way, so the batch never finished. And
+    each rank printed its own JSON array, so stdout was not one JSON document."""
+    out = tmp_path / "out"
+    inputs = [molecule_path("water"), tmp_path / "missing.xyz", molecule_path("ammonia")]
+    command = torchrun(2, *inputs, "--basis", "sto-3g", "--backend", "torch", "--threads", "1",
+                       "--out", out, "--json", command="batch")
+    proc = subprocess.run(command, capture_output=True, text=True,
+                          timeout=JOB_TIMEOUT_SECONDS, env=environment())
+    assert proc.returncode == 1, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [row["status"] for row in rows] == ["complete", "failed", "complete"]
+    assert "1 of 3 molecules failed: missing.xyz" in proc.stderr
+    assert [line for line in proc.stderr.splitlines() if line.startswith("Error:")] == [
+        line for line in proc.stderr.splitlines() if "1 of 3 molecules failed" in line]
+
+
 def test_a_batch_with_rank_variables_but_no_other_ranks_fails_in_one_line(tmp_path):
     """RANK, WORLD_SIZE and MASTER_ADDR left in a shell, nobody listening: the batch's ranks
     meet first, so it ends with one error line (torch's C++ retry logs silenced) and runs

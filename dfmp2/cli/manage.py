@@ -59,11 +59,27 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
     except BaseException:
         world.close(failed=True)
         raise
-    world.close(failed=stop is not None)
-    rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
-    views.print_batch(rows, csv_path, json_path, as_json)
     if stop is not None:
+        world.close(failed=True)
+        rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
+        views.print_batch(rows, [csv_path, json_path], as_json)
         raise stop
+    rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
+    # Under a launcher the ranks meet when every share is done: a rank that ended early with
+    # a failure made torchrun stop the others, whose molecules then never finished; and rank
+    # 0 alone prints the whole batch (each rank printed its own table or JSON array).
+    try:
+        shares = world.gather_when_all_arrive((rows, [str(csv_path), str(json_path)]),
+                                              "waiting for every rank's share of the batch")
+    except BaseException:
+        world.close(failed=True)
+        raise
+    world.close()
+    rows = sorted((row for share, _ in shares for row in share), key=lambda row: row["index"])
+    if not world.is_root:
+        return 1 if any(row["status"] in ("failed", batch.CHECK_FAILED) for row in rows) else 0
+    paths = [Path(path) for _, written in shares for path in written]
+    views.print_batch(rows, paths, as_json)
     failed = [row for row in rows if row["status"] == "failed"]
     if failed:
         names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)

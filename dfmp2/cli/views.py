@@ -64,10 +64,11 @@ def print_record(root: Node, show_all: bool) -> None:
     click.echo(printable(text))
 
 
-def print_batch(rows: list[dict], csv_path: Path, json_path: Path, as_json: bool) -> None:
+def print_batch(rows: list[dict], summaries: list[Path], as_json: bool) -> None:
     """A batch's summary rows, and where their CSV and JSON copies were written."""
+    shown = ", ".join(printable(str(path), one_line=True) for path in summaries)
     click.echo(json.dumps(rows, default=str) if as_json else
-               printable(f"{batch.format_table(rows)}\n\nsummary: {csv_path}, {json_path}"))
+               f"{printable(batch.format_table(rows))}\n\nsummary: {shown}")
 
 
 def print_comparison(pairs: list[tuple[compare.Row, compare.Row | None]], as_json: bool) -> None:

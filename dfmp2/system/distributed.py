@@ -36,6 +36,8 @@ DIAGONAL_COST = 0.5
 # Longest pause between two looks at an unfinished collective: a bound on the latency a wait
 # adds, and on how soon a signal is handled while waiting.
 LONGEST_POLL_SECONDS = 0.002
+# How often a rank that finished its share of a batch looks whether the others have.
+ARRIVAL_POLL_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class World:
     backend: str = "none"
     hosts: int = 1
     timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
+    meetings: int = 0
+    """How many :meth:`gather_when_all_arrive` meetings this rank has been to."""
 
     @property
     def is_root(self) -> bool:
@@ -224,6 +228,29 @@ class World:
         out = [None] * self.size
         _guard(lambda: torch_dist.all_gather_object(out, value), what)
         return out
+
+    def gather_when_all_arrive(self, value, what: str) -> list:
+        """:meth:`gather` for ranks that arrive hours apart (a batch's shares): each rank
+        marks its arrival in the process group's store and looks every fraction of a second
+        for the others, with no deadline (a collective's timeout would end the early ranks)
+        and its signal handlers running; a rank that dies ends the job through the
+        launcher, or the store that rank 0 holds."""
+        if self.size == 1:
+            return [value]
+        self.meetings += 1
+        keys = [f"dfmp2/meeting{self.meetings}/rank{rank}" for rank in range(self.size)]
+        store = torch_dist.distributed_c10d._get_default_store()
+        _guard(lambda: store.set(keys[self.rank], "here"), what)
+        arrived = [False]
+
+        def check() -> None:
+            arrived[0] = store.check(keys)
+
+        while True:
+            _guard(check, what)
+            if arrived[0]:
+                return self.gather(value, what)
+            time.sleep(ARRIVAL_POLL_SECONDS)
 
     def close(self, failed: bool = False) -> None:
         """Leave the process group. After a failure a collective may still be waiting on a
