@@ -8,6 +8,7 @@ import h5py
 import pytest
 
 from conftest import molecule_path
+from dfmp2.records.tree import read_record
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +81,24 @@ def test_a_bench_says_its_timings_ran_on_the_interpreter_in_fp32(tmp_path, run_c
     text = run_cli("bench", *args).out
     assert "backend nki fp32 on nki-interpreter" in text.splitlines()[0]
     assert "nan" not in text
+
+
+def test_a_required_nki_kernel_that_fails_ends_the_run_in_one_line(run_cli, tmp_path,
+                                                                    monkeypatch):
+    """DFMP2_REQUIRE_NKI=1 and a kernel that fails: the requested outcome ended in a 75-line
+    traceback, and the record called it an internal error."""
+    from kernels.nki.launcher import Launcher
+
+    def broken(self, kernel_name, kernel, *args):
+        raise RuntimeError("simulated kernel failure")
+
+    monkeypatch.setattr(Launcher, "launch", broken)
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    record = tmp_path / "w.h5"
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "nki",
+                     "--threads", "1", "-o", record)
+    assert result.code == 1 and "Traceback" not in result.err
+    assert "NKI is required" in result.err and "simulated kernel failure" in result.err
+    stored = read_record(record)
+    assert stored.attrs["status"] == "failed"
+    assert "internal error" not in stored.attrs["error"]

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dfmp2.df.store import ScratchArea
+from kernels.accounting import NkiRequired
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
 from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
@@ -197,6 +198,10 @@ def guarded(session: RecordSession, root: Node, work):
         if isinstance(exc, MemoryError):
             error = RunFailure("out of memory; lower --memory so that dfmp2 plans for less, "
                                "or use a machine with more")
+            raise RunFailure(f"{error}{_record_note(session, root, error)}") from None
+        if isinstance(exc, NkiRequired):
+            # The outcome DFMP2_REQUIRE_NKI asks for, not a bug: one line, the reason kept.
+            error = RunFailure(str(exc))
             raise RunFailure(f"{error}{_record_note(session, root, error)}") from None
         if isinstance(exc, Dfmp2Error):
             exc.args = (f"{exc}{_record_note(session, root, exc)}",)
