@@ -64,22 +64,25 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
         rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
         views.print_batch(rows, [csv_path, json_path], as_json)
         raise stop
-    rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
     # Under a launcher the ranks meet when every share is done: a rank that ended early with
-    # a failure made torchrun stop the others, whose molecules then never finished; and rank
-    # 0 alone prints the whole batch (each rank printed its own table or JSON array).
+    # a failure made torchrun stop the others, whose molecules then never finished. Then a
+    # row left to a sibling rank (a duplicate) reads that rank's finished record, and rank 0
+    # alone prints the whole batch (each rank printed its own table or JSON array).
+    rows = batch.settled(rows)
     try:
-        shares = world.gather_when_all_arrive((rows, [str(csv_path), str(json_path)]),
+        shares = world.gather_when_all_arrive((rows, shard_k_n),
                                               "waiting for every rank's share of the batch")
     except BaseException:
         world.close(failed=True)
         raise
     world.close()
-    rows = sorted((row for share, _ in shares for row in share), key=lambda row: row["index"])
+    batch.write_summaries(rows, out_dir, shard_k_n)
+    rows = sorted(batch.settled([row for share, _ in shares for row in share]),
+                  key=lambda row: row["index"])
     if not world.is_root:
         return 1 if any(row["status"] in ("failed", batch.CHECK_FAILED) for row in rows) else 0
-    paths = [Path(path) for _, written in shares for path in written]
-    views.print_batch(rows, paths, as_json)
+    views.print_batch(rows, [path for _, shard in shares
+                             for path in batch.summary_paths(out_dir, shard)], as_json)
     failed = [row for row in rows if row["status"] == "failed"]
     if failed:
         names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)

@@ -264,6 +264,7 @@ def _as_on_disk(row: dict) -> dict:
     """A row left to another run, as its record says now: that run may have ended since.
     A record of another calculation (the same name with other options, from another batch
     on the same --out) is not this molecule's result: the row fails and says so."""
+    row = dict(row)
     same = row.pop(SAME_CALCULATION, None)
     path = Path(row["record"])
     try:
@@ -300,13 +301,23 @@ def _replace_file(path: Path, text: str) -> None:
                          f"{exc.strerror or exc}") from None
 
 
+def settled(rows: list[dict]) -> list[dict]:
+    """Rows left to another run take the status their records have now, so a summary never
+    contradicts a record."""
+    return [_as_on_disk(row) if row["status"] == RUNNING_ELSEWHERE else row for row in rows]
+
+
+def summary_paths(out_dir: Path, shard: tuple[int, int]) -> tuple[Path, Path]:
+    """The CSV and JSON summaries of a batch's shard."""
+    stem = "summary" if shard == (0, 1) else f"summary-shard-{shard[0]}-of-{shard[1]}"
+    return out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
+
+
 def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]
                     ) -> tuple[list[dict], Path, Path]:
-    """Write the CSV and JSON summaries; rows left to another run first take the status their
-    records have now, so a summary never contradicts a record. Returns the rows written."""
-    rows = [_as_on_disk(row) if row["status"] == RUNNING_ELSEWHERE else row for row in rows]
-    stem = "summary" if shard == (0, 1) else f"summary-shard-{shard[0]}-of-{shard[1]}"
-    csv_path, json_path = out_dir / f"{stem}.csv", out_dir / f"{stem}.json"
+    """Write the CSV and JSON summaries of :func:`settled` rows; returns the rows written."""
+    rows = settled(rows)
+    csv_path, json_path = summary_paths(out_dir, shard)
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, fieldnames=SUMMARY_FIELDS)
     writer.writeheader()
