@@ -207,3 +207,19 @@ def test_a_one_process_command_under_a_launcher_is_refused(run_cli, tmp_path, mo
                      "-o", tmp_path / "o.h5")
     assert result.code == 2 and "runs as one process" in result.err
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_fallbacks_count_the_scfs_too(run_cli, tmp_path):
+    """--json and show counted the MP2 stage's NKI fallbacks alone: an SCF whose builds had
+    all fallen back to torch said 0."""
+    from dfmp2.records.report import json_summary
+    from dfmp2.records.tree import read_record
+
+    record = tmp_path / "w.h5"
+    assert run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                   "--threads", "1", "-o", record).code == 0
+    with h5py.File(record, "r+") as h5:
+        h5["scf_engine"].attrs["fallbacks"] = 3
+        h5["backend"].attrs["fallbacks"] = 1
+    assert json_summary(read_record(record), str(record))["fallbacks"] == 4
+    assert "fallbacks 4" in run_cli("show", record).out

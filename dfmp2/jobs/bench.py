@@ -33,7 +33,7 @@ from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
 from dfmp2.records.tree import BENCH_SCHEMA, COMPLETE, new_record, set_status, write_record
 from dfmp2.records.sections import (Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings)
-from dfmp2.records.ledger import executors_of, read_kernel_ledger
+from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.job_sections import write_bench
 from dfmp2.scf.reference import ScfOptions, run_scf
 from dfmp2.input.settings import DEFAULT_OUTPUT_DIR, RunSettings
@@ -82,7 +82,7 @@ def dfmp2_side(settings: RunSettings) -> dict:
     engine = ScfEngineSection.read(root)
     ledger = read_kernel_ledger(root)
     return {"backend": ledger.backend, "precision": ledger.precision,
-            "executors": executors_of(root), "fallbacks": ledger.fallbacks,
+            "executors": executors_of(root), "fallbacks": fallbacks_of(root),
             "scf_seconds": timings["scf"], "mp2_seconds": timings["mp2"],
             "energy_seconds": timings["energy"], "total_seconds": total,
             "e_scf": scf.e_tot, "e_corr": energies.e_corr, "cycles": scf.cycles,

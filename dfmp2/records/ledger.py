@@ -65,6 +65,14 @@ def executors_of(node: Node) -> list[str]:
     return sorted(found)
 
 
+def fallbacks_of(node: Node) -> int:
+    """Kernel calls that fell back from NKI to torch, in the MP2 stage and the SCF together
+    (``--json`` counted the MP2 stage's alone, so an SCF whose builds all fell back said 0)."""
+    return sum(int(group.attrs.get("fallbacks", 0))
+               for name in (BackendFacts.group_name, "scf_engine")
+               if (group := node.groups.get(name)) is not None)
+
+
 def read_kernel_ledger(node: Node) -> KernelLedger | None:
     group = node.groups.get(BackendFacts.group_name)
     if group is None:

@@ -7,7 +7,7 @@ import numpy as np
 from dfmp2.input.xyz import parse_xyz
 from dfmp2.records.sections import (CheckSection, DoubleHybridSection, Mp2Section, ScfSection,
                                     Sizes, read_gradient, read_inputs, read_timings)
-from dfmp2.records.ledger import executors_of, read_kernel_ledger
+from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
 from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status
@@ -81,7 +81,7 @@ def summary(root: Node) -> str:
     ledger = read_kernel_ledger(root)
     if ledger is not None:
         lines.append(f"  backend  {ledger.backend} {ledger.precision} on {ledger.device}"
-                     f"  fused_energy {ledger.fused_energy}  fallbacks {ledger.fallbacks}")
+                     f"  fused_energy {ledger.fused_energy}  fallbacks {fallbacks_of(root)}")
         if ledger.calls:
             lines.append("  calls    " + ", ".join(f"{k}={v}" for k, v in ledger.calls.items()))
         if ledger.signatures is not None:
@@ -156,7 +156,7 @@ def json_summary(root: Node, path: str) -> dict:
                "e_tot": energies.e_tot, "record": path, "status": status(root),
                "backend": ledger.backend, "precision": ledger.precision,
                "executors": executors_of(root),
-               "fallbacks": ledger.fallbacks, "stability": scf.stability,
+               "fallbacks": fallbacks_of(root), "stability": scf.stability,
                # JSON has no NaN: an unchecked reference has no eigenvalue.
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
                                         else scf.stability_eigenvalue),
