@@ -437,3 +437,21 @@ def test_points_of_another_dispersion_are_not_taken(run_cli, tmp_path, caplog):
     energy = json.loads(run_cli("run", *common, "--xc", "b2plyp-d3bj", "--json",
                                 "-o", tmp_path / "e.h5").out)["e_tot"]
     assert json.loads(dispersed.out)["e_tot"] == pytest.approx(energy, abs=1e-9)
+
+
+def test_points_taken_from_a_record_bring_their_kernels(run_cli, tmp_path):
+    """frequencies --json said nothing of where its kernels ran, and points taken from an
+    earlier record (a rerun at another temperature, a resumed run) were left out of the
+    ledger, or credited to the rerun's executor."""
+    record = tmp_path / "f.h5"
+    args = ("frequencies", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "-o", record, "--json")
+    first = json.loads(run_cli(*args).out)
+    assert first["executors"] == ["torch-cpu"] and first["fallbacks"] == 0
+    again = json.loads(run_cli(*args, "--temperature", "400").out)
+    assert again["executors"] == ["torch-cpu"]
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+        del h5["backend"]
+    resumed = json.loads(run_cli(*args).out)
+    assert "unrecorded" in resumed["executors"]

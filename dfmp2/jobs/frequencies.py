@@ -34,7 +34,10 @@ from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.optimize import SAME_GEOMETRY_BOHR
 from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
-from dfmp2.jobs.stages import check_differentiable, energy_scales, method_name
+from dfmp2.jobs.stages import (UNRECORDED_EXECUTOR, check_differentiable, energy_scales,
+                               method_name)
+from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger, stored_calls
+from kernels.accounting import KernelAccounting
 from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun,
                                      complete_copies_beside, examine_previous,
                                      save_checkpoint, set_aside)
@@ -163,9 +166,21 @@ def shard_records(path: Path, inputs: CalculationInputs) -> list[tuple[Path, Nod
     return found
 
 
+def carry_point_ledger(node: Node, count: int, accounting: KernelAccounting) -> None:
+    """The kernels behind points taken from another record (a shard's, an interrupted
+    run's): its own calls and fallbacks, or, when it was killed before writing them, the
+    points as gradients of an ``unrecorded`` executor."""
+    stored = stored_calls(node)
+    if stored is not None and stored[0]:
+        accounting.absorb(stored)
+    else:
+        accounting.record("gradient", UNRECORDED_EXECUTOR, count)
+
+
 def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
                   settings: RunSettings, options: FrequencyOptions, expected: DisplacementSection,
-                  reference: np.ndarray) -> tuple[dict[int, Point], Node | None, PreviousRun]:
+                  reference: np.ndarray, accounting: KernelAccounting
+                  ) -> tuple[dict[int, Point], Node | None, PreviousRun]:
     """The points this job need not compute (from the record at ``path`` and, unless the job
     is a shard, from the shard records beside ``main_path``), a record holding the input
     geometry's calculation, if one does, and what was at ``path``."""
@@ -184,6 +199,8 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
         usable = usable_points(node, expected, reference)
         fresh = [p for p in usable if p.index not in points]
         points.update((p.index, p) for p in fresh)
+        if fresh:
+            carry_point_ledger(node, len(fresh), accounting)
         if holder is None and has_reference(node) and any(
                 p.index == REFERENCE_POINT for p in usable):
             holder = node
@@ -256,7 +273,8 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
         points, holder, previous = {}, None, PreviousRun(FRESH)
         if world.is_root:
             points, holder, previous = recorded_work(path, main_path, inputs, settings,
-                                                     options, expected, reference)
+                                                     options, expected, reference,
+                                                     job.env.kernel_set.accounting)
             session.superseded = previous.superseded
             if previous.action == REUSE:
                 # Its points are analysed again (another temperature) in place.
@@ -403,7 +421,13 @@ def hessian(settings: RunSettings, step: float = DEFAULT_STEP_BOHR,
 
 def json_summary(outcome: FrequencyOutcome) -> dict:
     """The ``--json`` object: a shard's points, or the frequencies and thermochemistry."""
-    summary = {"e_tot": outcome.e_tot, "record": str(outcome.path), "step": outcome.options.step}
+    ledger = read_kernel_ledger(outcome.record)
+    summary = {"e_tot": outcome.e_tot, "record": str(outcome.path), "step": outcome.options.step,
+               # Where the gradients' kernels ran, as run's --json says.
+               "backend": None if ledger is None else ledger.backend,
+               "precision": None if ledger is None else ledger.precision,
+               "executors": executors_of(outcome.record),
+               "fallbacks": fallbacks_of(outcome.record)}
     if outcome.vibrations is None:
         k, n = outcome.options.shard
         return {**summary, "shard": f"{k}/{n}", "points": outcome.points}
