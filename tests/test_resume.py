@@ -201,3 +201,6 @@ def test_a_resumed_run_accounts_for_the_pairs_it_did_not_compute(run_cli, tmp_pa
                      if key.startswith("calls.mp2_energy.")}
         assert calls == expected
         assert set(expected) <= set(resumed["executors"])
+        # The restored SCF keeps the interrupted run's /scf_engine (it was dropped).
+        with h5py.File(record, "r") as h5:
+            assert any(key.startswith("calls.") for key in h5["scf_engine"].attrs)

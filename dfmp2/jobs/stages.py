@@ -90,6 +90,7 @@ def obtain_reference(ctx: RunContext, keep_integrals: bool = False) -> ScfResult
         ctx.previous, stored = None, None
     if stored is not None:
         result = restored_scf(ctx.calc, stored[0], stored[1], options)
+        carry_scf_ledger(ctx)
     else:
         result = run_scf(ctx.calc, options)
     if world.size == 1:
@@ -120,6 +121,7 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
     write_scf(ctx.node, scf_result.section, scf_result.orbitals)
     if scf_result.engine is not None:
         scf_result.engine.write(ctx.node)
+    if ScfEngineSection.group_name in ctx.node.groups:
         write_scf_ledger(ctx.node, ctx.env.scf_kernels)
     write_timings(ctx.node, ctx.timings)
     if ctx.saver is not None and ctx.env.world.is_root:
@@ -128,6 +130,20 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
         raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
                          "rerun with --allow-unconverged to accept it")
     return scf_result
+
+
+def carry_scf_ledger(ctx: RunContext) -> None:
+    """A restored SCF keeps the interrupted run's ``/scf_engine``, its builds' kernels
+    included (a resumed record dropped it, and with it the SCF's NKI fallbacks)."""
+    if ctx.previous is None or not ctx.env.world.is_root:
+        return
+    prior = ctx.previous.groups.get(ScfEngineSection.group_name)
+    if prior is None:
+        return
+    ctx.node.groups[ScfEngineSection.group_name] = prior
+    stored = stored_calls(ctx.previous, ScfEngineSection.group_name)
+    if stored is not None:
+        ctx.env.scf_kernels.accounting.absorb(stored)
 
 
 def carry_ledger(previous: Node, pairs: int, accounting: KernelAccounting) -> None:

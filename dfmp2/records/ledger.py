@@ -88,11 +88,12 @@ def read_kernel_ledger(node: Node) -> KernelLedger | None:
                         attrs.get("nki_mode"), attrs.get("signatures"), estimate or None)
 
 
-def stored_calls(node: Node) -> tuple[dict[tuple[str, str], int], int, list[str]] | None:
-    """An interrupted run's ``/backend`` calls, fallbacks and reasons as a
-    :meth:`kernels.accounting.KernelAccounting.snapshot` (None: it has none, as when it was
+def stored_calls(node: Node, group_name: str = BackendFacts.group_name
+                 ) -> tuple[dict[tuple[str, str], int], int, list[str]] | None:
+    """An interrupted run's ``/backend`` (or ``group_name``) calls, fallbacks and reasons as
+    a :meth:`kernels.accounting.KernelAccounting.snapshot` (None: it has none, as when it was
     killed before its end could write them)."""
-    group = node.groups.get(BackendFacts.group_name)
+    group = node.groups.get(group_name)
     if group is None:
         return None
     calls = {}
