@@ -177,6 +177,12 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
     for option in ("--basis", "--auxbasis"):
         shadowed = run_cli("run", "water.xyz", option, "sto-3g", "-o", "s.h5")
         assert shadowed.code == 2 and "give the file as ./sto-3g" in shadowed.err
+    # The default partner too (STO-3G's def2-SVP-JKFIT): read from the file, or, unreadable,
+    # swapped for generated functions, it changed the energy by 0.1 Eh under the library name.
+    (tmp_path / "sto-3g").unlink()
+    (tmp_path / "def2-svp-jkfit").write_text("notes\n")
+    shadowed = run_cli("run", "water.xyz", "--basis", "sto-3g", "-o", "s.h5")
+    assert shadowed.code == 2 and "default fitting basis 'def2-svp-jkfit'" in shadowed.err
 
 
 def test_a_resumed_run_accounts_for_the_pairs_it_did_not_compute(run_cli, tmp_path):

@@ -70,13 +70,24 @@ def default_spec(mol: gto.Mole, mp2fit: bool) -> dict:
     gets its element's set: PySCF generates a ghost's set from a nuclear charge of zero, so
     a ghost iodine in def2-SVP-RI got 12 s functions instead of iodine's 225, and the
     monomer in the dimer basis was not in the dimer's fitting basis."""
+    # PySCF reads a name as a file when one of that name is here: a file named like the
+    # default partner (def2-svp-jkfit) replaced it, 0.1 Eh off, with the library name recorded
+    # (or, unreadable, sent PySCF to generated functions without a word).
+    predefined = getattr(df.addons, "predefined_auxbasis", None)
+    partner = (predefined(mol, mol.basis, "HF", mp2fit)
+               if predefined is not None and isinstance(mol.basis, str) else None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spec = df.make_auxbasis(mol, mp2fit=mp2fit)
-        generated_ghosts = [label for label, value in spec.items()
-                            if _element(label) != label and not isinstance(value, str)]
-        if not generated_ghosts:
-            return spec
+    names = {value for value in spec.values() if isinstance(value, str)}
+    for name in sorted(names | ({partner} if isinstance(partner, str) else set())):
+        refuse_shadowed_library_name(name, "the default fitting basis")
+    generated_ghosts = [label for label, value in spec.items()
+                        if _element(label) != label and not isinstance(value, str)]
+    if not generated_ghosts:
+        return spec
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         real = df.make_auxbasis(_ghosts_made_real(mol), mp2fit=mp2fit)
     spec.update((label, real[_element(label)]) for label in generated_ghosts)
     return spec
