@@ -245,3 +245,27 @@ def test_an_interrupted_interaction_resumes_its_finished_calculations(run_cli, t
         for key, value in a["interaction"].attrs.items():
             if key.startswith("e_int"):
                 assert b["interaction"].attrs[key] == pytest.approx(value, abs=1e-10), key
+        # The kernels of the calculations taken from the record count in its ledger.
+        assert b["backend"].attrs["calls.mp2_energy.torch-cpu"] == len(interaction.CALCULATIONS)
+
+
+def test_an_unfinished_interaction_of_other_calculations_is_kept(run_cli, tmp_path):
+    """It was replaced without a word, by the command and by a batch line whose options
+    had changed; the command now refuses it, and a batch moves it aside."""
+    out = tmp_path / "out"
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{molecule_path('water_dimer')} --split 3 --basis sto-3g\n")
+    batch = ("batch", manifest, "--backend", "torch", "--threads", "1", "--out", out)
+    assert run_cli(*batch).code == 0
+    [record] = out.glob("*-interaction.h5")
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+    refused = run_cli("interaction", molecule_path("water_dimer"), "--split", "3", "--basis",
+                      "sto-3g", "--frozen-core", "--threads", "1", "-o", record)
+    assert refused.code == 2 and "unfinished interaction job of other calc" in refused.err
+    manifest.write_text(f"{molecule_path('water_dimer')} --split 3 --basis sto-3g "
+                        "--frozen-core\n")
+    assert run_cli(*batch).code == 0
+    [kept] = out.glob("*-interaction.unfinished-*.h5")
+    assert read_record(kept).attrs["status"] == "interrupted"
+    assert read_record(record).attrs["status"] == "complete"

@@ -68,7 +68,8 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
     # a failure made torchrun stop the others, whose molecules then never finished. Then a
     # row left to a sibling rank (a duplicate) reads that rank's finished record, and rank 0
     # alone prints the whole batch (each rank printed its own table or JSON array).
-    rows = batch.settled(rows)
+    # Written before the meeting too: a rank stopped while it waits keeps its share's rows.
+    rows, _, _ = batch.write_summaries(rows, out_dir, shard_k_n)
     try:
         shares = world.gather_when_all_arrive((rows, shard_k_n),
                                               "waiting for every rank's share of the batch")

@@ -18,9 +18,12 @@ from dfmp2.input.calculation import Calculation
 from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.run import RunOutcome
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
-from dfmp2.jobs.stages import RunContext, calculate
+from dfmp2.jobs.stages import RunContext, calculate, carry_ledger
 from dfmp2.records.checkpoint import (RecordSaver, complete_copies_beside, save_checkpoint,
                                      set_aside)
+from dfmp2.records.ledger import write_kernel_ledger
+from dfmp2.records.sections import read_checkpoint
+from kernels.accounting import KernelAccounting
 from dfmp2.errors import InputError
 from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, INTERRUPTED, RUNNING, Node,
                                 read_record, schema, stale_temporaries, status)
@@ -166,18 +169,30 @@ def _unfinished_interaction(path: Path, inputs: dict[str, CalculationInputs]) ->
     return previous
 
 
+def _write_calculation_ledger(node: Node, before: tuple, accounting: KernelAccounting
+                              ) -> None:
+    """The kernel calls and fallbacks of one finished calculation, in its own ``/backend``,
+    so a resumed job that takes it counts them (the job's ledger lost them)."""
+    calls_before, fallbacks_before, reasons_before = before
+    calls = {key: count - calls_before.get(key, 0) for key, count in accounting.calls.items()
+             if count > calls_before.get(key, 0)}
+    write_kernel_ledger(node, calls, accounting.fallbacks - fallbacks_before,
+                        [r for r in accounting.fallback_reasons if r not in reasons_before], {})
+
+
 def _finished(node: Node, calc: Calculation) -> bool:
     """Whether a calculation of an interaction record has its final energies."""
     return (Mp2Section.read(node) is not None
             and (calc.functional is None or DoubleHybridSection.read(node) is not None))
 
 
-def keep_complete_record(path: Path) -> Path | None:
+def keep_complete_record(path: Path, resumed: bool = False, unfinished_aside: bool = False
+                         ) -> Path | None:
     """A complete record about to be replaced is moved aside instead (a finished result is
     never lost), and its new name returned; an unfinished record of another command, which
-    that command would resume, is refused; temporaries of an interrupted write are
-    removed. (An unfinished interaction record of other calculations is replaced; one of
-    the same is resumed, see :func:`_unfinished_interaction`.)"""
+    that command would resume, is refused, and so is an unfinished interaction job of other
+    calculations (``unfinished_aside``, a batch's: moved aside as ``.unfinished-``) unless
+    this job resumes it (``resumed``); temporaries of an interrupted write are removed."""
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
     if not path.exists():
@@ -189,11 +204,18 @@ def keep_complete_record(path: Path) -> Path | None:
     state = status(previous)
     if state == COMPLETE:
         return set_aside(path, previous)
-    if state in (RUNNING, INTERRUPTED) and schema(previous) != INTERACTION_SCHEMA:
-        raise InputError(f"{path} holds an unfinished {schema(previous)} record, which its own "
-                         "command would resume; choose another -o"
-                         f"{complete_copies_beside(path)}")
-    return None
+    if state not in (RUNNING, INTERRUPTED) or resumed:
+        return None
+    if schema(previous) == INTERACTION_SCHEMA and unfinished_aside:
+        kept = set_aside(path, previous, "unfinished")
+        log.warning("%s held an unfinished interaction job of other calculations; it is kept "
+                    "as %s", path, kept)
+        return None
+    what = ("an unfinished interaction job of other calculations"
+            if schema(previous) == INTERACTION_SCHEMA else
+            f"an unfinished {schema(previous)} record, which its own command would resume")
+    raise InputError(f"{path} holds {what}; rerun it with its own options, or choose another "
+                     f"-o{complete_copies_beside(path)}")
 
 
 def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int, int] | None,
@@ -221,28 +243,36 @@ def run_interaction(settings: RunSettings, split: int | None, charges: tuple[int
         if previous is not None:
             return RunOutcome(previous, path, 0, reused=True)
         unfinished = _unfinished_interaction(path, inputs)
-        superseded = session.superseded = keep_complete_record(path)
+        superseded = session.superseded = keep_complete_record(path, unfinished is not None,
+                                                               reuse_complete)
         root = job.new_record(INTERACTION_SCHEMA)
         InteractionInputs(geometry.text, str(settings.molecule), split, json.dumps(charges),
                           json.dumps(spins), settings.basis, settings.frozen_core).write(root)
 
         def work() -> int:
             save_checkpoint(path, root)
+            accounting = env.kernel_set.accounting
             for name in CALCULATIONS:
                 earlier = (None if unfinished is None or name not in unfinished.groups
                            else calculation_node(unfinished, name))
                 if earlier is not None and _finished(earlier, calcs[name]):
                     root.groups[name] = earlier
+                    # Its kernels count in the job's ledger, as a resumed run's pairs do.
+                    checkpoint = read_checkpoint(earlier)
+                    carry_ledger(earlier, max(len(checkpoint.pairs) if checkpoint else 0, 1),
+                                 accounting)
                     log.info("%s: taken from the interrupted record", name)
                     continue
                 node = calculation_node(root, name)
                 inputs[name].write(node)
+                before = accounting.snapshot()
                 try:
                     calculate(RunContext(calcs[name], per_molecule, env, node,
                                          session.scratch_area(name), plans[name],
                                          RecordSaver(path, root, node), earlier))
                 except InputError as exc:
                     raise InputError(f"{name.replace('_', ' ')}: {exc}") from None
+                _write_calculation_ledger(node, before, accounting)
                 save_checkpoint(path, root)
             write_interaction(root, interaction_energies(root), KCAL_PER_HARTREE)
             session.complete(root)
