@@ -155,14 +155,15 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
     args = ("run", "water.xyz", "--basis", "my.nw", "--backend", "torch", "--threads", "1",
             "-o", "w.h5", "--json")
     first = json.loads(run_cli(*args).out)
-    assert read_record(tmp_path / "w.h5").groups["input"].attrs["basis_file"].startswith(
-        "sha256:")
+    first_digest = read_record(tmp_path / "w.h5").groups["input"].attrs["basis_file"]
+    assert first_digest.startswith("sha256:")
     assert run_cli(*args, "--resume").code == 0
     basis.write_text(STO3G_WATER_NWCHEM.replace("0.16885540", "0.20000000"))
     refused = run_cli(*args, "--resume")
     assert refused.code == 2 and "complete run with other options" in refused.err
     edited = json.loads(run_cli(*args).out)
     assert abs(edited["e_tot"] - first["e_tot"]) > 1e-4
+    edited_digest = read_record(tmp_path / "w.h5").groups["input"].attrs["basis_file"]
     [kept] = tmp_path.glob("w.superseded-*.h5")
     rows = json.loads(run_cli("compare", kept, "w.h5", "--json").out)
     assert rows[1]["differs_in"] == ["basis"]
@@ -173,6 +174,16 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
                     "--threads", "1", "--out", "out")
     assert batch.code == 0, batch.err
     assert (tmp_path / "out" / "water-my.nw.h5").is_file()
+    # A manifest line's basis file is the manifest folder's, as its molecule is: one of that
+    # name in the working folder was read instead.
+    shutil.copy(molecule_path("water"), tmp_path / "bases" / "water.xyz")
+    (tmp_path / "bases" / "my.nw").write_text(STO3G_WATER_NWCHEM)
+    (tmp_path / "bases" / "jobs.txt").write_text("water.xyz --basis my.nw\n")
+    lined = run_cli("batch", "bases/jobs.txt", "--backend", "torch", "--threads", "1",
+                    "--out", "lined", "--json")
+    assert lined.code == 0, lined.err
+    stored = read_record(json.loads(lined.out)[0]["record"]).groups["input"].attrs
+    assert stored["basis_file"] == first_digest != edited_digest
     (tmp_path / "sto-3g").write_text(STO3G_WATER_NWCHEM.replace("0.16885540", "0.3"))
     for option in ("--basis", "--auxbasis"):
         shadowed = run_cli("run", "water.xyz", option, "sto-3g", "-o", "s.h5")

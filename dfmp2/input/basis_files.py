@@ -28,11 +28,12 @@ def file_digest(name: str) -> str:
 
 def refuse_shadowed_library_name(name: str, option: str) -> None:
     """Refuse a basis name that is both a PySCF library basis and a file here."""
-    if os.path.isfile(name) and _library_name(name):
+    if os.path.isfile(name) and is_library_name(name):
         raise InputError(f"{option} {name!r} is a PySCF library basis, and a file of that name "
                          "is in this folder, which PySCF would read instead; give the file "
                          f"as ./{name} to use it, or rename it for the library basis")
 
 
-def _library_name(name: str) -> bool:
+def is_library_name(name: str) -> bool:
+    """Whether PySCF's library has a basis of this name."""
     return gto.basis.ALIAS.get(gto.basis._format_basis_name(name)) is not None

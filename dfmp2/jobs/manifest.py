@@ -19,11 +19,13 @@ from pathlib import Path
 import click
 
 from dfmp2.errors import InputError
+from dfmp2.input.basis_files import is_library_name
 from dfmp2.input.settings import RunSettings
 
 GLOB_CHARACTERS = set("*?[")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
 SETTINGS_FIELDS = {item.name for item in dataclasses.fields(RunSettings)}
+BASIS_FILE_OPTIONS = ("basis", "auxbasis", "jk_auxbasis")
 
 
 @dataclass
@@ -90,6 +92,13 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     overrides = {key: value for key, value in ctx.params.items()
                  if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
                  and key not in ("molecule", "dimer")}
+    # A basis file on a line is the manifest folder's, as the molecule is (it was read from
+    # the working folder, or a file of that name there was used instead).
+    for key in BASIS_FILE_OPTIONS:
+        value = overrides.get(key)
+        if (isinstance(value, str) and not is_library_name(value)
+                and not Path(value).is_absolute() and (manifest.parent / value).is_file()):
+            overrides[key] = str(manifest.parent / value)
     interaction = None
     if is_dimer:
         interaction = {key: overrides.pop(key, None) for key in ("split", "charges", "spins")}
