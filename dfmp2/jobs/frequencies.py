@@ -34,9 +34,9 @@ from dfmp2.input.xyz import Geometry
 from dfmp2.jobs.optimize import SAME_GEOMETRY_BOHR
 from dfmp2.jobs.preamble import Environment, Job, active_sizes, run_inputs, start_job
 from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_superseded
-from dfmp2.jobs.stages import (UNRECORDED_EXECUTOR, check_differentiable, energy_scales,
+from dfmp2.jobs.stages import (carry_ledger, check_differentiable, energy_scales,
                                method_name)
-from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger, stored_calls
+from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from kernels.accounting import KernelAccounting
 from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun,
                                      complete_copies_beside, examine_previous,
@@ -166,17 +166,6 @@ def shard_records(path: Path, inputs: CalculationInputs) -> list[tuple[Path, Nod
     return found
 
 
-def carry_point_ledger(node: Node, count: int, accounting: KernelAccounting) -> None:
-    """The kernels behind points taken from another record (a shard's, an interrupted
-    run's): its own calls and fallbacks, or, when it was killed before writing them, the
-    points as gradients of an ``unrecorded`` executor."""
-    stored = stored_calls(node)
-    if stored is not None and stored[0]:
-        accounting.absorb(stored)
-    else:
-        accounting.record("gradient", UNRECORDED_EXECUTOR, count)
-
-
 def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
                   settings: RunSettings, options: FrequencyOptions, expected: DisplacementSection,
                   reference: np.ndarray, accounting: KernelAccounting
@@ -200,7 +189,7 @@ def recorded_work(path: Path, main_path: Path, inputs: CalculationInputs,
         fresh = [p for p in usable if p.index not in points]
         points.update((p.index, p) for p in fresh)
         if fresh:
-            carry_point_ledger(node, len(fresh), accounting)
+            carry_ledger(node, len(fresh), accounting, "gradient")
         if holder is None and has_reference(node) and any(
                 p.index == REFERENCE_POINT for p in usable):
             holder = node

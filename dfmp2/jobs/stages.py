@@ -146,16 +146,18 @@ def carry_scf_ledger(ctx: RunContext) -> None:
         ctx.env.scf_kernels.accounting.absorb(stored)
 
 
-def carry_ledger(previous: Node, pairs: int, accounting: KernelAccounting) -> None:
-    """The resumed pairs' kernels into this run's ledger: the interrupted run's calls and
-    fallbacks, or, when it was killed before writing them, its ``pairs`` as energy calls of
-    an ``unrecorded`` executor (the ledger said every pair ran where the resuming run's did,
-    though the killed run's may have fallen back to torch)."""
+def carry_ledger(previous: Node, count: int, accounting: KernelAccounting,
+                 kernel: str = "mp2_energy") -> None:
+    """The kernels of work taken from an earlier record (resumed pairs, a shard's points)
+    into this run's ledger: that record's calls and fallbacks, or, when it was killed before
+    writing them, ``count`` calls of ``kernel`` on an ``unrecorded`` executor (the ledger said
+    everything ran where the resuming run's did, though the killed run's may have fallen back
+    to torch)."""
     stored = stored_calls(previous)
     if stored is not None and stored[0]:
         accounting.absorb(stored)
     else:
-        accounting.record("mp2_energy", UNRECORDED_EXECUTOR, pairs)
+        accounting.record(kernel, UNRECORDED_EXECUTOR, count)
 
 
 def write_scf_ledger(node: Node, engine_kernels: ScfKernels) -> None:
