@@ -16,8 +16,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import socket
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -321,22 +326,49 @@ def init_world(launch: Launch) -> World:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     log.debug("joining the process group of %d ranks at %s:%s", launch.size,
               launch.master_addr, launch.master_port)
-    try:
-        with interrupts.ending_at_once():
+    with interrupts.ending_at_once(), _joined_within(launch):
+        try:
             torch_dist.init_process_group(
                 backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
                 rank=launch.rank, world_size=launch.size,
                 timeout=dt.timedelta(seconds=launch.timeout_seconds))
-    except (RuntimeError, ValueError) as exc:
-        # torch's message goes on with the C++ stack of where it was raised.
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RunFailure(f"cannot join the distributed job ({reason}); launch with torchrun or "
-                         "srun, with MASTER_ADDR/MASTER_PORT reachable") from None
-    world = World(launch.size, torch_dist.get_rank(), backend,
-                  timeout_seconds=launch.timeout_seconds)
-    world.hosts = len(set(world.gather(socket.gethostname(), "meeting the other ranks")))
+        except (RuntimeError, ValueError) as exc:
+            # torch's message goes on with the C++ stack of where it was raised.
+            reason = (str(exc).strip().splitlines()[0] if str(exc).strip()
+                      else type(exc).__name__)
+            raise RunFailure(f"cannot join the distributed job ({reason}); launch with "
+                             "torchrun or srun, with MASTER_ADDR/MASTER_PORT reachable") from None
+        world = World(launch.size, torch_dist.get_rank(), backend,
+                      timeout_seconds=launch.timeout_seconds)
+        world.hosts = len(set(world.gather(socket.gethostname(), "meeting the other ranks")))
     log.info("rank %d of %d (%s) on %d host(s)", world.rank, world.size, backend, world.hosts)
     return world
+
+
+@contextmanager
+def _joined_within(launch: Launch) -> Iterator[None]:
+    """End the process with one line if joining takes longer than the launch's timeout.
+    Joining waits in several steps (the rendezvous, gloo's connections, the first gather),
+    each with the whole timeout: a rank killed between two of them kept the others waiting
+    twice or three times ``DFMP2_DIST_TIMEOUT``. Nothing has been written yet, so ending at
+    once loses nothing (as a signal does here: :func:`interrupts.ending_at_once`)."""
+    joined = threading.Event()
+
+    def watch() -> None:
+        if not joined.wait(launch.timeout_seconds):
+            sys.stderr.write(
+                f"Error: cannot join the distributed job of {launch.size} ranks at "
+                f"{launch.master_addr}:{launch.master_port} within DFMP2_DIST_TIMEOUT="
+                f"{launch.timeout_seconds} s (a rank did not start, or ended while "
+                "joining); nothing was run\n")
+            sys.stderr.flush()
+            os._exit(RunFailure.exit_code)
+
+    threading.Thread(target=watch, name="dfmp2-join-deadline", daemon=True).start()
+    try:
+        yield
+    finally:
+        joined.set()
 
 
 def deal_pairs(work: list, cost, nranks: int) -> list[list]:
