@@ -12,11 +12,13 @@ import time
 from pathlib import Path
 
 import h5py
+import pytest
 
 from conftest import (CliResult, molecule_path, python_exe, run_in_process,
                       stored_orbitals_e_corr)
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import read_record
+from dfmp2.system.distributed import PeerWatch, _wait
 
 JOB_TIMEOUT_SECONDS = 240
 
@@ -354,3 +356,47 @@ def test_a_rank_whose_rank_0_is_gone_ends_within_the_timeout(tmp_path):
     errors = [line for line in rest.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and errors[0].startswith("Error: cannot join the distributed job")
     assert not (tmp_path / "w.h5").exists()
+
+
+class _NeverDone:
+    """A collective's work handle whose peer never answers."""
+
+    def is_completed(self) -> bool:
+        return False
+
+    def wait(self) -> None:
+        raise RuntimeError("timed out")
+
+
+class _DoneAfter:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def is_completed(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def wait(self) -> None:
+        pass
+
+
+def test_a_wait_ends_when_a_peer_on_the_host_has_ended():
+    """Gloo does not always notice a dead peer of an all-to-all, and srun sends the survivors
+    no SIGTERM: they waited the whole DFMP2_DIST_TIMEOUT (300 s). A wait now looks at its
+    peers' processes every second: an ended one (reaped, or a zombie) ends it with one
+    message; live ones never do."""
+    reaped = subprocess.Popen(["true"])
+    reaped.wait()
+    zombie = subprocess.Popen(["true"])
+    time.sleep(0.5)
+    try:
+        for pid in (reaped.pid, zombie.pid):
+            start = time.monotonic()
+            with pytest.raises(RunFailure, match=f"while sharing: rank 1 .process {pid}. "
+                                                 "has ended"):
+                _wait(_NeverDone(), "sharing", 60, PeerWatch({1: pid}))
+            assert time.monotonic() - start < 5
+    finally:
+        zombie.wait()
+    start = time.monotonic()
+    _wait(_DoneAfter(2.5), "sharing", 60, PeerWatch({1: os.getpid(), 2: os.getppid()}))
+    assert 2.5 <= time.monotonic() - start < 5

@@ -21,10 +21,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,6 +43,8 @@ DIAGONAL_COST = 0.5
 LONGEST_POLL_SECONDS = 0.002
 # How often a rank that finished its share of a batch looks whether the others have.
 ARRIVAL_POLL_SECONDS = 0.25
+# How often a rank waiting in a collective looks whether its peers on the same host live.
+PEER_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,29 @@ def _rank(environ: Mapping[str, str], name: str, size: int) -> int:
     return rank
 
 
+@dataclass(frozen=True)
+class PeerWatch:
+    """The processes of this rank's peers on its own host (rank: pid). Gloo does not always
+    notice a dead peer of an all-to-all before the collective's timeout; torchrun then stops
+    the survivors, but srun (by default) leaves them waiting the whole timeout (300 s). A
+    waiting rank looks at these processes, which a dead rank's are not."""
+
+    pids: dict[int, int] = field(default_factory=dict)
+
+    def lost(self) -> str | None:
+        """Which peer has ended, if one has (Linux; elsewhere the timeout alone tells)."""
+        for rank, pid in self.pids.items():
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                state = "X"
+            except (OSError, IndexError):
+                continue
+            if state in ("Z", "X"):
+                return f"rank {rank} (process {pid}) has ended"
+        return None
+
+
 @dataclass
 class World:
     """The process group of a distributed run (or a world of one)."""
@@ -142,6 +167,7 @@ class World:
     timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
     meetings: int = 0
     """How many :meth:`gather_when_all_arrive` meetings this rank has been to."""
+    peers: PeerWatch = field(default_factory=PeerWatch)
 
     @property
     def is_root(self) -> bool:
@@ -153,7 +179,8 @@ class World:
 
     def _collective(self, what: str, collective, *args, **kwargs) -> None:
         """Start ``collective(*args, async_op=True, **kwargs)`` and wait for it."""
-        _wait(_started(what, collective, *args, **kwargs), what, self.timeout_seconds)
+        _wait(_started(what, collective, *args, **kwargs), what, self.timeout_seconds,
+              self.peers)
 
     def publish(self, stores: list, what: str) -> None:
         """Make this rank's writes to shared scratch files visible to every rank, then wait
@@ -213,7 +240,7 @@ class World:
                         output_split_sizes=list(incoming_sizes),
                         input_split_sizes=[int(part.size) for part in outgoing])
         return PendingExchange(work, receive, list(incoming_sizes), what, send,
-                               self.timeout_seconds)
+                               self.timeout_seconds, self.peers)
 
     def _buffer(self, array: np.ndarray) -> torch.Tensor:
         """``array`` as a tensor where the process group can reach it: NCCL moves only CUDA
@@ -275,6 +302,7 @@ class PendingExchange:
     what: str
     send: object = None
     timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
+    peers: PeerWatch = field(default_factory=PeerWatch)
 
     def ready(self) -> bool:
         """Whether ``result()`` would return without waiting."""
@@ -282,7 +310,7 @@ class PendingExchange:
 
     def result(self) -> list[np.ndarray]:
         if self.work is not None:
-            _wait(self.work, self.what, self.timeout_seconds)
+            _wait(self.work, self.what, self.timeout_seconds, self.peers)
         received = (self.receive.cpu().numpy() if isinstance(self.receive, torch.Tensor)
                     else self.receive)
         bounds = np.cumsum([0, *self.incoming_sizes])
@@ -296,16 +324,24 @@ def _started(what: str, collective, *args, **kwargs):
     return box[0]
 
 
-def _wait(work, what: str, timeout_seconds: float) -> None:
+def _wait(work, what: str, timeout_seconds: float, peers: PeerWatch = PeerWatch()) -> None:
     """Wait for a collective started with ``async_op=True``. A blocking ``work.wait()`` holds
     off Python's signal handlers until it returns, and gloo may not notice a dead peer of an
     all-to-all before the collective's timeout: torchrun's SIGTERM to the surviving ranks
-    then waited 30 s for its SIGKILL. Looking every few milliseconds lets the handler run."""
-    deadline = time.monotonic() + timeout_seconds
+    then waited 30 s for its SIGKILL. Looking every few milliseconds lets the handler run,
+    and every second the wait looks whether a peer on this host has ended."""
+    now = time.monotonic()
+    deadline, next_check = now + timeout_seconds, now + PEER_CHECK_SECONDS
     pause = 1e-5
-    while not work.is_completed() and time.monotonic() < deadline:
+    while not work.is_completed() and now < deadline:
         time.sleep(pause)
         pause = min(2 * pause, LONGEST_POLL_SECONDS)
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + PEER_CHECK_SECONDS
+            lost = peers.lost()
+            if lost is not None:
+                raise RunFailure(f"distributed run broken while {what}: {lost}")
     _guard(work.wait, what)
 
 
@@ -340,7 +376,10 @@ def init_world(launch: Launch) -> World:
                              "torchrun or srun, with MASTER_ADDR/MASTER_PORT reachable") from None
         world = World(launch.size, torch_dist.get_rank(), backend,
                       timeout_seconds=launch.timeout_seconds)
-        world.hosts = len(set(world.gather(socket.gethostname(), "meeting the other ranks")))
+        places = world.gather((socket.gethostname(), os.getpid()), "meeting the other ranks")
+        world.hosts = len({host for host, _ in places})
+        world.peers = PeerWatch({rank: pid for rank, (host, pid) in enumerate(places)
+                                 if host == places[world.rank][0] and rank != world.rank})
     log.info("rank %d of %d (%s) on %d host(s)", world.rank, world.size, backend, world.hosts)
     return world
 
