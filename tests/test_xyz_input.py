@@ -128,6 +128,23 @@ def test_byte_order_mark_and_latin1_comment_are_accepted(tmp_path):
     assert geometry.natoms == 3 and "\u00b0C" in geometry.comment
 
 
+def test_only_line_ends_cut_lines(tmp_path):
+    """A Windows-1252 ellipsis (0x85, U+0085 as Latin-1) or a form feed in the comment line
+    used to cut it in two: a 3-atom file was refused as having 4 atom lines, and a 4-atom
+    count with 3 atoms ran the comment's tail as a fourth atom."""
+    ellipsis = tmp_path / "cp1252.xyz"
+    ellipsis.write_bytes(b"3\nwater \x85 optimised\n" + WATER_ATOMS.encode())
+    geometry = read_xyz(ellipsis)
+    assert geometry.natoms == 3 and "\x85" in geometry.comment
+    form_feed = tmp_path / "ff.xyz"
+    form_feed.write_bytes(b"4\nwater\x0cH 0.0 0.0 3.0\n" + WATER_ATOMS.encode())
+    with pytest.raises(InputError, match="announces 4 atoms but 3 atom lines follow"):
+        read_xyz(form_feed)
+    old_mac = tmp_path / "cr.xyz"
+    old_mac.write_bytes(f"3\r\r{WATER_ATOMS}".replace("\n", "\r").encode())
+    assert read_xyz(old_mac).natoms == 3
+
+
 def test_non_utf8_atom_lines_are_still_refused(tmp_path):
     path = tmp_path / "bad.xyz"
     path.write_bytes(b"3\n\nO 0 0 0\nH\xff 0 0.757 0.587\nH 0 -0.757 0.587\n")

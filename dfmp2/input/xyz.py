@@ -28,6 +28,7 @@ UTF8_BOM = b"\xef\xbb\xbf"
 # About 250,000 atoms at 60 bytes a line: far beyond what an MP2 run can hold, and a bound on
 # what is read from a device or pipe given as the molecule (``/dev/zero`` never ends).
 MAX_XYZ_BYTES = 16 * 2**20
+LINE_END = re.compile(r"\r\n|\r|\n")
 DECIMAL_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 
@@ -169,12 +170,20 @@ def _parse_coordinate(token: str, where: str, angstrom_per_unit: float) -> float
     return angstrom
 
 
+def text_lines(text: str) -> list[str]:
+    """``text`` cut at line ends (\\n, \\r\\n, \\r) only. ``str.splitlines`` also cuts at form
+    feeds, vertical tabs and Unicode's line separators (U+0085 is Windows-1252's ellipsis read
+    as Latin-1), which turned the tail of a comment line into an atom."""
+    lines = LINE_END.split(text)
+    return lines[:-1] if lines and lines[-1] == "" else lines
+
+
 def parse_xyz(text: str, source: str = "<input>") -> Geometry:
     """Parse XYZ text (count, comment, ``Symbol x y z`` lines); coordinates end in Angstrom."""
     if "\x00" in text:
         raise InputError(f"{source} is not a text XYZ file (it contains NUL bytes)")
     text = text.removeprefix("\ufeff")
-    lines = text.splitlines()
+    lines = text_lines(text)
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:

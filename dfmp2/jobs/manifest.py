@@ -21,6 +21,7 @@ import click
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import is_library_name
 from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import text_lines
 
 GLOB_CHARACTERS = set("*?[")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
@@ -42,7 +43,7 @@ class BatchItem:
 def _manifest_items(manifest: Path, commands: dict[str, click.Command],
                     start: int) -> list[BatchItem]:
     try:
-        lines = manifest.read_text(encoding="utf-8").splitlines()
+        lines = text_lines(manifest.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return [BatchItem(start, manifest, {}, error=f"manifest {manifest} cannot be read as "
                                                       "text")]
