@@ -71,6 +71,22 @@ def test_a_link_at_a_name_dfmp2_writes_is_refused_and_its_target_untouched(tmp_p
     assert not (tmp_path / "w.h5").exists()
 
 
+def test_a_link_at_the_geometry_file_leaves_the_complete_optimisation_in_place(tmp_path,
+                                                                                run_cli):
+    """The link at w.xyz was refused only after the complete record had been set aside:
+    nothing was left at -o, and the refusal did not say where the result went."""
+    record = tmp_path / "w.h5"
+    assert run_cli("optimize", *QUICK, "-o", record).code == 0
+    target = victim(tmp_path)
+    (tmp_path / "w.xyz").unlink()
+    (tmp_path / "w.xyz").symlink_to(target)
+    result = run_cli("optimize", *QUICK, "-o", record)
+    assert result.code == 2
+    assert "w.xyz is a symbolic link" in one_error_line(result.err)
+    assert read_record(record).attrs["status"] == "complete"
+    assert not list(tmp_path.glob("w.superseded-*")) and target.read_text() == VICTIM_TEXT
+
+
 def test_a_linked_scratch_file_of_b_is_refused(tmp_path, run_cli):
     target = victim(tmp_path)
     for name in (".w.h5.run.b0.bin", ".w.h5.run.b0.raw.bin"):
@@ -234,3 +250,21 @@ def test_a_folder_at_the_lock_name_is_bad_input(run_cli, tmp_path):
     (tmp_path / ".w.h5.lock").mkdir()
     result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "-o", tmp_path / "w.h5")
     assert result.code == 2 and "the lock file" in result.err and "is a folder" in result.err
+
+
+def test_bench_never_replaces_a_record_of_another_command(run_cli, tmp_path):
+    """bench wrote its record over whatever was at -o: a complete run record was lost without
+    a word, and it took no lock. Another command's record is now refused before any work, and
+    an earlier benchmark moves aside."""
+    record = tmp_path / "r.h5"
+    args = (molecule_path("water"), "--basis", "sto-3g", "--threads", "1")
+    assert run_cli("run", *args, "-o", record).code == 0
+    refused = run_cli("bench", *args, "--skip-pyscf", "--repeat", "1", "-o", record)
+    assert refused.code == 2
+    assert "holds a dfmp2.run/1 record, not a dfmp2.bench/1 one" in refused.err
+    assert read_record(record).attrs["schema"] == "dfmp2.run/1"
+    bench = tmp_path / "b.h5"
+    for _ in range(2):
+        assert run_cli("bench", *args, "--skip-pyscf", "--repeat", "1", "-o", bench).code == 0
+    assert read_record(bench).attrs["schema"] == "dfmp2.bench/1"
+    assert [p.name.startswith("b.superseded-") for p in tmp_path.glob("b.*.h5")] == [True]

@@ -26,12 +26,15 @@ import torch
 
 from dfmp2.jobs import preamble, run as run_job
 from dfmp2.input.calculation import define_calculation
-from dfmp2.errors import Dfmp2Error, RunFailure
+from dfmp2.errors import Dfmp2Error, InputError, RunFailure
 from dfmp2.jobs.measure import energy_flops, gemm_rate
 from dfmp2.system.memory import format_size
 from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
-from dfmp2.records.tree import BENCH_SCHEMA, COMPLETE, new_record, set_status, write_record
+from dfmp2.records.checkpoint import set_aside
+from dfmp2.records.lock import RecordLock
+from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, new_record, read_record, schema,
+                                set_status, write_record)
 from dfmp2.records.sections import (Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings)
 from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.job_sections import write_bench
@@ -208,23 +211,39 @@ def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dic
         f"bench-{settings.molecule.stem}-{settings.basis_label()}-"
         f"{settings.precision or 'fp64'}.h5")
     preamble.check_output_path(path)
+    _refuse_other_records(path)
     calc = _define(settings)
-    progress = Progress(repeat, "benchmark repeats")
-    runs = []
-    for _ in range(repeat):
-        runs.append(bench_once(replace(settings, output=None), skip_pyscf))
-        progress.advance()
-    summary = summarize(runs)
-    precision = summary["precision"]
-    summary.update({"molecule": str(settings.molecule), "basis": settings.basis,
-                    "reference": calc.reference, "scf_engine": settings.scf_engine,
-                    "nao": calc.mol.nao_nr(), "record": str(path)})
-    root = new_record(BENCH_SCHEMA, settings.command, preamble.versions())
-    set_status(root, COMPLETE)
-    write_bench(root, summary, as_arrays(runs),
-                [{"k_build_gflops": r["dfmp2"]["k_build_gflops"]} for r in runs])
-    write_record(path, root)
+    with RecordLock(path):
+        progress = Progress(repeat, "benchmark repeats")
+        runs = []
+        for _ in range(repeat):
+            runs.append(bench_once(replace(settings, output=None), skip_pyscf))
+            progress.advance()
+        summary = summarize(runs)
+        precision = summary["precision"]
+        summary.update({"molecule": str(settings.molecule), "basis": settings.basis,
+                        "reference": calc.reference, "scf_engine": settings.scf_engine,
+                        "nao": calc.mol.nao_nr(), "record": str(path)})
+        root = new_record(BENCH_SCHEMA, settings.command, preamble.versions())
+        set_status(root, COMPLETE)
+        write_bench(root, summary, as_arrays(runs),
+                    [{"k_build_gflops": r["dfmp2"]["k_build_gflops"]} for r in runs])
+        # An earlier benchmark is other measurements: it moves aside, as a complete record
+        # of any command does.
+        if path.exists():
+            set_aside(path, read_record(path))
+        write_record(path, root)
     return summary, format_table(summary, precision)
+
+
+def _refuse_other_records(path: Path) -> None:
+    """A record of another command at ``-o`` is refused before any work: it used to be
+    replaced by the benchmark's, a complete run or optimisation lost without a word."""
+    if path.exists():
+        kind = schema(read_record(path))
+        if kind != BENCH_SCHEMA:
+            raise InputError(f"{path} holds a {kind} record, not a {BENCH_SCHEMA} one; "
+                             "choose another -o")
 
 
 def format_table(s: dict, precision: str) -> str:

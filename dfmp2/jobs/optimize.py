@@ -256,6 +256,9 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     refuse_overwriting(xyz_path, "the optimised geometry's file (beside the record)",
                        {"input molecule": settings.molecule},
                        f"choose another -o (e.g. {path.with_name(path.stem + '-opt.h5')})")
+    # Before the record is touched: a refusal after it had set the complete record aside
+    # left nothing at -o and did not say where the result went.
+    refuse_unless_regular(xyz_path, XYZ_REMEDY)
     calc = job.calculation(settings.charge, settings.spin)
     check_differentiable(calc)
     start = optimised_molecule(start, int(calc.mol.charge), int(calc.mol.spin) + 1)
@@ -283,7 +286,6 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
 
         log_steps = StepLog(recorded or Steps.empty(start.natoms), save)
         evaluate = evaluator or AnalyticEvaluator(job, session.scratch_area("opt"))
-        refuse_unless_regular(xyz_path, XYZ_REMEDY)
 
         def work() -> OptimizeOutcome:
             # The record is the checkpoint: the steps resumed from stay in it until the end.
