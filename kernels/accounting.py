@@ -47,6 +47,16 @@ class KernelAccounting:
         """Calls, fallbacks and their reasons, to send to the rank that writes the record."""
         return dict(self.calls), self.fallbacks, list(self.fallback_reasons)
 
+    def hand_over(self) -> tuple[dict[tuple[str, str], int], int, list[str]]:
+        """:meth:`snapshot`, then start counting afresh: what a rank sends once rank 0 has
+        counted it (the SCF's calls at the SCF's end), so that its later snapshot holds only
+        calls made since."""
+        handed = self.snapshot()
+        self.calls.clear()
+        self.fallbacks = 0
+        self.fallback_reasons.clear()
+        return handed
+
     def absorb(self, snapshot: tuple[dict[tuple[str, str], int], int, list[str]]) -> None:
         """Add another process's :meth:`snapshot` (another rank's, or an interrupted run's
         whose work this one continues), so the record counts every call behind it."""

@@ -177,9 +177,19 @@ def test_a_dead_rank_ends_the_job_and_resume_works_with_one_rank(tmp_path):
     assert "Error: distributed run broken" in stderr or "failed" in stderr
     done = _pairs_done(record)
     assert 4 <= done < 21 * 22 // 2
+    # The SCF's kernel calls of both ranks (one syrk per rank per build) are in the record
+    # saved at the SCF's end: it held rank 0's alone, and the resume carried those only.
+    scf_engine = killed.groups["scf_engine"].attrs
+    assert scf_engine["calls.syrk.torch-cpu"] == 2 * scf_engine["builds"]
 
     resumed = run_in_process("run", *args)
     assert resumed.code == 0, resumed.err
+    with h5py.File(record, "r") as h5:
+        # Every pair's energy call is counted: rank 1's finished pairs, which the killed
+        # record's rank-0 ledger did not hold, as calls of no known executor.
+        calls = {k: v for k, v in h5["backend"].attrs.items() if k.startswith("calls.mp2_energy")}
+        # (A call whose pair the kill kept out of the checkpoint is made again: a few more.)
+        assert len(h5["checkpoint/pairs"]) == 21 * 22 // 2 <= sum(calls.values()) <= 21 * 22
     # PySCF's DF-MP2 on the orbitals the killed job's SCF stored and the resumed run reused:
     # the resumed energy is exact. (A fresh SCF is not the reference: two SCFs converged to a
     # 1e-7 orbital gradient give E_corr up to a few 1e-10 Eh apart.)

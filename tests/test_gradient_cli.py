@@ -337,3 +337,19 @@ def test_a_gradient_of_a_conventional_scf_is_refused_before_the_record_is_touche
         assert refused.code == 2 and "gradients of MGGA functionals" in refused.err
     assert read_record(record).attrs["status"] == "complete"
     assert not list(tmp_path.glob("g.superseded-*"))
+
+
+def test_the_j_k_engine_ledger_counts_the_orbital_response(run_cli, tmp_path):
+    """A gradient's orbital response runs J/K builds on the SCF's engine: one process
+    recorded their kernel calls nowhere (ranks counted them in /scf_engine). Now /scf_engine
+    holds them in both, beyond the SCF's own."""
+    args = (molecule_path("water"), "--basis", "6-31g", "--threads", "1", "--backend", "torch")
+    assert run_cli("run", *args, "-o", tmp_path / "r.h5").code == 0
+    assert run_cli("gradient", *args, "-o", tmp_path / "g.h5").code == 0
+    run_engine = read_record(tmp_path / "r.h5").groups["scf_engine"].attrs
+    gradient = read_record(tmp_path / "g.h5")
+    engine = gradient.groups["scf_engine"].attrs
+    assert engine["builds"] == run_engine["builds"]
+    response_builds = gradient.groups["gradient"].attrs["response_jk_builds"]
+    assert response_builds > 0
+    assert engine["calls.syrk.torch-cpu"] >= run_engine["calls.syrk.torch-cpu"] + response_builds

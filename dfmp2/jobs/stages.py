@@ -121,6 +121,7 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
     write_scf(ctx.node, scf_result.section, scf_result.orbitals)
     if scf_result.engine is not None:
         scf_result.engine.write(ctx.node)
+    gather_scf_calls(ctx)
     if ScfEngineSection.group_name in ctx.node.groups:
         write_scf_ledger(ctx.node, ctx.env.scf_kernels)
     write_timings(ctx.node, ctx.timings)
@@ -130,6 +131,21 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
         raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
                          "rerun with --allow-unconverged to accept it")
     return scf_result
+
+
+def gather_scf_calls(ctx: RunContext) -> None:
+    """With several ranks, every rank's SCF kernel calls into rank 0's ledger at the SCF's
+    end (a collective): the record saved there, which a killed job leaves for its resume,
+    held rank 0's alone. The other ranks then count afresh, so that their calls at the end
+    (the orbital response's) are not counted twice."""
+    world, accounting = ctx.env.world, ctx.env.scf_kernels.accounting
+    if world.size == 1:
+        return
+    handed = world.gather(accounting.snapshot() if world.is_root else accounting.hand_over(),
+                          "gathering every rank's SCF kernel calls")
+    if world.is_root:
+        for calls in handed[1:]:
+            accounting.absorb(calls)
 
 
 def carry_scf_ledger(ctx: RunContext) -> None:
@@ -156,12 +172,16 @@ def carry_ledger(previous: Node, count: int, accounting: KernelAccounting,
     stored = stored_calls(previous)
     if stored is not None and stored[0]:
         accounting.absorb(stored)
-    else:
-        accounting.record(kernel, UNRECORDED_EXECUTOR, count)
+    # A job on several ranks killed before its end gather wrote rank 0's calls alone: the
+    # other ranks' finished work is counted, as work of no known executor.
+    recorded = sum(n for (name, _), n in (stored[0] if stored else {}).items() if name == kernel)
+    if recorded < count:
+        accounting.record(kernel, UNRECORDED_EXECUTOR, count - recorded)
 
 
 def write_scf_ledger(node: Node, engine_kernels: ScfKernels) -> None:
-    """``/scf_engine``'s kernel calls and fallbacks: the SCF's J/K builds."""
+    """``/scf_engine``'s kernel calls and fallbacks: the J/K engine's builds (the SCF's, and
+    at the end the orbital response's)."""
     ledger = engine_kernels.accounting
     write_kernel_ledger(node, dict(ledger.calls), ledger.fallbacks,
                         list(ledger.fallback_reasons), engine_kernels.fast.report(),
@@ -298,11 +318,16 @@ def gradient_stage(ctx: RunContext, scf_result: ScfResult) -> GradientResult:
 
 
 def record_rank_stages(ctx: RunContext) -> None:
-    """With several ranks, every rank's seconds per stage and peak memory into the context's
-    node, and every rank's kernel calls and fallbacks into rank 0's ledgers (a collective:
-    every rank calls it). Rank 0's ledgers alone hid another rank's calls and fallbacks."""
+    """At the calculation's end, ``/scf_engine`` again: its J/K engine's kernel calls now
+    include the orbital response's (a gradient's, relaxed properties'), which one process
+    recorded nowhere. With several ranks, every rank's seconds per stage and peak memory into
+    the context's node, and every rank's kernel calls and fallbacks into rank 0's ledgers (a
+    collective: every rank calls it). Rank 0's ledgers alone hid another rank's calls and
+    fallbacks."""
     world, env = ctx.env.world, ctx.env
     if world.size == 1:
+        if ScfEngineSection.group_name in ctx.node.groups:
+            write_scf_ledger(ctx.node, env.scf_kernels)
         return
     ranks = world.gather((ctx.timings, peak_resident_megabytes(),
                           env.kernel_set.accounting.snapshot(),
