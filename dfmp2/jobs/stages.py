@@ -170,12 +170,15 @@ def carry_ledger(previous: Node, count: int, accounting: KernelAccounting,
     everything ran where the resuming run's did, though the killed run's may have fallen back
     to torch)."""
     stored = stored_calls(previous)
-    if stored is not None and stored[0]:
-        accounting.absorb(stored)
+    if stored is None or not stored[0]:
+        accounting.record(kernel, UNRECORDED_EXECUTOR, count)
+        return
+    accounting.absorb(stored)
     # A job on several ranks killed before its end gather wrote rank 0's calls alone: the
-    # other ranks' finished work is counted, as work of no known executor.
-    recorded = sum(n for (name, _), n in (stored[0] if stored else {}).items() if name == kernel)
-    if recorded < count:
+    # other ranks' finished pairs are counted, as work of no known executor. (A record whose
+    # ledger does not count ``kernel`` itself, a frequency job's, is whole.)
+    recorded = sum(n for (name, _), n in stored[0].items() if name == kernel)
+    if 0 < recorded < count:
         accounting.record(kernel, UNRECORDED_EXECUTOR, count - recorded)
 
 
