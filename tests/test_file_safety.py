@@ -268,3 +268,17 @@ def test_bench_never_replaces_a_record_of_another_command(run_cli, tmp_path):
         assert run_cli("bench", *args, "--skip-pyscf", "--repeat", "1", "-o", bench).code == 0
     assert read_record(bench).attrs["schema"] == "dfmp2.bench/1"
     assert [p.name.startswith("b.superseded-") for p in tmp_path.glob("b.*.h5")] == [True]
+
+
+@pytest.mark.parametrize("command", ["properties", "frequencies"])
+def test_molden_never_replaces_a_record(run_cli, tmp_path, command):
+    """--molden naming a complete record (another job's) replaced it with the Molden text,
+    without a word: an HDF5 file there is refused before any work."""
+    record = tmp_path / "w.h5"
+    assert run_cli("run", *QUICK, "--threads", "1", "-o", record).code == 0
+    before = record.read_bytes()
+    result = run_cli(command, *QUICK, "--threads", "1", "-o", tmp_path / "p.h5",
+                     "--molden", record)
+    assert result.code == 2
+    assert "w.h5 is an HDF5 file (a dfmp2 record?)" in one_error_line(result.err)
+    assert record.read_bytes() == before and not (tmp_path / "p.h5").exists()

@@ -455,3 +455,23 @@ def test_points_taken_from_a_record_bring_their_kernels(run_cli, tmp_path):
         del h5["backend"]
     resumed = json.loads(run_cli(*args).out)
     assert "unrecorded" in resumed["executors"]
+
+
+def test_an_optimised_minimum_keeps_its_symmetry_number():
+    """Water optimised from a slightly asymmetric start is C2v to 1e-5 Bohr (these are such
+    coordinates): PySCF's point-group tolerance found Cs, symmetry number 1 for 2, and the
+    entropy came out R ln 2 too high. The point group is now looked for to 1e-3 Bohr."""
+    from pyscf.hessian import thermo as pyscf_thermo
+    from dfmp2.vib.analysis import thermochemistry
+    optimised = ("O 0 0.002250695348 0.079437191724; H 0 0.750403044113 -0.529001928862; "
+                 "H 0 -0.747653739461 -0.526835262830")
+    symmetric = "O 0 0 0.0795; H 0 0.7491 -0.5280; H 0 -0.7491 -0.5280"
+    vibrations = type("Modes", (), {"frequencies_au": np.array([0.0076, 0.0176, 0.0181])})()
+    found = {}
+    for name, atoms in (("optimised", optimised), ("symmetric", symmetric)):
+        mol = gto.M(atom=atoms, basis="sto-3g")
+        found[name] = thermochemistry(mol, -76.0, vibrations, 298.15, 101325.0)
+        assert (found[name].point_group, found[name].symmetry_number) == ("C2v", 2)
+    assert pyscf_thermo.rotational_symmetry_number(gto.M(atom=optimised, basis="sto-3g")) == 1
+    r_ln_2 = si.k * np.log(2) / si.physical_constants["Hartree energy"][0]
+    assert abs(found["optimised"].entropy - found["symmetric"].entropy) < 0.01 * r_ln_2

@@ -14,7 +14,7 @@ from pyscf import gto
 from pyscf.tools import molden
 
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.system.files import create_exclusive, disk_reason, refuse_unless_regular
+from dfmp2.system.files import refuse_hdf5, create_exclusive, disk_reason, refuse_unless_regular
 
 REMEDY = "choose another --molden"
 TEMPORARY = ".{}.molden.tmp"
@@ -25,6 +25,7 @@ NAME_MAX = 255
 def check_molden_path(path: Path) -> None:
     """Refuse, before any work, a Molden target that could not be written or is a link."""
     refuse_unless_regular(path, REMEDY)
+    refuse_hdf5(path, "--molden", REMEDY)
     if len(os.fsencode(TEMPORARY.format(path.name))) > NAME_MAX:
         raise InputError(f"--molden name {path.name[:40]}... is too long; {REMEDY}")
     folder = path.parent if str(path.parent) else Path(".")

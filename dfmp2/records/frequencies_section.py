@@ -23,11 +23,14 @@ import numpy as np
 from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, ScfSection,
                                     Section, StoredOrbitals, write_gradient, write_scf)
 from dfmp2.records.tree import Node
-from dfmp2.vib.analysis import Thermochemistry
+from dfmp2.vib.analysis import SYMMETRY_TOLERANCE_BOHR, Thermochemistry
 
 ANALYSIS_DATASETS = ("hessian", "frequencies", "ir_intensities", "normal_modes",
                      "reduced_masses", "force_constants", "dipole_derivatives")
-THERMOCHEMISTRY_FIELDS = tuple(item.name for item in dataclasses.fields(Thermochemistry))
+# The thermochemistry's numbers, which every record holds (the point group and symmetry
+# number came later).
+THERMOCHEMISTRY_NUMBERS = tuple(item.name for item in dataclasses.fields(Thermochemistry)
+                                if item.type == "float")
 
 
 @dataclass(frozen=True)
@@ -105,10 +108,12 @@ class FrequenciesSection(Section):
         """The section in ``node``, or None when the group or a field without default is
         absent."""
         group = node.groups.get(cls.group_name)
-        if group is None or any(name not in group.attrs for name in THERMOCHEMISTRY_FIELDS):
+        if group is None or any(name not in group.attrs for name in THERMOCHEMISTRY_NUMBERS):
             return None
         thermochemistry = Thermochemistry(
-            **{name: float(group.attrs[name]) for name in THERMOCHEMISTRY_FIELDS})
+            **{name: float(group.attrs[name]) for name in THERMOCHEMISTRY_NUMBERS},
+            point_group=str(group.attrs.get("point_group", "")),
+            symmetry_number=int(group.attrs.get("symmetry_number", 0)))
         # Section.read takes each field from the attribute of its name: give it one.
         nested = Node(attrs={**group.attrs, "thermochemistry": thermochemistry})
         return super().read(Node(groups={cls.group_name: nested}))
@@ -201,4 +206,7 @@ def frequency_lines(root: Node) -> list[str]:
               f"  {'H':<8} {thermo.enthalpy:20.10f} Eh",
               f"  {'S':<8} {thermo.entropy:20.10e} Eh/K",
               f"  {'G':<8} {thermo.gibbs:20.10f} Eh"]
+    if thermo.symmetry_number:
+        lines.append(f"  rotational symmetry number {thermo.symmetry_number} (point group "
+                     f"{thermo.point_group or '?'}, found to {SYMMETRY_TOLERANCE_BOHR:g} Bohr)")
     return lines

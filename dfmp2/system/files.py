@@ -27,6 +27,8 @@ DEFAULT_NAME_MAX = 255
 FILE = "file"
 # Long names are cut in messages, which must stay one readable line.
 SHOWN_NAME_CHARS = 60
+# The first bytes of every HDF5 file (a user block aside, which dfmp2 records never have).
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 
 
 def shown(path: Path | str) -> str:
@@ -103,6 +105,19 @@ def refuse_record_files(target: Path, what: str, record: Path, remedy: str) -> N
     if name.startswith(f".{record.name}.") or name.startswith(f"{record.stem}.superseded-"):
         raise InputError(f"{what} {shown(target)} is one of the files of the record "
                          f"{shown(record)}; {remedy}")
+
+
+def refuse_hdf5(target: Path, what: str, remedy: str) -> None:
+    """Refuse, before any work, a text output ``target`` that is an HDF5 file: a dfmp2 record
+    (a complete one, another job's) named as ``--molden`` was replaced by the Molden text."""
+    try:
+        with open(target, "rb") as handle:
+            signature = handle.read(len(HDF5_SIGNATURE))
+    except OSError:
+        return
+    if signature == HDF5_SIGNATURE:
+        raise InputError(f"{what} {shown(target)} is an HDF5 file (a dfmp2 record?), which "
+                         f"writing it would destroy; {remedy}")
 
 
 def create_exclusive(path: Path, remedy: str, mode: int = 0o600) -> int:

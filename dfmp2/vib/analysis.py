@@ -7,13 +7,16 @@ Masses are PySCF's isotope-averaged atomic masses, which its thermochemistry use
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
 import scipy.constants as si
-from pyscf import gto
+from pyscf import gto, symm
 from pyscf.hessian import thermo
+from pyscf.symm import geom as symmetry_geometry
 
 from dfmp2.errors import InputError, RunFailure
 
@@ -25,6 +28,12 @@ KM_PER_MOL_PER_AU = si.N_A / (12.0 * si.epsilon_0 * si.c**2) * si.e**2 / si.atom
 # makes the projection remove exactly the modes harmonic_analysis and thermo leave out.
 LINEAR_ROTOR_GHZ = 1e8
 EQUAL_ROTOR_GHZ = 1e-3
+# How far from symmetric a geometry may be and keep its point group (and so its rotational
+# symmetry number). An optimised minimum is symmetric only as far as the optimiser
+# converged: water optimised from a slightly asymmetric start is C2v to 1e-5 Bohr, where
+# PySCF's own tolerance (1e-5, divided by sqrt(1 + atoms)) found Cs, symmetry number 1 for
+# 2, and an entropy R ln 2 too high (G 0.41 kcal/mol too low at 298 K).
+SYMMETRY_TOLERANCE_BOHR = 1e-3
 @dataclass(frozen=True)
 class Vibrations:
     """The harmonic modes of a molecule, lowest first."""
@@ -62,6 +71,10 @@ class Thermochemistry:
     enthalpy: float
     entropy: float
     gibbs: float
+    point_group: str = ""
+    """The point group found (:data:`SYMMETRY_TOLERANCE_BOHR`); empty in older records."""
+    symmetry_number: int = 0
+    """The rotational symmetry number the entropy used (0: not recorded, older records)."""
 
 
 def atom_masses(mol: gto.Mole) -> np.ndarray:
@@ -135,8 +148,9 @@ def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, tempera
     """ZPE, H, S and G of ``mol`` at ``temperature`` and ``pressure`` from PySCF's thermo, on
     the electronic energy ``e_tot`` and the real frequencies (imaginary ones are left out)."""
     model = SimpleNamespace(mol=mol, e_tot=e_tot)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), _symmetry_tolerance():
         results = thermo.thermo(model, vibrations.frequencies_au, temperature, pressure)
+        point_group = symm.detect_symm(mol._atom)[0]
     values = {name: float(results[key][0]) for name, key in
               (("ZPE", "ZPE"), ("H", "H_tot"), ("S", "S_tot"), ("G", "G_tot"))}
     broken = [f"{name} {value}" for name, value in values.items() if not math.isfinite(value)]
@@ -146,4 +160,16 @@ def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, tempera
                          "ordinary --temperature and --pressure (the record keeps the computed "
                          "points: rerunning with other values reuses them)")
     return Thermochemistry(temperature, pressure, values["ZPE"], values["H"], values["S"],
-                           values["G"])
+                           values["G"], point_group, int(results["sym_number"][0]))
+
+
+@contextmanager
+def _symmetry_tolerance() -> Iterator[None]:
+    """PySCF's point-group search (which its thermochemistry's symmetry number comes from)
+    to :data:`SYMMETRY_TOLERANCE_BOHR`, only for the duration."""
+    saved = symmetry_geometry.TOLERANCE
+    symmetry_geometry.TOLERANCE = SYMMETRY_TOLERANCE_BOHR
+    try:
+        yield
+    finally:
+        symmetry_geometry.TOLERANCE = saved

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from dfmp2.errors import InputError
-from dfmp2.system.files import refuse_unless_regular, shown, write_new_text
+from dfmp2.system.files import refuse_hdf5, refuse_unless_regular, shown, write_new_text
 
 REMEDY = "choose another --molden"
 
@@ -19,6 +19,7 @@ def check_molden_path(path: Path) -> None:
     """Refuse, before any work, a --molden path that is a link, a folder or anything but a
     regular file, or whose folder does not exist."""
     refuse_unless_regular(path, REMEDY)
+    refuse_hdf5(path, "--molden", REMEDY)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise InputError(f"--molden {shown(path)}: the folder {shown(folder)} does not exist")
