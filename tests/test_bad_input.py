@@ -343,3 +343,15 @@ def test_a_pyscf_tmpdir_that_is_not_a_folder_is_one_error_line(run_cli, tmp_path
     lines = result.err.strip().splitlines()
     assert len(lines) == 1 and "PYSCF_TMPDIR" in lines[0] and "missing" in lines[0]
     assert not (tmp_path / "w.h5").exists()
+
+
+def test_a_refused_budget_names_a_minimum_above_it(run_cli, tmp_path):
+    """1,010,000 bytes for the water dimer in aug-cc-pVDZ was refused with "budget 1.0 MB ...
+    at least 1.0 MB is needed": the minimum is now rounded up, so it names a budget that
+    runs."""
+    result = run_cli("run", molecule_path("water_dimer"), "--basis", "aug-cc-pvdz",
+                     "--threads", "1", "--memory", "1010000", "-o", tmp_path / "o.h5")
+    assert result.code == 2
+    named = result.err.split("at least ")[1].split(" is needed")[0]
+    number, unit = named.split()
+    assert unit == "MB" and float(number) * 1e6 > 1010000

@@ -63,7 +63,8 @@ def check_budget(nocc: int, nvir: int, naux_ri: int, nao: int, budget: int) -> N
                             + DERIVATIVE_BLOCK_ARRAYS * nao * nao)
     if budget < minimum:
         raise InputError(f"memory budget {format_size(budget)} is too small for this gradient: "
-                         f"at least {format_size(minimum)} is needed; raise --memory")
+                         f"at least {format_size(minimum, rounded_up=True)} is needed; "
+                         "raise --memory")
 
 
 def plan_storage(channels: list[Channel], naux_ri: int, naux_jk: int, nao: int,

@@ -97,7 +97,8 @@ def plan_blocks(sizes: list[tuple[int, int]], naux: int, nao: int, itemsize: int
                              energy_block_bytes(1, nvir, naux, itemsize, fused, out_of_core))
     if budget < minimum:
         raise InputError(f"memory budget {format_size(budget)} is too small for this molecule: "
-                         f"at least {format_size(minimum)} is needed; raise --memory")
+                         f"at least {format_size(minimum, rounded_up=True)} is needed; "
+                         "raise --memory")
 
     def fits(occ_block: int) -> bool:
         cost = energy_block_bytes(occ_block, nvir, naux, itemsize, fused, out_of_core)

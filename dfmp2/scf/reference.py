@@ -109,8 +109,9 @@ def check_scf_memory(nao: int, reference: str, budget: int) -> None:
     need = scf_minimum_bytes(nao, reference)
     if budget < need:
         raise InputError(f"memory budget {format_size(budget)} is too small for the SCF of "
-                         f"this molecule ({nao} basis functions): at least {format_size(need)} "
-                         "is needed; raise --memory or use a smaller basis")
+                         f"this molecule ({nao} basis functions): at least "
+                         f"{format_size(need, rounded_up=True)} is needed; raise --memory or "
+                         "use a smaller basis")
 
 
 def jk_tensor_bytes(mol: gto.Mole, jk_auxbasis: str | dict) -> int:

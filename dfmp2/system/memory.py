@@ -3,6 +3,7 @@ which share of the budget each large tensor may take and still stay in memory.""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import resource
@@ -94,12 +95,16 @@ def physical_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def format_size(nbytes: float) -> str:
+def format_size(nbytes: float, rounded_up: bool = False) -> str:
+    """``nbytes`` to one decimal of its unit; ``rounded_up`` for a minimum, which must not
+    read as a budget below it (a refused 1,010,000 bytes and a minimum of 1,031,000 both
+    read 1.0 MB)."""
     for unit, scale in (("EB", 1e18), ("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6),
                         ("kB", 1e3)):
         if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{int(nbytes)} B"
+            value = math.ceil(nbytes / scale * 10) / 10 if rounded_up else nbytes / scale
+            return f"{value:.1f} {unit}"
+    return f"{math.ceil(nbytes) if rounded_up else int(nbytes)} B"
 
 
 def peak_resident_megabytes() -> float:
