@@ -6,6 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
+# Where work ran that a killed run finished but could not account for.
+UNRECORDED_EXECUTOR = "unrecorded"
 
 
 class NkiRequired(RuntimeError):
@@ -24,6 +26,9 @@ class KernelAccounting:
     calls: Counter = field(default_factory=Counter)
     fallbacks: int = 0
     fallback_reasons: list[str] = field(default_factory=list)
+    holds_earlier_ledger: bool = False
+    """Whether an interrupted run's ledger was absorbed: it counts what that run built too
+    (a B it left in scratch), which must not be counted twice."""
 
     def record(self, kernel: str, executor: str, count: int = 1) -> None:
         self.calls[(kernel, executor)] += count
@@ -47,6 +52,16 @@ class KernelAccounting:
         """Calls, fallbacks and their reasons, to send to the rank that writes the record."""
         return dict(self.calls), self.fallbacks, list(self.fallback_reasons)
 
+    def since(self, earlier: tuple[dict[tuple[str, str], int], int, list[str]]
+              ) -> tuple[dict[tuple[str, str], int], int, list[str]]:
+        """The calls, fallbacks and new reasons since ``earlier`` (a :meth:`snapshot`): what
+        one stage ran, for a file that outlives the run to carry."""
+        calls, fallbacks, reasons = earlier
+        made = {key: n - calls.get(key, 0) for key, n in self.calls.items()
+                if n > calls.get(key, 0)}
+        return (made, self.fallbacks - fallbacks,
+                [r for r in self.fallback_reasons if r not in reasons])
+
     def hand_over(self) -> tuple[dict[tuple[str, str], int], int, list[str]]:
         """:meth:`snapshot`, then start counting afresh: what a rank sends once rank 0 has
         counted it (the SCF's calls at the SCF's end), so that its later snapshot holds only
@@ -64,3 +79,16 @@ class KernelAccounting:
         self.calls.update(calls)
         self.fallbacks += fallbacks
         self.fallback_reasons += [r for r in reasons if r not in self.fallback_reasons]
+
+
+def encode_calls(snapshot: tuple[dict[tuple[str, str], int], int, list[str]]) -> dict:
+    """A :meth:`KernelAccounting.snapshot` as JSON-ready values."""
+    calls, fallbacks, reasons = snapshot
+    return {"calls": {f"{kernel}.{executor}": n for (kernel, executor), n in calls.items()},
+            "fallbacks": fallbacks, "fallback_reasons": list(reasons)}
+
+
+def decode_calls(encoded: dict) -> tuple[dict[tuple[str, str], int], int, list[str]]:
+    """What :func:`encode_calls` wrote, as a snapshot to :meth:`KernelAccounting.absorb`."""
+    calls = {tuple(key.split(".", 1)): int(n) for key, n in encoded["calls"].items()}
+    return calls, int(encoded["fallbacks"]), [str(r) for r in encoded["fallback_reasons"]]

@@ -362,6 +362,15 @@ def test_sigkill_mid_energy_leaves_what_the_resume_reuses_to_the_exact_energy(
     assert abs(json.loads(resumed.out)["e_corr"]
                - stored_orbitals_e_corr(record, "water_dimer")) <= 1e-10
     assert leftovers(tmp_path) == []
+    # The reused B's kernel calls (the killed run's, kept in its file) are in the ledger, as
+    # a fresh run's are: the resumed record named none of the calls that built its B.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert run_cli("run", *DIMER, *OUT_OF_CORE, "-o", fresh / "dimer.h5").code == 0
+    ledgers = [read_record(path).groups["backend"].attrs for path in (record, fresh / "dimer.h5")]
+    for kernel in ("transform_gemm", "trsm"):
+        calls = [ledger[f"calls.{kernel}.torch-cpu"] for ledger in ledgers]
+        assert calls[0] == calls[1] > 0
 
 
 def test_a_damaged_scratch_file_is_rebuilt(tmp_path, killed_dimer, run_cli, caplog):
@@ -665,3 +674,4 @@ def test_a_refused_rerun_names_the_complete_records_set_aside(run_cli, tmp_path)
     assert ("holds an unfinished run with different frozen" in one_error_line(result.err)
             and "complete earlier records beside it: w.superseded-20260101T000000.h5"
             in result.err)
+

@@ -16,7 +16,10 @@ import torch
 from pyscf import gto, lib
 from pyscf.df import incore
 
-from dfmp2.df.store import ScratchArea, ScratchB, open_store
+from kernels.accounting import (UNRECORDED_EXECUTOR, KernelAccounting, decode_calls,
+                                encode_calls)
+
+from dfmp2.df.store import KERNEL_CALLS, ScratchArea, ScratchB, open_store
 from dfmp2.system.disk import check_space
 from dfmp2.system.distributed import World
 from dfmp2.errors import RunFailure
@@ -179,7 +182,9 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
         reused = _reuse_or_clear(scratch, orbitals, signatures, metric)
         if reused is not None:
             timings.update({"integrals": 0.0, "transform": 0.0, "fit": 0.0})
+            _count_reused_build(reused, kernel_set)
             return reused
+    before = kernel_set.accounting.snapshot()
 
     opened = []
 
@@ -201,7 +206,9 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
             target = raw if in_place else store(n, metric.naux_fit, raw.shape[1])
             fitted.append(target)
             fit(raw, target, metric, kernel_set, max_block_bytes, vir.shape[1])
-            target.mark_complete(signatures[n])
+            # Each file carries the calls so far: the last one's are the whole build's.
+            target.mark_complete(signatures[n],
+                                 encode_calls(kernel_set.accounting.since(before)))
         timings["fit"] = time.perf_counter() - t0
     except BaseException:
         for item in opened:
@@ -211,6 +218,21 @@ def build_fitted_tensors(mol: gto.Mole, auxmol: gto.Mole,
         for raw in raws:
             raw.close()
     return fitted
+
+
+def _count_reused_build(reused: list, kernel_set) -> None:
+    """A B that a killed run built counts its kernel calls in this run's ledger (which said
+    nothing of them): those its last file holds, or one call of each kernel of a build
+    on an ``unrecorded`` executor for a file that holds none; unless the ledger holds that
+    run's own already (one it wrote as it stopped)."""
+    if kernel_set.accounting.holds_earlier_ledger:
+        return
+    encoded = reused[-1].header.get(KERNEL_CALLS)
+    if encoded is not None:
+        kernel_set.accounting.absorb(decode_calls(encoded))
+        return
+    for kernel in ("transform_gemm", "trsm"):
+        kernel_set.accounting.record(kernel, UNRECORDED_EXECUTOR)
 
 
 def fit(raw, fitted, metric: FitMetric, kernel_set, max_block_bytes: int, nvir: int,
@@ -310,7 +332,10 @@ def build_shared(mol: gto.Mole, auxmol: gto.Mole, orbitals: list[tuple[np.ndarra
         reused, files = _shared_files(scratch, orbitals, signatures, metric, world, opened)
         if reused:
             timings.update({"integrals": 0.0, "transform": 0.0, "fit": 0.0})
+            if world.is_root:
+                _count_reused_build([target for _, target in files], kernel_set)
             return [target for _, target in files]
+        before = kernel_set.accounting.snapshot()
         channels = [(torch.from_numpy(np.ascontiguousarray(c_occ)),
                      torch.from_numpy(np.ascontiguousarray(c_vir))) for c_occ, c_vir in orbitals]
         shells = shell_share(auxmol, world)
@@ -323,9 +348,14 @@ def build_shared(mol: gto.Mole, auxmol: gto.Mole, orbitals: list[tuple[np.ndarra
             fit(raw, target, metric, kernel_set, max_block_bytes, vir.shape[1], c0, c1)
         timings["fit"] = time.perf_counter() - t0
         world.publish([target for _, target in files], "building B: the fit")
+        made = world.gather(kernel_set.accounting.since(before),
+                            "gathering the kernel calls that built B")
         if world.is_root:
+            every_rank = KernelAccounting()
+            for calls in made:
+                every_rank.absorb(calls)
             for (_, target), signature in zip(files, signatures):
-                target.mark_complete(signature)
+                target.mark_complete(signature, encode_calls(every_rank.snapshot()))
     except BaseException:
         for store in opened:
             store.close()

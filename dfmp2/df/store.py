@@ -27,6 +27,8 @@ SCRATCH_CHUNK_BYTES = 4 * 2**20
 HEADER_BYTES = 4096
 FORMAT = "dfmp2.scratch-b/1"
 SIGNATURE = "orbital_signature"
+# The header's record of the kernel calls that built a finished B.
+KERNEL_CALLS = "kernel_calls"
 REMEDY = "choose another -o or --scratch"
 
 
@@ -112,7 +114,7 @@ class InMemoryB:
         if not values.is_set_to(target):
             target.copy_(values)
 
-    def mark_complete(self, signature: str) -> None:
+    def mark_complete(self, signature: str, kernel_calls: dict | None = None) -> None:
         """Nothing to keep: an in-memory B does not outlive the run."""
 
     def close(self) -> None:
@@ -298,12 +300,15 @@ class ScratchB:
         text = json.dumps(self.header).encode()
         self._pwrite(np.frombuffer(text.ljust(HEADER_BYTES), dtype=np.uint8), 0)
 
-    def mark_complete(self, signature: str) -> None:
+    def mark_complete(self, signature: str, kernel_calls: dict | None = None) -> None:
         """Say, durably, that B is finished for these orbitals (a killed run's successor may
-        then reuse it)."""
+        then reuse it), with the kernel calls that built it (``kernel_calls``, JSON-ready),
+        which a run that reuses it counts as its own."""
         try:
             os.fsync(self.fd)
             self.header[SIGNATURE] = signature
+            if kernel_calls is not None:
+                self.header[KERNEL_CALLS] = kernel_calls
             self._write_header()
             os.fsync(self.fd)
         except OSError as exc:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dfmp2.df.store import ScratchArea
-from kernels.accounting import KernelAccounting
+from kernels.accounting import UNRECORDED_EXECUTOR, KernelAccounting
 from dfmp2.errors import RunFailure
 from dfmp2.grad import kernel as gradient
 from dfmp2.grad.kernel import GradientResult
@@ -39,8 +39,6 @@ from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release
 from dfmp2.system.memory import peak_resident_megabytes
 
 log = logging.getLogger(__name__)
-# Where pairs ran that a killed run finished but could not account for.
-UNRECORDED_EXECUTOR = "unrecorded"
 
 
 @dataclass
@@ -174,6 +172,7 @@ def carry_ledger(previous: Node, count: int, accounting: KernelAccounting,
         accounting.record(kernel, UNRECORDED_EXECUTOR, count)
         return
     accounting.absorb(stored)
+    accounting.holds_earlier_ledger = True
     # A job on several ranks killed before its end gather wrote rank 0's calls alone: the
     # other ranks' finished pairs are counted, as work of no known executor. (A record whose
     # ledger does not count ``kernel`` itself, a frequency job's, is whole.)
