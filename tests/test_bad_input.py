@@ -205,6 +205,9 @@ def test_verbosity_is_accepted_on_every_subcommand(run_cli, tmp_path, caplog):
 @pytest.mark.parametrize("variable,value,fragment", [
     ("DFMP2_DIST_TIMEOUT", "30s", "DFMP2_DIST_TIMEOUT='30s' is not a whole number"),
     ("DFMP2_DIST_TIMEOUT", "0", "must be at least 1"),
+    # Beyond 7.4e9 s torch's deadlines overflow: the ranks hung while joining, for good.
+    ("DFMP2_DIST_TIMEOUT", "7500000000", "must be at most 31536000"),
+    ("DFMP2_DIST_TIMEOUT", "99999999999999999999", "must be at most 31536000"),
     ("SLURM_STEP_NUM_TASKS", "two", "SLURM_STEP_NUM_TASKS='two'"),
 ])
 def test_junk_in_the_environment_is_one_error_line(variable, value, fragment, run_cli,

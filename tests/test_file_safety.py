@@ -282,3 +282,26 @@ def test_molden_never_replaces_a_record(run_cli, tmp_path, command):
     assert result.code == 2
     assert "w.h5 is an HDF5 file (a dfmp2 record?)" in one_error_line(result.err)
     assert record.read_bytes() == before and not (tmp_path / "p.h5").exists()
+
+
+def test_the_optimised_geometry_never_replaces_a_record(run_cli, tmp_path):
+    """A complete record named o.xyz was replaced by the geometry of `optimize -o o.h5`."""
+    geometry = tmp_path / "o.xyz"
+    assert run_cli("run", *QUICK, "--threads", "1", "-o", geometry).code == 0
+    before = geometry.read_bytes()
+    result = run_cli("optimize", *QUICK, "--threads", "1", "-o", tmp_path / "o.h5")
+    assert result.code == 2
+    assert "o.xyz is an HDF5 file (a dfmp2 record?)" in one_error_line(result.err)
+    assert geometry.read_bytes() == before and not (tmp_path / "o.h5").exists()
+
+
+def test_a_batch_leaves_a_dangling_link_at_a_record_name_alone(run_cli, tmp_path):
+    """The batch refused the link, then put its 'failed' record where the link was, which the
+    error line told the user to remove."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "water-sto-3g.h5").symlink_to(tmp_path / "nothere")
+    result = run_cli("batch", molecule_path("water"), "--basis", "sto-3g", "--threads", "1",
+                     "--out", out)
+    assert result.code == 1 and "is a symbolic link" in result.err
+    assert (out / "water-sto-3g.h5").is_symlink() and not (tmp_path / "nothere").exists()

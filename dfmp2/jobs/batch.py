@@ -154,7 +154,8 @@ def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
                       auxbasis=settings.auxbasis or "default").write(root)
     try:
         with RecordLock(path):
-            if not path.exists():
+            # lexists: a dangling link (which the error says to remove) stays as it was.
+            if not os.path.lexists(path):
                 write_record(path, root)
     except RecordInUse:
         return

@@ -37,7 +37,7 @@ from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
-from dfmp2.system.files import (printable, refuse_overwriting, refuse_unless_regular,
+from dfmp2.system.files import (printable, refuse_hdf5, refuse_overwriting, refuse_unless_regular,
                                 write_new_text)
 
 log = logging.getLogger(__name__)
@@ -259,6 +259,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     # Before the record is touched: a refusal after it had set the complete record aside
     # left nothing at -o and did not say where the result went.
     refuse_unless_regular(xyz_path, XYZ_REMEDY)
+    refuse_hdf5(xyz_path, "the optimised geometry's file", XYZ_REMEDY)
     calc = job.calculation(settings.charge, settings.spin)
     check_differentiable(calc)
     start = optimised_molecule(start, int(calc.mol.charge), int(calc.mol.spin) + 1)

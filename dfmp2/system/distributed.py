@@ -35,6 +35,9 @@ from dfmp2.system import interrupts
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_SECONDS = 300
+# A year. torch's deadlines (now plus the timeout, in int64 nanoseconds) overflow beyond about
+# 7.4e9 s, and a join then hung for good.
+LONGEST_TIMEOUT_SECONDS = 365 * 24 * 3600
 DEFAULT_MASTER_PORT = "29500"
 # A diagonal (syrk) block pair costs about half an off-diagonal one.
 DIAGONAL_COST = 0.5
@@ -69,7 +72,7 @@ def launch_from(environ: Mapping[str, str]) -> Launch:
     several tasks: a command run there directly is one process, not rank 0 of a job whose
     other ranks would never come (it used to wait for them until the timeout)."""
     timeout = environment_integer(environ, "DFMP2_DIST_TIMEOUT", DEFAULT_TIMEOUT_SECONDS,
-                                  minimum=1)
+                                  minimum=1, maximum=LONGEST_TIMEOUT_SECONDS)
     if "RANK" in environ and "WORLD_SIZE" in environ:
         size = environment_integer(environ, "WORLD_SIZE", 1, minimum=1)
         rank = _rank(environ, "RANK", size)
@@ -110,7 +113,8 @@ def check_reachable(launch: Launch) -> None:
 
 
 def environment_integer(environ: Mapping[str, str], name: str, default: int | None,
-                        minimum: int | None = 0, remedy: str = "fix or unset it") -> int | None:
+                        minimum: int | None = 0, remedy: str = "fix or unset it",
+                        maximum: int | None = None) -> int | None:
     """The integer in ``environ[name]`` (``default`` when unset); anything else is an input
     error naming the variable and what to do (``remedy``), never a traceback."""
     text = environ.get(name)
@@ -122,6 +126,8 @@ def environment_integer(environ: Mapping[str, str], name: str, default: int | No
         raise InputError(f"{name}={text!r} is not a whole number; {remedy}") from None
     if minimum is not None and value < minimum:
         raise InputError(f"{name}={text!r} must be at least {minimum}; {remedy}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{name}={text!r} must be at most {maximum}; {remedy}")
     return value
 
 
