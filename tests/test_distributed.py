@@ -18,7 +18,7 @@ from conftest import (CliResult, molecule_path, python_exe, run_in_process,
                       stored_orbitals_e_corr)
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import read_record
-from dfmp2.system.distributed import PeerWatch, _wait
+from dfmp2.system.distributed import PeerWatch, _process_state, _wait
 
 JOB_TIMEOUT_SECONDS = 240
 
@@ -394,19 +394,25 @@ def test_a_wait_ends_when_a_peer_on_the_host_has_ended():
     no SIGTERM: they waited the whole DFMP2_DIST_TIMEOUT (300 s). A wait now looks at its
     peers' processes every second: an ended one (reaped, or a zombie) ends it with one
     message; live ones never do."""
-    reaped = subprocess.Popen(["true"])
+    reaped = subprocess.Popen(["sleep", "0.2"])
+    zombie = subprocess.Popen(["sleep", "0.2"])
+    started = {proc.pid: _process_state(proc.pid)[1] for proc in (reaped, zombie)}
     reaped.wait()
-    zombie = subprocess.Popen(["true"])
     time.sleep(0.5)
     try:
         for pid in (reaped.pid, zombie.pid):
             start = time.monotonic()
             with pytest.raises(RunFailure, match=f"while sharing: rank 1 .process {pid}. "
                                                  "has ended"):
-                _wait(_NeverDone(), "sharing", 60, PeerWatch({1: pid}))
+                _wait(_NeverDone(), "sharing", 60, PeerWatch({1: (pid, started[pid])}))
             assert time.monotonic() - start < 5
     finally:
         zombie.wait()
+    live = {rank: (pid, _process_state(pid)[1])
+            for rank, pid in ((1, os.getpid()), (2, os.getppid()))}
     start = time.monotonic()
-    _wait(_DoneAfter(2.5), "sharing", 60, PeerWatch({1: os.getpid(), 2: os.getppid()}))
+    _wait(_DoneAfter(2.5), "sharing", 60, PeerWatch(live))
     assert 2.5 <= time.monotonic() - start < 5
+    # A process of that number but another start (the number reused) is not the peer.
+    with pytest.raises(RunFailure, match="has ended"):
+        _wait(_NeverDone(), "sharing", 60, PeerWatch({1: (os.getpid(), "0")}))

@@ -141,25 +141,54 @@ def _rank(environ: Mapping[str, str], name: str, size: int) -> int:
 
 @dataclass(frozen=True)
 class PeerWatch:
-    """The processes of this rank's peers on its own host (rank: pid). Gloo does not always
-    notice a dead peer of an all-to-all before the collective's timeout; torchrun then stops
-    the survivors, but srun (by default) leaves them waiting the whole timeout (300 s). A
-    waiting rank looks at these processes, which a dead rank's are not."""
+    """The processes of this rank's peers on its own machine (rank: (pid, start time)). Gloo
+    does not always notice a dead peer of an all-to-all before the collective's timeout;
+    torchrun then stops the survivors, but srun (by default) leaves them waiting the whole
+    timeout (300 s). A waiting rank looks at these processes, which a dead rank's are not."""
 
-    pids: dict[int, int] = field(default_factory=dict)
+    processes: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     def lost(self) -> str | None:
         """Which peer has ended, if one has (Linux; elsewhere the timeout alone tells)."""
-        for rank, pid in self.pids.items():
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except FileNotFoundError:
-                state = "X"
-            except (OSError, IndexError):
-                continue
-            if state in ("Z", "X"):
+        for rank, (pid, started) in self.processes.items():
+            state = _process_state(pid)
+            if state is None or state[0] in ("Z", "X") or state[1] != started:
                 return f"rank {rank} (process {pid}) has ended"
         return None
+
+
+def _process_state(pid: int) -> tuple[str, str] | None:
+    """A process's state letter and start time (clock ticks since boot), or None when there
+    is no such process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], fields[19]
+
+
+def _machine() -> tuple[str, str]:
+    """This machine as the ranks compare it: its host name and this boot's id (host names
+    repeat across containers; two machines never share a boot id)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname(), boot
+
+
+def _watch_peers(places: list, rank: int) -> PeerWatch:
+    """The peers on this machine whose process this rank sees as they described it (another
+    PID namespace, or no /proc, leaves a peer unwatched rather than taken for dead)."""
+    here = places[rank][0]
+    watched = {}
+    for other, (machine, pid, started) in enumerate(places):
+        if other == rank or machine != here or not here[1] or started is None:
+            continue
+        state = _process_state(pid)
+        if state is not None and state[1] == started:
+            watched[other] = (pid, started)
+    return PeerWatch(watched)
 
 
 @dataclass
@@ -382,10 +411,11 @@ def init_world(launch: Launch) -> World:
                              "torchrun or srun, with MASTER_ADDR/MASTER_PORT reachable") from None
         world = World(launch.size, torch_dist.get_rank(), backend,
                       timeout_seconds=launch.timeout_seconds)
-        places = world.gather((socket.gethostname(), os.getpid()), "meeting the other ranks")
-        world.hosts = len({host for host, _ in places})
-        world.peers = PeerWatch({rank: pid for rank, (host, pid) in enumerate(places)
-                                 if host == places[world.rank][0] and rank != world.rank})
+        own = _process_state(os.getpid())
+        places = world.gather((_machine(), os.getpid(), None if own is None else own[1]),
+                              "meeting the other ranks")
+        world.hosts = len({host for (host, _), _, _ in places})
+        world.peers = _watch_peers(places, world.rank)
     log.info("rank %d of %d (%s) on %d host(s)", world.rank, world.size, backend, world.hosts)
     return world
 
