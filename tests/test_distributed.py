@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 from conftest import (CliResult, molecule_path, python_exe, run_in_process,
@@ -416,3 +417,48 @@ def test_a_wait_ends_when_a_peer_on_the_host_has_ended():
     # A process of that number but another start (the number reused) is not the peer.
     with pytest.raises(RunFailure, match="has ended"):
         _wait(_NeverDone(), "sharing", 60, PeerWatch({1: (os.getpid(), "0")}))
+
+
+def _two_tasks(folder: Path, per_rank_args: list[list]) -> list[subprocess.CompletedProcess]:
+    """Two srun-style tasks, each with its own arguments."""
+    port = str(free_port())
+    procs = [subprocess.Popen([python_exe(), "-m", "dfmp2", *map(str, args)], cwd=folder,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**environment(), "SLURM_PROCID": str(rank),
+                                   "SLURM_STEP_NUM_TASKS": "2", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": port})
+             for rank, args in enumerate(per_rank_args)]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=JOB_TIMEOUT_SECONDS)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def test_ranks_agree_on_the_budget_and_refuse_other_calculations(tmp_path):
+    """Each rank measured its own default budget, and the gradient's blocks follow from it:
+    ranks of other budgets (or given another copy of the molecule) ended in tracebacks of
+    collectives that no longer matched. The ranks now take the smallest budget, and refuse
+    to run different calculations with one line."""
+    args = ["gradient", molecule_path("water_dimer"), "--basis", "cc-pvdz", "--threads", "1",
+            "--json", "-o", tmp_path / "g.h5"]
+    single = run_in_process(*args[:-1], tmp_path / "one.h5")
+    assert single.code == 0, single.err
+    ranks = _two_tasks(tmp_path, [[*args, "--memory", "2GB"], [*args, "--memory", "3MB"]])
+    assert [r.returncode for r in ranks] == [0, 0], ranks[1].stderr
+    gradients = [np.array(json.loads(text)["gradient"]) for text in (single.out, ranks[0].stdout)]
+    assert np.abs(gradients[0] - gradients[1]).max() <= 1e-8
+    with h5py.File(tmp_path / "g.h5", "r") as h5:
+        assert h5["gradient"].attrs["tensors"] == "scratch"
+    moved = tmp_path / "moved.xyz"
+    moved.write_text(molecule_path("water_dimer").read_text().replace("0.000000", "0.000100", 1))
+    other = _two_tasks(tmp_path, [[*args[:1], molecule_path("water_dimer"), *args[2:-1],
+                                   tmp_path / "x.h5"],
+                                  [*args[:1], moved, *args[2:-1], tmp_path / "x.h5"]])
+    for result in other:
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+        assert errors == ["Error: rank 1 was given another calculation than rank 0 (its "
+                          "molecule or options differ); start every rank with the same "
+                          "command and the same files"]
+    assert not (tmp_path / "x.h5").exists()

@@ -8,6 +8,8 @@ its inputs as the record will hold them.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import platform
@@ -223,4 +225,41 @@ def start_job(settings: RunSettings, path: Path, world: World | None = None,
     (``geometry``, else the XYZ file of ``settings``) read, the environment resolved."""
     check_output_path(path, settings.resume)
     geometry = geometry if geometry is not None else read_xyz(settings.molecule)
-    return Job(settings, path, geometry, resolve_environment(settings, path, world))
+    env = resolve_environment(settings, path, world)
+    agree_across_ranks(settings, geometry, env)
+    return Job(settings, path, geometry, env)
+
+
+def agree_across_ranks(settings: RunSettings, geometry: Geometry, env: Environment) -> None:
+    """With several ranks (a collective): refuse ranks that were given different calculations,
+    and give every rank the smallest budget. Each rank measured its own default budget (free
+    memory now), and the blocks that follow from it must be the same on every rank: ranks of
+    other budgets, or of another copy of the molecule, ended in a traceback of collectives
+    that no longer matched."""
+    world = env.world
+    if world.size == 1:
+        return
+    everyone = world.gather((_calculation_fingerprint(settings, geometry), env.budget),
+                            "checking that every rank runs the same calculation")
+    differing = [rank for rank, (fingerprint, _) in enumerate(everyone)
+                 if fingerprint != everyone[0][0]]
+    if differing:
+        raise InputError(f"rank {differing[0]} was given another calculation than rank 0 (its "
+                         "molecule or options differ); start every rank with the same command "
+                         "and the same files")
+    env.budget = min(budget for _, budget in everyone)
+
+
+# Settings a rank may hold on its own: they change neither the numbers nor the work's cut
+# (the command line is compared through the settings it gave).
+RANK_OWN_SETTINGS = frozenset({"memory", "threads", "show_progress", "nki_mode", "command"})
+
+
+def _calculation_fingerprint(settings: RunSettings, geometry: Geometry) -> str:
+    digest = hashlib.sha256()
+    shared = {name: str(value) for name, value in vars(settings).items()
+              if name not in RANK_OWN_SETTINGS}
+    digest.update(json.dumps(shared, sort_keys=True).encode())
+    digest.update(json.dumps([geometry.symbols, geometry.charge, geometry.multiplicity]).encode())
+    digest.update(np.ascontiguousarray(geometry.coords, dtype=np.float64).tobytes())
+    return digest.hexdigest()
