@@ -136,7 +136,8 @@ def test_memory_as_a_size_and_a_lone_atom_without_force(tmp_path):
     settings = RunSettings(molecule=xyz, basis="6-31g", threads=1, output=tmp_path / "ne.h5",
                            show_progress=False)
     expected = json_summary(run_job.run(settings).record, "")["e_tot"]
-    assert atom.get_potential_energy() / Hartree == pytest.approx(expected, abs=1e-10)
+    # The forces' SCF is converged further (1e-8 against 1e-7): 1.8e-10 Eh apart here.
+    assert atom.get_potential_energy() / Hartree == pytest.approx(expected, abs=1e-9)
 
 
 def test_calculators_sharing_a_records_folder_never_take_each_others_records(tmp_path):

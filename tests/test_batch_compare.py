@@ -87,6 +87,7 @@ def test_shards_split_the_list(tmp_path, run_cli, monkeypatch):
     assert [r["index"] for r in json.loads(first.out)] == [0, 2]
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MAX", "1")
     second = run_cli("batch", *inputs, "--basis", "sto-3g", "--backend", "torch", "--out", out,
                      "--json")
     assert [r["index"] for r in json.loads(second.out)] == [1]

@@ -55,6 +55,28 @@ def test_an_array_without_min_or_max_still_refuses_a_task_beyond_it(environ):
         parse_shard(None, environ)
 
 
+def test_an_array_without_max_is_refused_in_every_task():
+    """--array=0,1,2,4 without SLURM_ARRAY_TASK_MAX (which Slurm always sets): tasks 0, 1
+    and 2 took shards 0-2 of 4, only task 4 was refused, and molecule 3 ran nowhere."""
+    for task in (0, 1, 2, 4):
+        environ = {"SLURM_ARRAY_TASK_ID": str(task), "SLURM_ARRAY_TASK_COUNT": "4",
+                   "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_STEP": "1"}
+        with pytest.raises(InputError, match="SLURM_ARRAY_TASK_MAX is not"):
+            parse_shard(None, environ)
+        with pytest.raises(InputError, match="SLURM_ARRAY_TASK_MAX is not"):
+            parse_shard("array", environ)
+
+
+def test_batch_takes_shard_array_as_frequencies_does():
+    """`--shard array` was refused by batch ("write it as K/N"), though frequencies takes it
+    and the README says it works as batch does."""
+    environ = slurm_environment([4, 5, 6], 5, 1)
+    assert parse_shard("array", environ) == parse_shard(None, environ) == (1, 3)
+    assert parse_shard("array", environ, rank=1, world_size=2) == (4, 6)
+    with pytest.raises(InputError, match="not a task of a Slurm array"):
+        parse_shard("array", {})
+
+
 @pytest.mark.parametrize("step", [None, 1, 2, 4], ids=lambda s: f"step {s}")
 def test_an_irregular_array_is_refused_in_every_task(step):
     ids = [3, 7, 9]  # sbatch --array=3,7,9

@@ -139,3 +139,15 @@ def test_a_spin_without_electrons_on_two_ranks_matches_one_process(tmp_path):
     assert abs(spread["e_tot"] - single["e_tot"]) <= 1e-9
     assert np.abs(np.array(spread["gradient"]) - np.array(single["gradient"])).max() <= 1e-8
     assert "ranks    2 (gloo" in on_ranks(1, "show", tmp_path / "many.h5").out
+
+
+def test_a_gradient_on_ranks_is_converged_past_the_summation_order(tmp_path):
+    """Linear quartet H3 (a stable reference): with the SCF converged to a 1e-7 orbital
+    gradient, two ranks' summation order moved its gradient by 1.6e-8 Eh/Bohr, beyond the
+    1e-8 promised. An SCF that feeds the response now converges to 1e-8."""
+    molecule = tmp_path / "h3.xyz"
+    molecule.write_text("3\nmultiplicity=4\nH 0 0 0\nH 0 0 1.0\nH 0 0 2.0\n")
+    args = [molecule, "--basis", "cc-pvdz", "--backend", "torch", "--threads", "1", "--json"]
+    single = _gradient(1, *args, "-o", tmp_path / "one.h5")
+    spread = _gradient(2, *args, "-o", tmp_path / "many.h5")
+    assert np.abs(np.array(spread["gradient"]) - np.array(single["gradient"])).max() <= 1e-8

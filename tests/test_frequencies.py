@@ -387,7 +387,7 @@ def test_a_single_atom_and_a_linked_molden_file_are_refused(run_cli, tmp_path):
 
 def test_shard_array_comes_from_the_slurm_array():
     environ = {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "4",
-               "SLURM_ARRAY_TASK_COUNT": "3"}
+               "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MAX": "6"}
     assert parse_shard("array", environ) == (1, 3)
     assert parse_shard("1/4", {}) == (1, 4) and parse_shard(None, environ) == (0, 1)
     with pytest.raises(InputError, match="not a task of a Slurm array"):

@@ -127,7 +127,8 @@ def test_one_atom_has_a_zero_gradient_and_no_optimisation(run_cli, tmp_path):
     summary = json.loads(result.out)
     assert np.abs(summary["gradient"]).max() < 1e-12
     energy = json.loads(run_cli("run", *args, "-o", tmp_path / "e.h5", "--json").out)
-    assert summary["e_tot"] == pytest.approx(energy["e_tot"], abs=1e-10)
+    # The gradient's SCF is converged further (1e-8 against 1e-7): 1.8e-10 Eh apart here.
+    assert summary["e_tot"] == pytest.approx(energy["e_tot"], abs=1e-9)
     refused = run_cli("optimize", *args, "-o", tmp_path / "o.h5")
     assert refused.code == 2
     assert "at least two atoms" in refused.err and len(refused.err.strip().splitlines()) == 1
@@ -347,9 +348,10 @@ def test_the_j_k_engine_ledger_counts_the_orbital_response(run_cli, tmp_path):
     assert run_cli("run", *args, "-o", tmp_path / "r.h5").code == 0
     assert run_cli("gradient", *args, "-o", tmp_path / "g.h5").code == 0
     run_engine = read_record(tmp_path / "r.h5").groups["scf_engine"].attrs
+    # A closed shell's build makes one syrk call.
+    assert run_engine["calls.syrk.torch-cpu"] == run_engine["builds"]
     gradient = read_record(tmp_path / "g.h5")
     engine = gradient.groups["scf_engine"].attrs
-    assert engine["builds"] == run_engine["builds"]
     response_builds = gradient.groups["gradient"].attrs["response_jk_builds"]
     assert response_builds > 0
-    assert engine["calls.syrk.torch-cpu"] >= run_engine["calls.syrk.torch-cpu"] + response_builds
+    assert engine["calls.syrk.torch-cpu"] >= engine["builds"] + response_builds

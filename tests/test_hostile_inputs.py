@@ -102,7 +102,7 @@ SLURM_ARRAY_CASES = [
     ("array task id junk", {"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "4"},
      "SLURM_ARRAY_TASK_ID='x' is not a whole number"),
     ("array step junk", {"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4",
-                         "SLURM_ARRAY_TASK_STEP": "five"},
+                         "SLURM_ARRAY_TASK_MAX": "15", "SLURM_ARRAY_TASK_STEP": "five"},
      "SLURM_ARRAY_TASK_STEP='five' is not a whole number"),
     ("array task without a count", {"SLURM_ARRAY_TASK_ID": "1"},
      "SLURM_ARRAY_TASK_COUNT is not"),

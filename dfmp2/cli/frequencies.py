@@ -12,14 +12,12 @@ from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
                                XYZ_FILE, environment_settings, record_options, with_options)
-from dfmp2.errors import InputError
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, frequencies
 from dfmp2.records import report
 from dfmp2.system.files import printable
 from dfmp2.vib.displacements import DEFAULT_STEP_BOHR
 
-ARRAY_SHARD = "array"
 
 
 def parse_shard(text: str | None, environ: Mapping[str, str]) -> tuple[int, int]:
@@ -27,12 +25,6 @@ def parse_shard(text: str | None, environ: Mapping[str, str]) -> tuple[int, int]
     Hessian."""
     if text is None:
         return 0, 1
-    if text.strip().lower() == ARRAY_SHARD:
-        shard = batch.slurm_array_shard(environ)
-        if shard is None:
-            raise InputError("--shard array: this is not a task of a Slurm array job "
-                             "(SLURM_ARRAY_TASK_ID is not set); give --shard K/N")
-        return shard
     return batch.parse_shard(text, environ)
 
 

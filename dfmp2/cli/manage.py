@@ -27,8 +27,9 @@ from dfmp2.system import distributed
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("runs/batch"), show_default=True, help="Folder for the records.")
 @click.option("--shard", default=None,
-              help="Run every N-th molecule from K (K/N); default: this task's position in a "
-                   "Slurm array (SLURM_ARRAY_TASK_ID, _MIN, _STEP, _COUNT).")
+              help="Run every N-th molecule from K (K/N); 'array' or by default: this "
+                   "task's position in a Slurm array (SLURM_ARRAY_TASK_ID, _MIN, _MAX, _STEP, "
+                   "_COUNT).")
 @click.option("--check", is_flag=True, help="Compare each molecule with PySCF's DFMP2.")
 @click.option("--interaction", "dimers", is_flag=True,
               help="Treat every XYZ input as a dimer (split from its comment line).")

@@ -52,6 +52,8 @@ CHECK_FAILED = "complete (check failed)"
 # First characters that make a spreadsheet read a CSV cell as a formula.
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
+# `--shard array`: the shard of this task of a Slurm array job.
+ARRAY_SHARD = "array"
 
 def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
                 world_size: int = 1) -> tuple[int, int]:
@@ -63,6 +65,12 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
     ... and left 2, 6, ... to no one when shard 1 ran in one process)."""
     if text is None:
         k, n = slurm_array_shard(environ) or (0, 1)
+    elif text.strip().lower() == ARRAY_SHARD:
+        shard = slurm_array_shard(environ)
+        if shard is None:
+            raise InputError("--shard array: this is not a task of a Slurm array job "
+                             "(SLURM_ARRAY_TASK_ID is not set); give --shard K/N")
+        k, n = shard
     else:
         try:
             k, n = (int(part) for part in text.split("/"))
@@ -86,20 +94,21 @@ def slurm_array_shard(environ: Mapping[str, str]) -> tuple[int, int] | None:
     task = _slurm_number(environ, "SLURM_ARRAY_TASK_ID")
     if task is None:
         return None
+    # Slurm sets all of them for every array task. Without MAX, an irregular array
+    # (--array=0,1,2,4) passed on every task but the last, and a molecule ran nowhere.
+    for name in ("SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MAX"):
+        if _slurm_number(environ, name) is None:
+            raise InputError(f"SLURM_ARRAY_TASK_ID is set but {name} is not; give the shard "
+                             "explicitly with --shard K/N")
     count = _slurm_number(environ, "SLURM_ARRAY_TASK_COUNT")
-    if count is None:
-        raise InputError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not; give "
-                         "the shard explicitly with --shard K/N")
     first = _slurm_number(environ, "SLURM_ARRAY_TASK_MIN", 0)
     step = _slurm_number(environ, "SLURM_ARRAY_TASK_STEP", 1)
     last = _slurm_number(environ, "SLURM_ARRAY_TASK_MAX")
     position, offset = divmod(task - first, step) if step > 0 else (-1, 0)
-    # With MAX, count ids in [min, max] on the step's grid can only be the whole progression,
-    # so each task can check on its own that no molecule falls between the tasks.
-    if (offset or not 0 <= position < count
-            or (last is not None and first + (count - 1) * step != last)):
-        bounds = f"min {first}, step {step}, count {count}" + (
-            f", max {last}" if last is not None else "")
+    # Count ids in [min, max] on the step's grid can only be the whole progression, so each
+    # task can check on its own that no molecule falls between the tasks.
+    if offset or not 0 <= position < count or first + (count - 1) * step != last:
+        bounds = f"min {first}, step {step}, count {count}, max {last}"
         raise InputError(f"Slurm array task {task} is not at a regular position of the array "
                          f"({bounds}); give the shard explicitly with --shard K/N")
     return position, count

@@ -39,6 +39,10 @@ SCF_METHODS = ("df", "conventional")
 # 1e-7 orbital-gradient threshold is stable to 1e-9 Eh (measured when the project started).
 CONV_TOL = 1e-12
 CONV_TOL_GRAD = 1e-7
+# Orbitals that feed an orbital response (a gradient, a relaxed density) carry their residual
+# orbital gradient into it to first order: at 1e-7 the gradient of linear quartet H3 moved
+# by 1.6e-8 Eh/Bohr with the ranks' summation order, at 1e-8 by 4e-9 (1 to 4 more cycles).
+RESPONSE_CONV_TOL_GRAD = 1e-8
 # Kohn-Sham orbital gradients stall at a floor set by the functional on its grid: 2.6e-7 to
 # 4.4e-7 for hydroxyl with B3LYP, B2PLYP and DSD-PBEP86 on grid level 3, where a second-order
 # solver makes no further step (measured with PySCF 2.14). 1e-6 is above those floors.
@@ -131,7 +135,11 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
     if calc.scf_method == "df":
         mf = mf.density_fit(auxbasis=calc.jk_spec())
     mf.conv_tol = CONV_TOL
-    mf.conv_tol_grad = CONV_TOL_GRAD if calc.functional is None else KS_CONV_TOL_GRAD
+    if calc.functional is not None:
+        mf.conv_tol_grad = KS_CONV_TOL_GRAD
+    else:
+        # keep_integrals marks an SCF whose orbitals feed the response.
+        mf.conv_tol_grad = RESPONSE_CONV_TOL_GRAD if options.keep_integrals else CONV_TOL_GRAD
     mf.max_cycle = MAX_CYCLE
     mf.verbose = 0
     if options.budget is not None:
