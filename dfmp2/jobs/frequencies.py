@@ -425,6 +425,6 @@ def json_summary(outcome: FrequencyOutcome) -> dict:
             "ir_intensities": vibrations.ir_intensities.tolist(), "zpe": thermo.zpe,
             "enthalpy": thermo.enthalpy, "entropy": thermo.entropy, "gibbs": thermo.gibbs,
             "temperature": thermo.temperature, "pressure": thermo.pressure,
-            "point_group": thermo.point_group, "symmetry_number": thermo.symmetry_number,
+            "symmetry_number": thermo.symmetry_number,
             "imaginary": vibrations.imaginary, "linear": vibrations.linear,
             "molden": None if outcome.options.molden is None else str(outcome.options.molden)}

@@ -23,7 +23,8 @@ import numpy as np
 from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, ScfSection,
                                     Section, StoredOrbitals, write_gradient, write_scf)
 from dfmp2.records.tree import Node
-from dfmp2.vib.analysis import SYMMETRY_TOLERANCE_BOHR, Thermochemistry
+from dfmp2.vib.analysis import Thermochemistry
+from dfmp2.vib.symmetry import SYMMETRY_TOLERANCE_BOHR
 
 ANALYSIS_DATASETS = ("hessian", "frequencies", "ir_intensities", "normal_modes",
                      "reduced_masses", "force_constants", "dipole_derivatives")
@@ -112,7 +113,6 @@ class FrequenciesSection(Section):
             return None
         thermochemistry = Thermochemistry(
             **{name: float(group.attrs[name]) for name in THERMOCHEMISTRY_NUMBERS},
-            point_group=str(group.attrs.get("point_group", "")),
             symmetry_number=int(group.attrs.get("symmetry_number", 0)))
         # Section.read takes each field from the attribute of its name: give it one.
         nested = Node(attrs={**group.attrs, "thermochemistry": thermochemistry})
@@ -207,6 +207,6 @@ def frequency_lines(root: Node) -> list[str]:
               f"  {'S':<8} {thermo.entropy:20.10e} Eh/K",
               f"  {'G':<8} {thermo.gibbs:20.10f} Eh"]
     if thermo.symmetry_number:
-        lines.append(f"  rotational symmetry number {thermo.symmetry_number} (point group "
-                     f"{thermo.point_group or '?'}, found to {SYMMETRY_TOLERANCE_BOHR:g} Bohr)")
+        lines.append(f"  rotational symmetry number {thermo.symmetry_number} (proper rotations "
+                     f"onto the molecule within {SYMMETRY_TOLERANCE_BOHR:g} Bohr)")
     return lines

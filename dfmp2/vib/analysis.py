@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import scipy.constants as si
-from pyscf import gto, symm
+from pyscf import gto
 from pyscf.hessian import thermo
-from pyscf.symm import geom as symmetry_geometry
 
 from dfmp2.errors import InputError, RunFailure
+from dfmp2.vib.symmetry import rotational_symmetry_number
 
 # km/mol per (e^2 / amu): N_A pi / (3 c^2) / (4 pi eps0) (d mu / d Q)^2, the integrated
 # absorption coefficient of a harmonic band (974.88).
@@ -28,12 +28,8 @@ KM_PER_MOL_PER_AU = si.N_A / (12.0 * si.epsilon_0 * si.c**2) * si.e**2 / si.atom
 # makes the projection remove exactly the modes harmonic_analysis and thermo leave out.
 LINEAR_ROTOR_GHZ = 1e8
 EQUAL_ROTOR_GHZ = 1e-3
-# How far from symmetric a geometry may be and keep its point group (and so its rotational
-# symmetry number). An optimised minimum is symmetric only as far as the optimiser
-# converged: water optimised from a slightly asymmetric start is C2v to 1e-5 Bohr, where
-# PySCF's own tolerance (1e-5, divided by sqrt(1 + atoms)) found Cs, symmetry number 1 for
-# 2, and an entropy R ln 2 too high (G 0.41 kcal/mol too low at 298 K).
-SYMMETRY_TOLERANCE_BOHR = 1e-3
+
+
 @dataclass(frozen=True)
 class Vibrations:
     """The harmonic modes of a molecule, lowest first."""
@@ -71,8 +67,6 @@ class Thermochemistry:
     enthalpy: float
     entropy: float
     gibbs: float
-    point_group: str = ""
-    """The point group found (:data:`SYMMETRY_TOLERANCE_BOHR`); empty in older records."""
     symmetry_number: int = 0
     """The rotational symmetry number the entropy used (0: not recorded, older records)."""
 
@@ -148,9 +142,11 @@ def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, tempera
     """ZPE, H, S and G of ``mol`` at ``temperature`` and ``pressure`` from PySCF's thermo, on
     the electronic energy ``e_tot`` and the real frequencies (imaginary ones are left out)."""
     model = SimpleNamespace(mol=mol, e_tot=e_tot)
-    with np.errstate(all="ignore"), _symmetry_tolerance():
+    sigma = rotational_symmetry_number(mol.atom_coords(), atom_masses(mol),
+                                       [mol.atom_symbol(i) for i in range(mol.natm)],
+                                       vibrations.linear)
+    with np.errstate(all="ignore"), _symmetry_number(sigma):
         results = thermo.thermo(model, vibrations.frequencies_au, temperature, pressure)
-        point_group = symm.detect_symm(mol._atom)[0]
     values = {name: float(results[key][0]) for name, key in
               (("ZPE", "ZPE"), ("H", "H_tot"), ("S", "S_tot"), ("G", "G_tot"))}
     broken = [f"{name} {value}" for name, value in values.items() if not math.isfinite(value)]
@@ -160,16 +156,17 @@ def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, tempera
                          "ordinary --temperature and --pressure (the record keeps the computed "
                          "points: rerunning with other values reuses them)")
     return Thermochemistry(temperature, pressure, values["ZPE"], values["H"], values["S"],
-                           values["G"], point_group, int(results["sym_number"][0]))
+                           values["G"], int(results["sym_number"][0]))
 
 
 @contextmanager
-def _symmetry_tolerance() -> Iterator[None]:
-    """PySCF's point-group search (which its thermochemistry's symmetry number comes from)
-    to :data:`SYMMETRY_TOLERANCE_BOHR`, only for the duration."""
-    saved = symmetry_geometry.TOLERANCE
-    symmetry_geometry.TOLERANCE = SYMMETRY_TOLERANCE_BOHR
+def _symmetry_number(sigma: int) -> Iterator[None]:
+    """PySCF's thermochemistry with ``sigma`` for its rotational symmetry number (it takes
+    its own from its point-group search: :mod:`dfmp2.vib.symmetry`), only for the
+    duration."""
+    saved = thermo.rotational_symmetry_number
+    thermo.rotational_symmetry_number = lambda mol: sigma
     try:
         yield
     finally:
-        symmetry_geometry.TOLERANCE = saved
+        thermo.rotational_symmetry_number = saved

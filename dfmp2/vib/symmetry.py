@@ -1,0 +1,116 @@
+"""The rotational symmetry number of a rigid molecule: how many proper rotations map it onto
+itself, atoms onto atoms of the same element, within :data:`SYMMETRY_TOLERANCE_BOHR`.
+
+An optimised minimum is symmetric only as far as the optimiser converged: water optimised from
+a slightly asymmetric start is C2v to 1e-5 Bohr, where PySCF's point-group search (its
+tolerance 1e-5 divided by sqrt(1 + atoms)) finds Cs, symmetry number 1 for 2, and the entropy
+R ln 2 too high. Raising that search's tolerance is no cure: it also rounds the atoms'
+distances and compares moments of inertia with it, and then called methane with one bond
+0.003 Bohr longer C1 (for C3v) and a 178-degree CO2 linear. Counting rotations instead has one
+meaning at any tolerance: a rotation counts when it moves no atom further than that from an
+atom of its element.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# How far (Bohr) a rotation may move an atom from an atom of its element and still count.
+# Above an optimiser's residual asymmetry (1e-5 Bohr for water at the default criteria), far
+# below any displacement that changes a frequency.
+SYMMETRY_TOLERANCE_BOHR = 1e-3
+# Two reference atoms closer than this to one line through the centre (the sine of their
+# angle) would give a rotation poorly determined by them.
+NON_COLLINEAR_SINE = 0.1
+# Two rotations whose matrices differ by more than this are two operations (distinct
+# operations of a point group differ by order one).
+SAME_ROTATION = 0.1
+# How far (Bohr) a first guess, fixed by two atoms alone, may move an atom from its partner:
+# the guess only pairs the atoms up, the rotation fitted to all of them is then held to the
+# tolerance.
+GUESS_TOLERANCE_BOHR = 0.1
+
+
+def rotational_symmetry_number(coords: np.ndarray, masses: np.ndarray,
+                               elements: Sequence[str], linear: bool) -> int:
+    """Proper rotations that map the molecule (``coords`` in Bohr) onto itself; a linear
+    molecule has 2 when it is centrosymmetric (D-infinity-h), else 1; an atom has 1."""
+    if len(elements) == 1:
+        return 1
+    centred = coords - masses @ coords / masses.sum()
+    if linear:
+        return 2 if _matching(-centred, centred, elements) is not None else 1
+    return len(_proper_rotations(centred, list(elements)))
+
+
+def _matching(moved: np.ndarray, coords: np.ndarray, elements: Sequence[str],
+              tolerance: float = SYMMETRY_TOLERANCE_BOHR) -> np.ndarray | None:
+    """For each atom, the atom of its element nearest to its moved position, when that is a
+    permutation and no moved atom is further than ``tolerance`` from its partner."""
+    distances = np.linalg.norm(moved[:, None, :] - coords[None, :, :], axis=2)
+    different = np.array(elements)[:, None] != np.array(elements)[None, :]
+    distances[different] = np.inf
+    partner = distances.argmin(axis=1)
+    if (len(set(partner.tolist())) != len(partner)
+            or distances[np.arange(len(partner)), partner].max() > tolerance):
+        return None
+    return partner
+
+
+def _frame(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An orthonormal frame (columns) fixed by two non-collinear vectors."""
+    first = a / np.linalg.norm(a)
+    second = b - (b @ first) * first
+    second /= np.linalg.norm(second)
+    return np.column_stack([first, second, np.cross(first, second)])
+
+
+def _best_rotation(source: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The proper rotation R minimising sum |R source_i - target_i|^2 (Kabsch)."""
+    u, _, vt = np.linalg.svd(source.T @ target)
+    sign = np.sign(np.linalg.det(vt.T @ u.T)) or 1.0
+    return vt.T @ np.diag([1.0, 1.0, sign]) @ u.T
+
+
+def _proper_rotations(coords: np.ndarray, elements: list[str]) -> list[np.ndarray]:
+    """Every distinct proper rotation that maps the atoms onto atoms of their element. A
+    rotation is fixed by where it sends two non-collinear atoms a and b, which can only be
+    atoms of their elements at their distances from the centre: each such pair of images
+    gives a candidate, refined over all atoms and kept when it maps every atom."""
+    norms = np.linalg.norm(coords, axis=1)
+
+    def images(atom: int) -> list[int]:
+        return [other for other in range(len(elements))
+                if elements[other] == elements[atom]
+                and abs(norms[other] - norms[atom]) <= SYMMETRY_TOLERANCE_BOHR]
+
+    off_centre = [atom for atom in range(len(elements)) if norms[atom] > SYMMETRY_TOLERANCE_BOHR]
+    a = min(off_centre, key=lambda atom: (len(images(atom)), atom))
+    apart = [atom for atom in off_centre
+             if np.linalg.norm(np.cross(coords[a], coords[atom]))
+             > NON_COLLINEAR_SINE * norms[a] * norms[atom]]
+    if not apart:
+        # Every atom on one line through the centre: a linear molecule's rotations are not a
+        # finite group; its caller counts it as linear.
+        return [np.eye(3)]
+    b = min(apart, key=lambda atom: (len(images(atom)), atom))
+    reference = _frame(coords[a], coords[b])
+    found: list[np.ndarray] = []
+    for a_image in images(a):
+        for b_image in images(b):
+            if b_image == a_image:
+                continue
+            if abs(coords[a_image] @ coords[b_image] - coords[a] @ coords[b]) > (
+                    SYMMETRY_TOLERANCE_BOHR * (norms[a] + norms[b])):
+                continue
+            guess = _frame(coords[a_image], coords[b_image]) @ reference.T
+            partner = _matching(coords @ guess.T, coords, elements, GUESS_TOLERANCE_BOHR)
+            if partner is None:
+                continue
+            rotation = _best_rotation(coords, coords[partner])
+            if _matching(coords @ rotation.T, coords, elements) is None:
+                continue
+            if all(np.abs(rotation - known).max() > SAME_ROTATION for known in found):
+                found.append(rotation)
+    return found
