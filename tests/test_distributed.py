@@ -462,3 +462,18 @@ def test_ranks_agree_on_the_budget_and_refuse_other_calculations(tmp_path):
                           "molecule or options differ); start every rank with the same "
                           "command and the same files"]
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_ranks_given_one_molecule_by_two_paths_agree(tmp_path, monkeypatch):
+    """A relative and an absolute path to one file were refused as another calculation: the
+    molecule is compared as read, not by the path that named it."""
+    from dfmp2.input.settings import RunSettings
+    from dfmp2.input.xyz import read_xyz
+    from dfmp2.jobs.preamble import _calculation_fingerprint
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.xyz").write_text(molecule_path("water").read_text())
+    fingerprints = {_calculation_fingerprint(RunSettings(molecule=path, output=output),
+                                             read_xyz(path))
+                    for path, output in ((Path("w.xyz"), Path("w.h5")),
+                                         (tmp_path / "w.xyz", tmp_path / "w.h5"))}
+    assert len(fingerprints) == 1

@@ -251,8 +251,10 @@ def agree_across_ranks(settings: RunSettings, geometry: Geometry, env: Environme
 
 
 # Settings a rank may hold on its own: they change neither the numbers nor the work's cut
-# (the command line is compared through the settings it gave).
-RANK_OWN_SETTINGS = frozenset({"memory", "threads", "show_progress", "nki_mode", "command"})
+# (the command line is compared through the settings it gave, the molecule's file through
+# the molecule read from it, so that a relative and an absolute path to it agree).
+RANK_OWN_SETTINGS = frozenset({"memory", "threads", "show_progress", "nki_mode", "command",
+                               "molecule", "output", "scratch"})
 
 
 def _calculation_fingerprint(settings: RunSettings, geometry: Geometry) -> str:
