@@ -244,6 +244,9 @@ def agree_across_ranks(settings: RunSettings, geometry: Geometry, env: Environme
     differing = [rank for rank, (fingerprint, _) in enumerate(everyone)
                  if fingerprint != everyone[0][0]]
     if differing:
+        # Every rank is here and refuses: the group is left whole, where one left to the
+        # process's exit could abort it (a C++ terminate, status -6) while another rank left.
+        world.close()
         raise InputError(f"rank {differing[0]} was given another calculation than rank 0 (its "
                          "molecule or options differ); start every rank with the same command "
                          "and the same files")
