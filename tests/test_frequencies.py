@@ -481,17 +481,32 @@ def _water(stretch_bohr: float = 0.0) -> list:
             ("H", -longer[0], -longer[1], longer[2] + 0.1173)]
 
 
+def _bent_acetylene(angle: float, side: int) -> list:
+    bend = np.radians(180 - angle)
+    h = np.array([0.6 + 1.06 * np.cos(bend), 1.06 * np.sin(bend), 0.0])
+    return [("H", -h[0], side * h[1], 0.0), ("C", -0.6, 0.0, 0.0), ("C", 0.6, 0.0, 0.0),
+            ("H", *h)]
+
+
 def test_rotational_symmetry_numbers_within_the_tolerance():
-    """Counted as proper rotations onto the molecule within 1e-3 Bohr. PySCF's point-group
-    search gave water optimised from a slightly asymmetric start (C2v to 1e-5 Bohr) Cs,
-    symmetry number 1 (the entropy R ln 2 too high); with its tolerance raised it called
-    methane with one bond 0.003 Bohr longer C1 (for C3v) and a 178-degree CO2 linear."""
+    """The order of the group of proper rotations onto the molecule within 0.01 Bohr. PySCF's
+    point-group search gave water optimised from a slightly asymmetric start (C2v to 1e-5
+    Bohr) Cs, symmetry number 1 (the entropy R ln 2 too high); with its tolerance raised it
+    called a 178-degree CO2 linear. Counting rotations one by one at 1e-3 Bohr gave methane
+    given to three decimals 7 (a number no group has) and bent HCCH 1."""
     bend = np.radians(1.0)
     cases = {
         "water": (_water(), 2), "water, one O-H 1e-5 Bohr longer": (_water(1e-5), 2),
-        "water, 5e-4 Bohr longer": (_water(5e-4), 2), "water, 0.01 Bohr longer": (_water(0.01), 1),
+        "water, 5e-3 Bohr longer": (_water(5e-3), 2), "water, 0.05 Bohr longer": (_water(0.05), 1),
         "methane": (_tetrahedron(), 12), "methane, one C-H 0.003 Bohr longer": (
-            _tetrahedron(0.003), 3),
+            _tetrahedron(0.003), 12), "methane, one C-H 0.03 Bohr longer": (
+            _tetrahedron(0.03), 3),
+        "methane given to three decimals": ([("C", 0, 0, 0), ("H", 0.489, 0.030, -0.975),
+                                             ("H", -1.048, 0.282, -0.110),
+                                             ("H", 0.496, 0.698, 0.677),
+                                             ("H", 0.064, -1.010, 0.408)], 12),
+        "trans-bent HCCH, 176 degrees": (_bent_acetylene(176, 1), 2),
+        "cis-bent HCCH, 178 degrees": (_bent_acetylene(178, -1), 2),
         "ammonia": ([("N", 0, 0, 0.1), ("H", 0.94, 0, -0.27), ("H", -0.47, 0.814, -0.27),
                      ("H", -0.47, -0.814, -0.27)], 3),
         "CO2 bent to 178 degrees": ([("C", 0, 0, 0), ("O", 1.16 * np.sin(bend), 0,

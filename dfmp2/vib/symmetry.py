@@ -8,7 +8,7 @@ R ln 2 too high. Raising that search's tolerance is no cure: it also rounds the 
 distances and compares moments of inertia with it, and then called methane with one bond
 0.003 Bohr longer C1 (for C3v) and a 178-degree CO2 linear. Counting rotations instead has one
 meaning at any tolerance: a rotation counts when it moves no atom further than that from an
-atom of its element.
+atom of its element; the count is the order of the group those rotations generate.
 """
 from __future__ import annotations
 
@@ -16,13 +16,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# How far (Bohr) a rotation may move an atom from an atom of its element and still count.
-# Above an optimiser's residual asymmetry (1e-5 Bohr for water at the default criteria), far
-# below any displacement that changes a frequency.
-SYMMETRY_TOLERANCE_BOHR = 1e-3
-# Two reference atoms closer than this to one line through the centre (the sine of their
-# angle) would give a rotation poorly determined by them.
-NON_COLLINEAR_SINE = 0.1
+# How far (Bohr) a rotation may move an atom from an atom of its element and still count:
+# above an optimiser's residual asymmetry (1e-5 Bohr for water at the default criteria) and
+# the rounding of coordinates given to three decimals in Angstrom (up to 1.6e-3 Bohr an atom:
+# at 1e-3 methane so given lost rotations), below a distortion a chemist calls real.
+SYMMETRY_TOLERANCE_BOHR = 1e-2
+# Two atoms closer than this to one line through the centre (the sine of their angle) are
+# on it: a molecule all of whose atoms are is linear.
+COLLINEAR_SINE = 1e-6
+# A molecule's rotation group has at most 60 elements (I), or a cyclic one of modest order:
+# a closure beyond this has drifted, and the rotations found are counted as they are.
+LARGEST_GROUP = 120
 # Two rotations whose matrices differ by more than this are two operations (distinct
 # operations of a point group differ by order one).
 SAME_ROTATION = 0.1
@@ -41,7 +45,24 @@ def rotational_symmetry_number(coords: np.ndarray, masses: np.ndarray,
     centred = coords - masses @ coords / masses.sum()
     if linear:
         return 2 if _matching(-centred, centred, elements) is not None else 1
-    return len(_proper_rotations(centred, list(elements)))
+    return len(_closure(_proper_rotations(centred, list(elements))))
+
+
+def _closure(rotations: list[np.ndarray]) -> list[np.ndarray]:
+    """The group the rotations generate. Near the tolerance some operations of a group pass it
+    and others not (methane given to three decimals kept 7 of its 12): their products are
+    symmetries as nearly as they are, so the group they generate is counted."""
+    group = list(rotations)
+    grown = True
+    while grown and len(group) <= LARGEST_GROUP:
+        grown = False
+        for first in list(group):
+            for second in list(group):
+                product = first @ second
+                if all(np.abs(product - known).max() > SAME_ROTATION for known in group):
+                    group.append(product)
+                    grown = True
+    return group if len(group) <= LARGEST_GROUP else rotations
 
 
 def _matching(moved: np.ndarray, coords: np.ndarray, elements: Sequence[str],
@@ -87,14 +108,15 @@ def _proper_rotations(coords: np.ndarray, elements: list[str]) -> list[np.ndarra
 
     off_centre = [atom for atom in range(len(elements)) if norms[atom] > SYMMETRY_TOLERANCE_BOHR]
     a = min(off_centre, key=lambda atom: (len(images(atom)), atom))
-    apart = [atom for atom in off_centre
-             if np.linalg.norm(np.cross(coords[a], coords[atom]))
-             > NON_COLLINEAR_SINE * norms[a] * norms[atom]]
-    if not apart:
+    sines = {atom: np.linalg.norm(np.cross(coords[a], coords[atom])) / (norms[a] * norms[atom])
+             for atom in off_centre}
+    if max(sines.values()) <= COLLINEAR_SINE:
         # Every atom on one line through the centre: a linear molecule's rotations are not a
         # finite group; its caller counts it as linear.
         return [np.eye(3)]
-    b = min(apart, key=lambda atom: (len(images(atom)), atom))
+    # The atom furthest off a's line fixes the rotation best (a bent HCCH's hydrogens are
+    # the only atoms off the line through a carbon, by a few degrees).
+    b = max(off_centre, key=lambda atom: (sines[atom], -len(images(atom)), -atom))
     reference = _frame(coords[a], coords[b])
     found: list[np.ndarray] = []
     for a_image in images(a):
