@@ -52,17 +52,15 @@ def _closure(rotations: list[np.ndarray]) -> list[np.ndarray]:
     """The group the rotations generate. Near the tolerance some operations of a group pass it
     and others not (methane given to three decimals kept 7 of its 12): their products are
     symmetries as nearly as they are, so the group they generate is counted."""
-    group = list(rotations)
+    group = np.array(rotations)
     grown = True
     while grown and len(group) <= LARGEST_GROUP:
         grown = False
-        for first in list(group):
-            for second in list(group):
-                product = first @ second
-                if all(np.abs(product - known).max() > SAME_ROTATION for known in group):
-                    group.append(product)
-                    grown = True
-    return group if len(group) <= LARGEST_GROUP else rotations
+        for product in np.einsum("aij,bjk->abik", group, group).reshape(-1, 3, 3):
+            if np.abs(group - product).max(axis=(1, 2)).min() > SAME_ROTATION:
+                group = np.concatenate([group, product[None]])
+                grown = True
+    return list(group) if len(group) <= LARGEST_GROUP else rotations
 
 
 def _matching(moved: np.ndarray, coords: np.ndarray, elements: Sequence[str],
