@@ -526,6 +526,26 @@ def test_rotational_symmetry_numbers_within_the_tolerance():
     assert _sigma([("H", 0, 0, -1.06), ("C", 0, 0, 0), ("N", 0, 0, 1.15)], linear=True) == 1
 
 
+def test_an_axial_atom_near_the_centre_does_not_hide_the_symmetry():
+    """A C4v XeOF4-like molecule whose xenon sits 0.02 Bohr from the centre of mass, given to
+    three decimals in Angstrom: the xenon (one of a kind) was the reference atom, pointing
+    nowhere in particular, and some orientations got symmetry number 1 for 4."""
+    from dfmp2.vib.symmetry import rotational_symmetry_number
+    from scipy.spatial.transform import Rotation
+    masses = np.array([131.29, 19.0, 19.0, 19.0, 19.0, 16.0])
+    rest = np.array([[1.9, 0, -0.2], [0, 1.9, -0.2], [-1.9, 0, -0.2], [0, -1.9, -0.2],
+                     [0, 0, 1.7]]) / param.BOHR
+    height = (0.02 * masses.sum() + masses[1:] @ rest[:, 2]) / (masses.sum() - masses[0])
+    atoms = np.vstack([[0, 0, height], rest])
+    found = set()
+    for seed in range(20):
+        rounded = np.round(atoms @ Rotation.random(random_state=seed).as_matrix().T
+                           * param.BOHR, 3) / param.BOHR
+        found.add(rotational_symmetry_number(rounded, masses, ["Xe", "F", "F", "F", "F", "O"],
+                                             False))
+    assert found == {4}
+
+
 def test_an_optimised_minimum_keeps_its_symmetry_number():
     """The thermochemistry takes that symmetry number: water C2v to 1e-5 Bohr (coordinates
     of an optimisation from an asymmetric start) has the entropy of exactly symmetric

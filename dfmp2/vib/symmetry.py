@@ -24,6 +24,9 @@ SYMMETRY_TOLERANCE_BOHR = 1e-2
 # Two atoms closer than this to one line through the centre (the sine of their angle) are
 # on it: a molecule all of whose atoms are is linear.
 COLLINEAR_SINE = 1e-6
+# Atoms at least this far (Bohr) from the centre fix a rotation; nearer ones point nowhere in
+# particular once the coordinates are rounded.
+REFERENCE_DISTANCE_BOHR = 0.5
 # A molecule's rotation group has at most 60 elements (I), or a cyclic one of modest order:
 # a closure beyond this has drifted, and the rotations found are counted as they are.
 LARGEST_GROUP = 120
@@ -104,17 +107,21 @@ def _proper_rotations(coords: np.ndarray, elements: list[str]) -> list[np.ndarra
                 if elements[other] == elements[atom]
                 and abs(norms[other] - norms[atom]) <= SYMMETRY_TOLERANCE_BOHR]
 
+    # The reference atoms are taken far from the centre: an atom on the axis a few hundredths
+    # of a Bohr from it points nowhere in particular (a C4v molecule given to three decimals
+    # got symmetry number 1 from its metal atom).
     off_centre = [atom for atom in range(len(elements)) if norms[atom] > SYMMETRY_TOLERANCE_BOHR]
-    a = min(off_centre, key=lambda atom: (len(images(atom)), atom))
+    far = [atom for atom in off_centre if norms[atom] >= REFERENCE_DISTANCE_BOHR] or off_centre
+    a = min(far, key=lambda atom: (len(images(atom)), atom))
     sines = {atom: np.linalg.norm(np.cross(coords[a], coords[atom])) / (norms[a] * norms[atom])
-             for atom in off_centre}
+             for atom in far}
     if max(sines.values()) <= COLLINEAR_SINE:
         # Every atom on one line through the centre: a linear molecule's rotations are not a
         # finite group; its caller counts it as linear.
         return [np.eye(3)]
     # The atom furthest off a's line fixes the rotation best (a bent HCCH's hydrogens are
     # the only atoms off the line through a carbon, by a few degrees).
-    b = max(off_centre, key=lambda atom: (sines[atom], -len(images(atom)), -atom))
+    b = max(far, key=lambda atom: (sines[atom], -len(images(atom)), -atom))
     reference = _frame(coords[a], coords[b])
     found: list[np.ndarray] = []
     for a_image in images(a):
