@@ -1,5 +1,6 @@
-"""The rotational symmetry number of a rigid molecule: how many proper rotations map it onto
-itself, atoms onto atoms of the same element, within :data:`SYMMETRY_TOLERANCE_BOHR`.
+"""The rotational symmetry number of a rigid molecule: the order of the group of proper
+rotations that map it onto itself, atoms onto atoms of the same element, within
+:data:`SYMMETRY_TOLERANCE_BOHR`.
 
 An optimised minimum is symmetric only as far as the optimiser converged: water optimised from
 a slightly asymmetric start is C2v to 1e-5 Bohr, where PySCF's point-group search (its
@@ -41,8 +42,9 @@ GUESS_TOLERANCE_BOHR = 0.1
 
 def rotational_symmetry_number(coords: np.ndarray, masses: np.ndarray,
                                elements: Sequence[str], linear: bool) -> int:
-    """Proper rotations that map the molecule (``coords`` in Bohr) onto itself; a linear
-    molecule has 2 when it is centrosymmetric (D-infinity-h), else 1; an atom has 1."""
+    """The order of the group of proper rotations that map the molecule (``coords`` in Bohr)
+    onto itself; a linear molecule has 2 when it is centrosymmetric (D-infinity-h), else 1;
+    an atom has 1."""
     if len(elements) == 1:
         return 1
     centred = coords - masses @ coords / masses.sum()
