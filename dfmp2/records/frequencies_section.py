@@ -28,10 +28,10 @@ from dfmp2.vib.symmetry import SYMMETRY_TOLERANCE_BOHR
 
 ANALYSIS_DATASETS = ("hessian", "frequencies", "ir_intensities", "normal_modes",
                      "reduced_masses", "force_constants", "dipole_derivatives")
-# The thermochemistry's numbers, which every record holds (the point group and symmetry
-# number came later).
+# The thermochemistry's numbers, which every record holds (the symmetry number came later),
+# whether the annotations are strings or types.
 THERMOCHEMISTRY_NUMBERS = tuple(item.name for item in dataclasses.fields(Thermochemistry)
-                                if item.type == "float")
+                                if item.type in ("float", float))
 
 
 @dataclass(frozen=True)
