@@ -17,8 +17,9 @@ import pytest
 import dfmp2
 from conftest import molecule_path
 from dfmp2.df.store import ScratchArea, open_store
-from dfmp2.errors import InputError
+from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import read_record
+from dfmp2.system.files import replace_text
 
 TIMEOUT_SECONDS = 120
 VICTIM_TEXT = "someone else's file\n"
@@ -305,3 +306,42 @@ def test_a_batch_leaves_a_dangling_link_at_a_record_name_alone(run_cli, tmp_path
                      "--out", out)
     assert result.code == 1 and "is a symbolic link" in result.err
     assert (out / "water-sto-3g.h5").is_symlink() and not (tmp_path / "nothere").exists()
+
+
+@pytest.mark.parametrize("command", ["properties", "frequencies"])
+def test_molden_into_a_folder_that_cannot_be_written_is_refused_before_any_work(
+        run_cli, tmp_path, command, monkeypatch):
+    """frequencies checked only that the --molden folder existed, then ended a finished
+    calculation with a traceback when the folder could not be written."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    # Root writes into any folder: it is told, as a user would be, that this one is not.
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **options: (
+        not mode & os.W_OK and access(path, mode, **options)) if Path(path) == folder
+        else access(path, mode, **options))
+    result = run_cli(command, *QUICK, "--threads", "1", "-o", tmp_path / "p.h5",
+                     "--molden", folder / "w.molden")
+    assert result.code == 2
+    assert "is not a writable folder; choose another --molden" in one_error_line(result.err)
+    assert not (tmp_path / "p.h5").exists()
+
+
+def test_a_failed_text_output_leaves_the_earlier_file_whole(tmp_path):
+    """A full disk while writing a Molden or geometry file left it truncated: the text is
+    written beside the target and renamed onto it only when complete."""
+    target = tmp_path / "w.molden"
+    target.write_text("the earlier file\n")
+
+    def write_until_full(handle):
+        handle.write("half of it")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(RunFailure, match="No space left on device; free some space"):
+        replace_text(target, write_until_full, "choose another --molden")
+    assert target.read_text() == "the earlier file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.molden"]
+    replace_text(target, lambda handle: handle.write("the new file\n"), "choose another --molden")
+    assert target.read_text() == "the new file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.molden"]

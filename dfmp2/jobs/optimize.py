@@ -37,8 +37,7 @@ from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
-from dfmp2.system.files import (printable, refuse_hdf5, refuse_overwriting, refuse_unless_regular,
-                                write_new_text)
+from dfmp2.system.files import check_text_output, printable, refuse_overwriting, replace_text
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +257,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                        f"choose another -o (e.g. {path.with_name(path.stem + '-opt.h5')})")
     # Before the record is touched: a refusal after it had set the complete record aside
     # left nothing at -o and did not say where the result went.
-    refuse_unless_regular(xyz_path, XYZ_REMEDY)
-    refuse_hdf5(xyz_path, "the optimised geometry's file", XYZ_REMEDY)
+    check_text_output(xyz_path, "the optimised geometry's file", XYZ_REMEDY)
     calc = job.calculation(settings.charge, settings.spin)
     check_differentiable(calc)
     start = optimised_molecule(start, int(calc.mol.charge), int(calc.mol.spin) + 1)
@@ -299,7 +297,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             # recorded last one: the trajectory, and the energy, end at the final geometry.
             steps = log_steps.through(np.asarray(final.coords) / param.BOHR)
             write_steps(root, steps)
-            write_new_text(xyz_path, final.text, XYZ_REMEDY)
+            replace_text(xyz_path, lambda handle: handle.write(final.text), XYZ_REMEDY)
             write_timings(root, {"optimize": time.perf_counter() - t0})
             energy = float(steps.energies[-1])
             write_optimization(root, OptimizationSection(

@@ -6,47 +6,29 @@ a regular file at the target is refused.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 from pyscf import gto
 from pyscf.tools import molden
 
-from dfmp2.errors import InputError, RunFailure
-from dfmp2.system.files import refuse_hdf5, create_exclusive, disk_reason, refuse_unless_regular
+from dfmp2.system.files import check_text_output, replace_text
 
 REMEDY = "choose another --molden"
-TEMPORARY = ".{}.molden.tmp"
-# The longest file name most file systems take (the temporary's must fit too).
-NAME_MAX = 255
 
 
 def check_molden_path(path: Path) -> None:
-    """Refuse, before any work, a Molden target that could not be written or is a link."""
-    refuse_unless_regular(path, REMEDY)
-    refuse_hdf5(path, "--molden", REMEDY)
-    if len(os.fsencode(TEMPORARY.format(path.name))) > NAME_MAX:
-        raise InputError(f"--molden name {path.name[:40]}... is too long; {REMEDY}")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"--molden folder {folder} is not a writable folder; {REMEDY}")
+    """Refuse, before any work, a --molden target that could not be written or is a link."""
+    check_text_output(path, "--molden", REMEDY)
 
 
 def write_molden(path: Path, mol: gto.Mole, orbitals: np.ndarray,
                  occupations: np.ndarray) -> Path:
     """The orbitals (columns, AO basis) with their occupations; Molden's orbital energies
     are the orbitals' positions (PySCF's default), most occupied first."""
-    check_molden_path(path)
-    temporary = path.with_name(TEMPORARY.format(path.name))
-    try:
-        # Readable by others, as a file a viewer opens is expected to be.
-        with os.fdopen(create_exclusive(temporary, REMEDY, 0o644), "w") as handle:
-            molden.header(mol, handle)
-            molden.orbital_coeff(mol, handle, orbitals, occ=occupations)
-        os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
-        raise RunFailure(f"could not write the Molden file {path}: "
-                         f"{disk_reason(exc, 'free some space')}") from None
+    def write(handle):
+        molden.header(mol, handle)
+        molden.orbital_coeff(mol, handle, orbitals, occ=occupations)
+
+    replace_text(path, write, REMEDY)
     return path

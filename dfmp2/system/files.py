@@ -12,7 +12,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from dfmp2.errors import InputError, RunFailure
 
@@ -29,6 +31,8 @@ FILE = "file"
 SHOWN_NAME_CHARS = 60
 # The first bytes of every HDF5 file (a user block aside, which dfmp2 records never have).
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+# A text output's temporary, beside it until it is renamed onto it.
+TEXT_TEMPORARY = ".{}.tmp"
 
 
 def shown(path: Path | str) -> str:
@@ -134,14 +138,34 @@ def create_exclusive(path: Path, remedy: str, mode: int = 0o600) -> int:
     return os.open(path, flags, mode)
 
 
-def write_new_text(path: Path, text: str, remedy: str) -> None:
-    """``text`` (UTF-8) at ``path``, created so that no link planted there redirects it."""
-    fd = create_exclusive(path, remedy, 0o644)
+def check_text_output(path: Path, option: str, remedy: str) -> None:
+    """Refuse, before any work, a text output (``option`` names it) that could not be written:
+    a link or anything but a regular file at ``path``, an HDF5 file (a record), a folder that
+    is missing or not writable, or a name that leaves no room for its temporary."""
+    refuse_unless_regular(path, remedy)
+    refuse_hdf5(path, option, remedy)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {shown(path)}: the folder {shown(folder)} is not a "
+                         f"writable folder; {remedy}")
+    if len(os.fsencode(TEXT_TEMPORARY.format(path.name))) > folder_name_max(folder):
+        raise InputError(f"{option} name {shown(path.name)} is too long; {remedy}")
+
+
+def replace_text(path: Path, write: Callable[[TextIO], object], remedy: str) -> None:
+    """The text ``write`` puts into a handle, at ``path``: written into a new file beside it,
+    created so that no link planted there redirects it, then renamed onto it, so that a kill
+    or a full disk leaves an earlier file at ``path`` whole."""
+    check_text_output(path, "output", remedy)
+    temporary = path.with_name(TEXT_TEMPORARY.format(path.name))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        # Readable by others, as a file a viewer opens is expected to be.
+        with os.fdopen(create_exclusive(temporary, remedy, 0o644), "w",
+                       encoding="utf-8") as handle:
+            write(handle)
+        os.replace(temporary, path)
     except OSError as exc:
-        path.unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise RunFailure(f"cannot write {shown(path)}: "
                          f"{disk_reason(exc, 'free some space')}") from None
 
@@ -184,14 +208,19 @@ def refuse_links_named_after(record: Path, folders: list[Path], remedy: str) -> 
                 raise link_refusal(Path(folder) / entry.name, remedy)
 
 
+def folder_name_max(folder: Path) -> int:
+    """The longest file name, in bytes, that ``folder`` can hold."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return DEFAULT_NAME_MAX
+
+
 def check_name_length(path: Path, folder: Path) -> None:
     """Refuse a record name that does not leave room, within the folder's longest file name,
     for the names dfmp2 derives from it."""
     size = len(os.fsencode(path.name))
-    try:
-        name_max = os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        name_max = DEFAULT_NAME_MAX
+    name_max = folder_name_max(folder)
     if size > name_max:
         raise InputError(f"output name {shown(path.name)} is {size} bytes, longer than the "
                          f"{name_max} a file name may have; choose a shorter -o")

@@ -9,20 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dfmp2.errors import InputError
-from dfmp2.system.files import refuse_hdf5, refuse_unless_regular, shown, write_new_text
+from dfmp2.props.molden import REMEDY, check_molden_path
+from dfmp2.system.files import replace_text
 
-REMEDY = "choose another --molden"
-
-
-def check_molden_path(path: Path) -> None:
-    """Refuse, before any work, a --molden path that is a link, a folder or anything but a
-    regular file, or whose folder does not exist."""
-    refuse_unless_regular(path, REMEDY)
-    refuse_hdf5(path, "--molden", REMEDY)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise InputError(f"--molden {shown(path)}: the folder {shown(folder)} does not exist")
+__all__ = ["check_molden_path", "molden_text", "write_molden"]
 
 
 def molden_text(symbols: Sequence[str], coords_bohr: np.ndarray, frequencies: np.ndarray,
@@ -44,4 +34,4 @@ def molden_text(symbols: Sequence[str], coords_bohr: np.ndarray, frequencies: np
 
 def write_molden(path: Path, text: str) -> None:
     """``text`` at ``path``, created so that no link planted there redirects it."""
-    write_new_text(path, text, REMEDY)
+    replace_text(path, lambda handle: handle.write(text), REMEDY)
