@@ -565,3 +565,32 @@ def test_an_optimised_minimum_keeps_its_symmetry_number():
     assert pyscf_thermo.rotational_symmetry_number(gto.M(atom=optimised, basis="sto-3g")) == 1
     r_ln_2 = si.k * np.log(2) / si.physical_constants["Hartree energy"][0]
     assert abs(found["optimised"].entropy - found["symmetric"].entropy) < 0.01 * r_ln_2
+
+
+@pytest.mark.parametrize("atoms, spin, linear, frequencies_au", [
+    ("O 0 0 0.1173; H 0 0.7572 -0.4692; H 0 -0.7572 -0.4692", 0, False, [0.0076, 0.0176, 0.0181]),
+    ("C 0 0 0; O 0 0 1.16; O 0 0 -1.16", 0, True, [0.003, 0.003, 0.006, 0.011]),
+    ("O 0 0 0; H 0 0 0.97", 1, True, [0.017]),
+    ("O 0 0 0; H 0.9 0.1 0.3; O 0.1 1.4 0.2; H -0.5 1.6 0.9", 0, False,
+     [-0.001, 0.002, 0.004, 0.006, 0.015, 0.016]),
+])
+def test_the_thermochemistry_is_pyscfs_where_the_symmetry_numbers_agree(atoms, spin, linear,
+                                                                          frequencies_au):
+    """Symmetric water, CO2, the OH radical (its spin entropy) and a C1 molecule with an
+    imaginary mode (left out), at three temperatures and pressures: PySCF's thermo, where
+    its symmetry number is ours, to the last bits."""
+    from types import SimpleNamespace
+
+    from pyscf.hessian import thermo as pyscf_thermo
+    from dfmp2.vib.analysis import thermochemistry
+    mol = gto.M(atom=atoms, basis="sto-3g", spin=spin)
+    modes = SimpleNamespace(frequencies_au=np.array(frequencies_au), linear=linear)
+    for temperature, pressure in ((298.15, 101325.0), (1000.0, 1e6), (10.0, 1.0)):
+        ours = thermochemistry(mol, -76.0, modes, temperature, pressure)
+        theirs = pyscf_thermo.thermo(SimpleNamespace(mol=mol, e_tot=-76.0), modes.frequencies_au,
+                                     temperature, pressure)
+        assert ours.symmetry_number == theirs["sym_number"][0]
+        assert ours.zpe == pytest.approx(theirs["ZPE"][0], rel=1e-13)
+        assert ours.enthalpy == pytest.approx(theirs["H_tot"][0], rel=1e-14)
+        assert ours.entropy == pytest.approx(theirs["S_tot"][0], rel=1e-12)
+        assert ours.gibbs == pytest.approx(theirs["G_tot"][0], rel=1e-14)

@@ -14,7 +14,8 @@ from dfmp2.input.calculation import CalculationRequest, define_calculation
 from dfmp2.input.xyz import read_xyz
 from dfmp2.scf.engine import (EXACT_BUILDS_TO_CONVERGE, FP32_PHASE_GRADIENT, PrecisionLadder,
                               ScfKernels, energy_change, scf_kernels)
-from dfmp2.scf.reference import CONV_TOL, ScfOptions, release_integrals, run_scf
+from dfmp2.scf.reference import (CONV_TOL, CONV_TOL_GRAD, SETTLE_CYCLES, ScfOptions,
+                                 TightConvergence, release_integrals, run_scf)
 
 BUDGET = 2 * 10**9
 
@@ -112,3 +113,19 @@ def test_the_energy_change_from_the_density_change_is_the_energy_difference(name
     assert abs(difference) > 1e-3
     assert change == pytest.approx(difference, abs=1e-10)
     assert energy_change(h1e, second, second, vhf_second, vhf_second) == 0.0
+
+
+def test_the_tight_test_settles_only_on_exact_builds():
+    """The fallback from the tight 1e-8 orbital gradient to 1e-7 counts cycles of fp64 builds
+    only: an fp32 build's gradient below 1e-7 is no sign that the SCF has settled."""
+    ladder = SimpleNamespace(exact=False, check_convergence=lambda envs: False)
+    tight = TightConvergence(SimpleNamespace(conv_tol=CONV_TOL), ladder)
+    envs = {"norm_gorb": 0.5 * CONV_TOL_GRAD}
+    assert not any(tight(envs) for _ in range(3 * SETTLE_CYCLES)) and not tight.settled
+    ladder.exact = True
+    assert [tight(envs) for _ in range(SETTLE_CYCLES)] == [False] * (SETTLE_CYCLES - 1) + [True]
+    assert tight.settled
+    unladdered = TightConvergence(SimpleNamespace(conv_tol=CONV_TOL), None)
+    envs = {"norm_gorb": 0.5 * CONV_TOL_GRAD, "e_tot": -1.0, "last_hf_e": -1.0,
+            "conv_tol": CONV_TOL, "conv_tol_grad": 0.1 * CONV_TOL_GRAD}
+    assert [unladdered(envs) for _ in range(SETTLE_CYCLES)][-1] and unladdered.settled

@@ -29,7 +29,8 @@ from dfmp2.system.distributed import World
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.system.memory import FP64_BYTES, PYSCF_JK_IN_MEMORY_SHARE, format_size
 from dfmp2.records.sections import ScfEngineSection, ScfSection, StoredOrbitals
-from dfmp2.scf.engine import KernelDF, ScfKernels, scf_engine_section, use_kernel_engine
+from dfmp2.scf.engine import (KernelDF, PrecisionLadder, ScfKernels, scf_engine_section,
+                              use_kernel_engine)
 from dfmp2.scf.numint import SharedGridNumInt
 
 log = logging.getLogger(__name__)
@@ -233,12 +234,12 @@ def release_integrals(mf: scf.hf.SCF) -> None:
 
 
 class TightConvergence:
-    """PySCF's convergence test (or the precision ladder's, ``inner``) at the tight orbital
-    gradient, which falls back to the standard one once that has held for
+    """PySCF's convergence test (or, with our engine, its precision ladder's) at the tight
+    orbital gradient, which falls back to the standard one once that has held for
     :data:`SETTLE_CYCLES` cycles of exact builds."""
 
-    def __init__(self, mf: scf.hf.SCF, inner) -> None:
-        self.inner, self.conv_tol = inner, mf.conv_tol
+    def __init__(self, mf: scf.hf.SCF, ladder: PrecisionLadder | None) -> None:
+        self.ladder, self.conv_tol = ladder, mf.conv_tol
         self.held = 0
         self.settled = False
         """Whether the SCF ended at the standard threshold only."""
@@ -246,14 +247,14 @@ class TightConvergence:
     def __call__(self, envs: dict) -> bool:
         if self._tight(envs):
             return True
-        exact = getattr(getattr(self.inner, "__self__", None), "exact", True)
+        exact = self.ladder is None or self.ladder.exact
         self.held = self.held + 1 if exact and envs["norm_gorb"] < CONV_TOL_GRAD else 0
         self.settled = self.held >= SETTLE_CYCLES
         return self.settled
 
     def _tight(self, envs: dict) -> bool:
-        if self.inner is not None:
-            return self.inner(envs)
+        if self.ladder is not None:
+            return self.ladder.check_convergence(envs)
         energy_ok = abs(envs["e_tot"] - envs["last_hf_e"]) < envs["conv_tol"]
         gradient_ok = envs["norm_gorb"] < envs["conv_tol_grad"]
         # PySCF's check after its loop relaxes both thresholds and takes either.
@@ -267,8 +268,8 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     mf = new_scf(calc, options)
     tight = None
     if mf.conv_tol_grad < CONV_TOL_GRAD:
-        tight = TightConvergence(mf, mf.check_convergence if callable(mf.check_convergence)
-                                 else None)
+        with_df = getattr(mf, "with_df", None)
+        tight = TightConvergence(mf, with_df.ladder if isinstance(with_df, KernelDF) else None)
         mf.check_convergence = tight
     cycles = 0
 

@@ -1,20 +1,18 @@
 """Harmonic analysis of a Cartesian Hessian: translations and rotations projected out, normal
 modes and frequencies (PySCF's ``pyscf.hessian.thermo.harmonic_analysis``), IR intensities
-from dipole derivatives, and ideal-gas thermochemistry (``pyscf.hessian.thermo.thermo``).
+from dipole derivatives, and ideal-gas thermochemistry (as ``pyscf.hessian.thermo.thermo``).
 
 Masses are PySCF's isotope-averaged atomic masses, which its thermochemistry uses too.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import numpy as np
 import scipy.constants as si
 from pyscf import gto
+from pyscf.data import nist
 from pyscf.hessian import thermo
 
 from dfmp2.errors import InputError, RunFailure
@@ -28,6 +26,8 @@ KM_PER_MOL_PER_AU = si.N_A / (12.0 * si.epsilon_0 * si.c**2) * si.e**2 / si.atom
 # makes the projection remove exactly the modes harmonic_analysis and thermo leave out.
 LINEAR_ROTOR_GHZ = 1e8
 EQUAL_ROTOR_GHZ = 1e-3
+# The temperature (K) the vibrations divide by at 0 K, as PySCF's thermo.
+TINY_TEMPERATURE = 1e-14
 
 
 @dataclass(frozen=True)
@@ -139,16 +139,24 @@ def harmonic(mol: gto.Mole, hessian: np.ndarray, dipole_derivatives: np.ndarray)
 
 def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, temperature: float,
                     pressure: float) -> Thermochemistry:
-    """ZPE, H, S and G of ``mol`` at ``temperature`` and ``pressure`` from PySCF's thermo, on
-    the electronic energy ``e_tot`` and the real frequencies (imaginary ones are left out)."""
-    model = SimpleNamespace(mol=mol, e_tot=e_tot)
-    sigma = rotational_symmetry_number(mol.atom_coords(), atom_masses(mol),
+    """ZPE, H, S and G of ``mol`` at ``temperature`` and ``pressure`` on the electronic energy
+    ``e_tot`` and the real frequencies (imaginary ones are left out): the ideal gas, rigid rotor
+    and harmonic oscillator partition functions of PySCF's ``thermo`` (and its constants), with
+    the rotational symmetry number of :mod:`dfmp2.vib.symmetry` in place of its own."""
+    masses, coords = atom_masses(mol), mol.atom_coords()
+    sigma = rotational_symmetry_number(coords, masses,
                                        [mol.atom_symbol(i) for i in range(mol.natm)],
                                        vibrations.linear)
-    with np.errstate(all="ignore"), _symmetry_number(sigma):
-        results = thermo.thermo(model, vibrations.frequencies_au, temperature, pressure)
-    values = {name: float(results[key][0]) for name, key in
-              (("ZPE", "ZPE"), ("H", "H_tot"), ("S", "S_tot"), ("G", "G_tot"))}
+    theta = _vibrational_temperatures(vibrations.frequencies_au)
+    with np.errstate(all="ignore"):
+        parts = [_electronic(e_tot, mol.multiplicity),
+                 _translational(masses, temperature, pressure),
+                 _rotational(masses, coords, vibrations.linear, sigma, temperature),
+                 _vibrational(theta, temperature)]
+        values = {"ZPE": 0.5 * R_EH * float(theta.sum()),
+                  "H": float(sum(enthalpy for enthalpy, _ in parts)),
+                  "S": float(sum(entropy for _, entropy in parts))}
+        values["G"] = values["H"] - temperature * values["S"]
     broken = [f"{name} {value}" for name, value in values.items() if not math.isfinite(value)]
     if broken:
         raise InputError(f"at {temperature:g} K and {pressure:g} Pa the harmonic "
@@ -156,17 +164,54 @@ def thermochemistry(mol: gto.Mole, e_tot: float, vibrations: Vibrations, tempera
                          "ordinary --temperature and --pressure (the record keeps the computed "
                          "points: rerunning with other values reuses them)")
     return Thermochemistry(temperature, pressure, values["ZPE"], values["H"], values["S"],
-                           values["G"], int(results["sym_number"][0]))
+                           values["G"], sigma)
 
 
-@contextmanager
-def _symmetry_number(sigma: int) -> Iterator[None]:
-    """PySCF's thermochemistry with ``sigma`` for its rotational symmetry number (it takes
-    its own from its point-group search: :mod:`dfmp2.vib.symmetry`), only for the
-    duration."""
-    saved = thermo.rotational_symmetry_number
-    thermo.rotational_symmetry_number = lambda mol: sigma
-    try:
-        yield
-    finally:
-        thermo.rotational_symmetry_number = saved
+# Boltzmann's constant in Eh/K, a molecule's gas constant.
+R_EH = nist.BOLTZMANN / nist.HARTREE2J
+# Hz per atomic unit of frequency (Eh^1/2 Bohr^-1 amu^-1/2).
+HZ_PER_AU = math.sqrt(nist.HARTREE2J / (nist.ATOMIC_MASS * nist.BOHR_SI**2)) / (2 * math.pi)
+# Each part below is (H in Eh, S in Eh/K).
+
+
+def _electronic(e_tot: float, multiplicity: int) -> tuple[float, float]:
+    return e_tot, R_EH * math.log(multiplicity)
+
+
+def _translational(masses: np.ndarray, temperature: float, pressure: float) -> tuple[float, float]:
+    kt = nist.BOLTZMANN * temperature
+    mass = masses.sum() * nist.ATOMIC_MASS
+    q = (2 * math.pi * mass * kt / nist.PLANCK**2) ** 1.5 * kt / pressure
+    return 2.5 * R_EH * temperature, R_EH * (2.5 + np.log(q))
+
+
+def _rotational(masses: np.ndarray, coords: np.ndarray, linear: bool, sigma: int,
+                temperature: float) -> tuple[float, float]:
+    """A linear rotor's two equal moments of inertia, or a nonlinear one's three."""
+    relative = coords - masses @ coords / masses.sum()
+    inertia = (np.eye(3) * np.einsum("a,ax,ax->", masses, relative, relative)
+               - np.einsum("a,ax,ay->xy", masses, relative, relative))
+    # Rotational constants h / (8 pi^2 I), in Hz.
+    constants = nist.PLANCK / (8 * math.pi**2 * np.linalg.eigvalsh(inertia)
+                               * nist.ATOMIC_MASS * nist.BOHR_SI**2)
+    kt_over_h = nist.BOLTZMANN * temperature / nist.PLANCK
+    if linear:
+        q = kt_over_h / (sigma * constants[-1])
+        return R_EH * temperature, R_EH * (1 + np.log(q))
+    q = kt_over_h**1.5 * math.sqrt(math.pi) / (sigma * np.sqrt(np.prod(constants)))
+    return 1.5 * R_EH * temperature, R_EH * (1.5 + np.log(q))
+
+
+def _vibrational_temperatures(frequencies_au: np.ndarray) -> np.ndarray:
+    """h nu / k (K) of the real modes."""
+    real = np.asarray(frequencies_au).real
+    return real[real > 0] * HZ_PER_AU * nist.PLANCK / nist.BOLTZMANN
+
+
+def _vibrational(theta: np.ndarray, temperature: float) -> tuple[float, float]:
+    """Harmonic oscillators counted from their ground states' sum, the ZPE (included)."""
+    reduced = theta / max(temperature, TINY_TEMPERATURE)
+    boltzmann = np.exp(-reduced)
+    excited = reduced * boltzmann / (1 - boltzmann)
+    enthalpy = R_EH * (0.5 * theta.sum() + temperature * excited.sum())
+    return float(enthalpy), R_EH * float((excited - np.log(1 - boltzmann)).sum())
