@@ -594,3 +594,38 @@ def test_the_thermochemistry_is_pyscfs_where_the_symmetry_numbers_agree(atoms, s
         assert ours.enthalpy == pytest.approx(theirs["H_tot"][0], rel=1e-14)
         assert ours.entropy == pytest.approx(theirs["S_tot"][0], rel=1e-12)
         assert ours.gibbs == pytest.approx(theirs["G_tot"][0], rel=1e-14)
+
+
+def test_rank_zero_counts_every_kept_points_kernel_calls_round_by_round():
+    """A frequency job on two ranks stopped by a failure on rank 1 (a kill ends it the same
+    way) wrote rank 0's kernel calls alone: the resumed record counted 24 of 25 points'. Rank
+    1's calls now reach rank 0 with its points, each round."""
+    from dfmp2.system.distributed import World
+    from dfmp2.system.progress import Progress
+    from dfmp2.vib.hessian import Finished, compute_points
+    from dfmp2.records.frequencies_section import Point
+    from kernels.accounting import KernelAccounting
+
+    def point(index: int) -> Finished:
+        return Finished(Point(index, np.zeros((2, 3)), -1.0, np.zeros((2, 3)), np.zeros(3)))
+
+    rank_one = iter([(point(2), None, ({("gemm", "torch"): 7}, 0, [])),
+                     (None, "the SCF did not converge", ({("gemm", "torch"): 3}, 1, ["why"]))])
+
+    class RankZeroOfTwo(World):
+        def gather(self, value, what):
+            return [value, next(rank_one)]
+
+    accounting = KernelAccounting()
+
+    def evaluate(index: int) -> Finished:
+        accounting.record("gemm", "torch", 5)
+        return point(index)
+
+    kept = []
+    with pytest.raises(RunFailure, match="rank 1: the SCF did not converge"):
+        compute_points([1, 2, 3, 4], evaluate, RankZeroOfTwo(2, 0), kept.extend,
+                       Progress(4, "points", False), accounting)
+    assert [done.point.index for done in kept] == [1, 2, 3]
+    assert accounting.calls == {("gemm", "torch"): 5 + 7 + 5 + 3}
+    assert accounting.fallbacks == 1 and accounting.fallback_reasons == ["why"]

@@ -331,17 +331,13 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
         mine.append(index)
         return finished
 
-    compute_points(pending, evaluate, world, keep, progress)
+    compute_points(pending, evaluate, world, keep, progress, job.env.kernel_set.accounting)
     if world.size > 1 and pending:
-        accounting = job.env.kernel_set.accounting
-        ranks = world.gather((busy, peak_resident_megabytes(), mine, accounting.snapshot()),
-                             "gathering every rank's points, seconds and kernel calls")
+        ranks = world.gather((busy, peak_resident_megabytes(), mine),
+                             "gathering every rank's points and seconds")
         write_rank_stages(root, world.size, world.backend,
                           [{"displaced_gradients": rank[0]} for rank in ranks],
                           [rank[1] for rank in ranks], [rank[2] for rank in ranks])
-        if world.is_root:
-            for rank in ranks[1:]:
-                accounting.absorb(rank[3])
 
 
 def _analyse(calc: Calculation, method: str, points: dict[int, Point],

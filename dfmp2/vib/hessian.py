@@ -29,6 +29,7 @@ from dfmp2.system.distributed import World
 from dfmp2.system.progress import Progress
 from dfmp2.vib.dipole import dipole_moment
 from dfmp2.vib.displacements import REFERENCE_POINT
+from kernels.accounting import KernelAccounting
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +111,13 @@ class PointEvaluator:
 
 
 def compute_points(pending: list[int], evaluate: Callable[[int], Finished], world: World,
-                   keep: Callable[[list[Finished]], None], progress: Progress) -> None:
+                   keep: Callable[[list[Finished]], None], progress: Progress,
+                   accounting: KernelAccounting) -> None:
     """Compute the ``pending`` points, each rank one point per round; after each round every
-    rank hands the finished ones to ``keep`` (rank 0 saves them). A point that fails on one
-    rank fails the job on every rank, after the points that did finish are kept."""
+    rank hands the finished ones to ``keep`` (rank 0 saves them), and rank 0's ``accounting``
+    takes the kernel calls the other ranks made for them: a job that fails, or is stopped,
+    after a round counts the calls behind every point it kept. A point that fails on one rank
+    fails the job on every rank, after the points that did finish are kept."""
     for start in range(0, len(pending), world.size):
         batch = pending[start:start + world.size]
         mine, failure = None, None
@@ -126,14 +130,18 @@ def compute_points(pending: list[int], evaluate: Callable[[int], Finished], worl
                 if world.size == 1:
                     raise
                 failure = exc
-        shared = world.gather((mine, None if failure is None else str(failure)),
+        calls = None if world.is_root else accounting.hand_over()
+        shared = world.gather((mine, None if failure is None else str(failure), calls),
                               "gathering the displaced gradients")
-        finished = [done for done, _ in shared if done is not None]
+        if world.is_root:
+            for _, _, handed in shared[1:]:
+                accounting.absorb(handed)
+        finished = [done for done, _, _ in shared if done is not None]
         if finished:
             keep(finished)
         progress.advance(len(finished))
         if failure is not None:
             raise failure
-        for rank, (_, message) in enumerate(shared):
+        for rank, (_, message, _) in enumerate(shared):
             if message is not None:
                 raise RunFailure(f"rank {rank}: {message}")
