@@ -629,3 +629,29 @@ def test_rank_zero_counts_every_kept_points_kernel_calls_round_by_round():
     assert [done.point.index for done in kept] == [1, 2, 3]
     assert accounting.calls == {("gemm", "torch"): 5 + 7 + 5 + 3}
     assert accounting.fallbacks == 1 and accounting.fallback_reasons == ["why"]
+
+
+def test_a_linear_molecule_slightly_bent_is_analysed_as_linear():
+    """HCN with its hydrogen 0.003 Angstrom off the axis (a bend of 0.16 degrees, as a
+    rounding or an optimiser leaves it) lost a bending mode to PySCF's linear-rotor test, and
+    its G rose by 6 kJ/mol. Within 0.01 Bohr of one line a molecule is linear, as for its
+    symmetry number: the modes and thermochemistry are the straight molecule's."""
+    from pyscf.hessian import thermo as pyscf_thermo
+    from dfmp2.vib.analysis import harmonic, thermochemistry
+    straight = gto.M(atom="H 0 0 -1.068; C 0 0 0; N 0 0 1.172", basis="sto-3g")
+    hessian = scf.RHF(straight).run(verbose=0).Hessian().kernel()
+    hessian = hessian.transpose(0, 2, 1, 3).reshape(9, 9)
+    reference = pyscf_thermo.harmonic_analysis(straight, hessian.reshape(3, 3, 3, 3)
+                                               .transpose(0, 2, 1, 3))["freq_wavenumber"]
+    found = {}
+    for offset in (0.0, 0.003, 0.005):
+        mol = gto.M(atom=f"H {offset} 0 -1.068; C 0 0 0; N 0 0 1.172", basis="sto-3g")
+        vibrations = harmonic(mol, hessian, np.zeros((9, 3)))
+        assert vibrations.linear and vibrations.rigid_modes == 5
+        assert vibrations.frequencies == pytest.approx(np.real(reference), abs=0.05)
+        found[offset] = thermochemistry(mol, -92.0, vibrations, 298.15, 101325.0)
+    for offset in (0.003, 0.005):
+        assert found[offset].gibbs == pytest.approx(found[0.0].gibbs, abs=1e-7)
+        assert found[offset].entropy == pytest.approx(found[0.0].entropy, rel=1e-6)
+    bent = gto.M(atom="H 0.2 0 -1.068; C 0 0 0; N 0 0 1.172", basis="sto-3g")
+    assert not harmonic(bent, hessian, np.zeros((9, 3))).linear

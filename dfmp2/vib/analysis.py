@@ -6,6 +6,7 @@ Masses are PySCF's isotope-averaged atomic masses, which its thermochemistry use
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
@@ -16,16 +17,14 @@ from pyscf.data import nist
 from pyscf.hessian import thermo
 
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.vib.symmetry import rotational_symmetry_number
+from dfmp2.vib.symmetry import (SYMMETRY_TOLERANCE_BOHR, inertia_tensor, onto_axis,
+                                rotational_symmetry_number)
+
+log = logging.getLogger(__name__)
 
 # km/mol per (e^2 / amu): N_A pi / (3 c^2) / (4 pi eps0) (d mu / d Q)^2, the integrated
 # absorption coefficient of a harmonic band (974.88).
 KM_PER_MOL_PER_AU = si.N_A / (12.0 * si.epsilon_0 * si.c**2) * si.e**2 / si.atomic_mass / 1e3
-# PySCF's test for a linear rotor (thermo._get_rotor_type): the smallest moment of inertia is
-# zero (its rotational constant, in GHz, beyond 1e8) and the other two equal. Using it here
-# makes the projection remove exactly the modes harmonic_analysis and thermo leave out.
-LINEAR_ROTOR_GHZ = 1e8
-EQUAL_ROTOR_GHZ = 1e-3
 # The temperature (K) the vibrations divide by at 0 K, as PySCF's thermo.
 TINY_TEMPERATURE = 1e-14
 
@@ -76,12 +75,27 @@ def atom_masses(mol: gto.Mole) -> np.ndarray:
 
 
 def is_linear(mol: gto.Mole) -> bool:
-    """Whether ``mol`` is a linear rotor by PySCF's test; a single atom is refused."""
+    """Whether every atom of ``mol`` lies within :data:`SYMMETRY_TOLERANCE_BOHR` of one line,
+    as the symmetry number asks of its rotations; a single atom is refused. PySCF's test (a
+    rotational constant above 1e8 GHz) called HCN with its hydrogen 0.003 Angstrom off the
+    axis bent: one bending mode fewer, and G 6 kJ/mol higher."""
     if mol.natm < 2:
         raise InputError("a single atom has no vibrations; give a molecule of two or more atoms")
-    constants = thermo.rotation_const(atom_masses(mol), mol.atom_coords())
-    return bool(constants[0] > LINEAR_ROTOR_GHZ
-                and constants[1] - constants[2] < EQUAL_ROTOR_GHZ)
+    return onto_axis(mol.atom_coords(), atom_masses(mol))[1] <= SYMMETRY_TOLERANCE_BOHR
+
+
+def straightened(mol: gto.Mole) -> gto.Mole:
+    """A copy of the linear ``mol`` with its atoms moved onto its axis: the geometry on which
+    PySCF's harmonic analysis counts five rigid motions and no sixth."""
+    coords, moved = onto_axis(mol.atom_coords(), atom_masses(mol))
+    if moved > 0:
+        log.info("linear within %.1e Bohr: the harmonic analysis takes its atoms on its axis",
+                 moved)
+    straight = mol.copy()
+    # Quiet: PySCF warns that the copy's unit changes to the Bohr it is given.
+    straight.verbose = 0
+    straight.set_geom_(coords, unit="Bohr")
+    return straight
 
 
 def rigid_motions(masses: np.ndarray, coords: np.ndarray, linear: bool) -> np.ndarray:
@@ -121,6 +135,8 @@ def harmonic(mol: gto.Mole, hessian: np.ndarray, dipole_derivatives: np.ndarray)
     """The harmonic analysis of the symmetric Cartesian ``hessian`` (3N, 3N, Eh/Bohr^2) of
     ``mol`` at its geometry, with IR intensities from ``dipole_derivatives`` (3N, 3)."""
     linear = is_linear(mol)
+    if linear:
+        mol = straightened(mol)
     masses, natm = atom_masses(mol), mol.natm
     projected = project_rigid_motions(hessian, masses, mol.atom_coords(), linear)
     expected = 5 if linear else 6
@@ -187,12 +203,10 @@ def _translational(masses: np.ndarray, temperature: float, pressure: float) -> t
 
 def _rotational(masses: np.ndarray, coords: np.ndarray, linear: bool, sigma: int,
                 temperature: float) -> tuple[float, float]:
-    """A linear rotor's two equal moments of inertia, or a nonlinear one's three."""
-    relative = coords - masses @ coords / masses.sum()
-    inertia = (np.eye(3) * np.einsum("a,ax,ax->", masses, relative, relative)
-               - np.einsum("a,ax,ay->xy", masses, relative, relative))
+    """A linear rotor's two equal moments of inertia (the larger, for one not quite straight),
+    or a nonlinear one's three."""
     # Rotational constants h / (8 pi^2 I), in Hz.
-    constants = nist.PLANCK / (8 * math.pi**2 * np.linalg.eigvalsh(inertia)
+    constants = nist.PLANCK / (8 * math.pi**2 * np.linalg.eigvalsh(inertia_tensor(coords, masses))
                                * nist.ATOMIC_MASS * nist.BOHR_SI**2)
     kt_over_h = nist.BOLTZMANN * temperature / nist.PLANCK
     if linear:

@@ -40,6 +40,24 @@ SAME_ROTATION = 0.1
 GUESS_TOLERANCE_BOHR = 0.1
 
 
+def inertia_tensor(coords: np.ndarray, masses: np.ndarray) -> np.ndarray:
+    """The moment of inertia tensor about the centre of mass (amu Bohr^2)."""
+    relative = coords - masses @ coords / masses.sum()
+    return (np.eye(3) * np.einsum("a,ax,ax->", masses, relative, relative)
+            - np.einsum("a,ax,ay->xy", masses, relative, relative))
+
+
+def onto_axis(coords: np.ndarray, masses: np.ndarray) -> tuple[np.ndarray, float]:
+    """The atoms moved onto the molecule's axis of least inertia through its centre of mass,
+    and the furthest any moved (Bohr): within :data:`SYMMETRY_TOLERANCE_BOHR` the molecule is
+    linear."""
+    centre = masses @ coords / masses.sum()
+    axis = np.linalg.eigh(inertia_tensor(coords, masses))[1][:, 0]
+    relative = coords - centre
+    on_axis = centre + np.outer(relative @ axis, axis)
+    return on_axis, float(np.linalg.norm(coords - on_axis, axis=1).max())
+
+
 def rotational_symmetry_number(coords: np.ndarray, masses: np.ndarray,
                                elements: Sequence[str], linear: bool) -> int:
     """The order of the group of proper rotations that map the molecule (``coords`` in Bohr)
