@@ -196,3 +196,17 @@ def test_comment_words_in_atoms_info_are_read_as_the_command_line_reads_them(tmp
     explicit = atoms.copy()
     explicit.calc = DFMP2(basis="sto-3g", threads=1, charge=0, spin=1)
     assert radical_energy == pytest.approx(explicit.get_potential_energy(), abs=1e-9)
+
+
+def test_an_ions_dipole_is_about_a_fixed_point(tmp_path):
+    """ASE's Infrared differentiates get_dipole_moment(): about the centre of nuclear charge,
+    which moves with the atoms, the OH- stretch lost 18% of its intensity. About the
+    coordinate origin, moving the ion by t adds its charge times t."""
+    shift = np.array([0.3, -0.2, 0.5])
+    dipoles = []
+    for offset in (np.zeros(3), shift):
+        atoms = Atoms("OH", positions=[(0, 0, 0), (0, 0, 0.964)] + offset)
+        atoms.calc = DFMP2(basis="sto-3g", charge=-1, spin=0, threads=1)
+        dipoles.append(atoms.get_dipole_moment())
+    assert np.abs(dipoles[0][:2]).max() < 1e-8 and abs(dipoles[0][2]) > 0.01
+    assert dipoles[1] - dipoles[0] == pytest.approx(-shift, abs=1e-7)

@@ -10,7 +10,7 @@ relaxed MP2 density's dipole::
     atoms.get_dipole_moment()         # e Angstrom
 
 Each calculation is ``dfmp2 run`` (``dfmp2 gradient`` when forces are asked for, ``dfmp2
-properties`` for the dipole, about the centre of nuclear charge) on the Atoms, through the
+properties`` for the dipole, about the coordinate origin) on the Atoms, through the
 same pipeline and checks. Charge and spin come from the arguments, else
 from the Atoms' initial charges and magnetic moments (their sums). Records live in scratch
 for the length of a calculation unless ``records`` names a folder to keep them in
@@ -110,8 +110,12 @@ class DFMP2(Calculator):
             with interface_errors(settings.output, self.parameters.records is None,
                                   _parameter_spelling):
                 if task == properties_job.TASK:
-                    outcome = properties_job.run(settings, properties_job.PropertiesRequest(),
-                                                 geometry=geometry)
+                    # About the coordinate origin, a fixed point: ASE's Infrared differentiates
+                    # it, and an ion's dipole about its centre of nuclear charge, which moves
+                    # with the atoms, gave OH- an IR intensity 18% too low.
+                    outcome = properties_job.run(
+                        settings, properties_job.PropertiesRequest(origin=np.zeros(3)),
+                        geometry=geometry)
                 else:
                     outcome = run_job.run(settings, geometry=geometry)
             energy = method_energy(outcome.record, self.parameters.method)
