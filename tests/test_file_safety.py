@@ -111,6 +111,35 @@ def test_a_linked_scratch_file_of_the_jk_tensor_is_refused(tmp_path, run_cli, en
     assert target.read_text() == VICTIM_TEXT
 
 
+def test_a_link_planted_after_pyscf_files_are_created_is_not_followed(tmp_path, run_cli,
+                                                                     monkeypatch):
+    """PySCF opens its JK tensor and DIIS files by name: a link that replaces the file dfmp2
+    created, after the run's checks, must not redirect PySCF's writes (it wrote the tensor
+    into the link's target)."""
+    target = victim(tmp_path)
+    pin = ScratchArea.pin
+    planted = []
+
+    def pin_then_plant(area, path):
+        pinned = pin(area, path)
+        path.unlink()
+        path.symlink_to(target)
+        planted.append(path.name)
+        return pinned
+
+    monkeypatch.setattr(ScratchArea, "pin", pin_then_plant)
+    result = run_cli("run", molecule_path("water_dimer"), "--memory", "2MB", "--backend",
+                     "torch", "--scf-engine", "pyscf", "--json", "-o", tmp_path / "d.h5")
+    # HDF5 cannot name a file whose only entry is gone: the run fails, or PySCF writes the
+    # file dfmp2 holds open; never the link's target.
+    assert result.code == 1, result.err
+    assert "JK-fit tensor file" in one_error_line(result.err)
+    assert ".d.h5.run.jk.bin" in planted
+    assert target.read_text() == VICTIM_TEXT
+    assert not [name for name in planted if (tmp_path / name).exists()
+                or (tmp_path / name).is_symlink()]
+
+
 def test_scratch_files_are_never_opened_through_a_link(tmp_path):
     """Beneath the run's check: a link appearing at a scratch name later is still refused."""
     target = victim(tmp_path)
@@ -120,11 +149,14 @@ def test_scratch_files_are_never_opened_through_a_link(tmp_path):
     with pytest.raises(InputError, match="symbolic link"):
         open_store(4, 4, area.path(0))
     with pytest.raises(InputError, match="symbolic link"):
-        area.reserve(area.jk_path())
+        area.pin(area.jk_path())
     assert target.read_text() == VICTIM_TEXT
     stale = area.named("gamma0")
     stale.write_bytes(b"an earlier run's")
-    assert area.reserve(stale).stat().st_size == 0
+    pinned = area.pin(stale)
+    assert stale.stat().st_size == 0
+    pinned.remove()
+    assert not stale.exists()
 
 
 def test_a_linked_record_path_is_refused(tmp_path, run_cli):

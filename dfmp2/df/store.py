@@ -64,15 +64,14 @@ class ScratchArea:
         leftovers are removed without touching the files of the stages around it."""
         return ScratchArea(self.folder, f"{self.prefix}.{name}")
 
-    def reserve(self, path: Path) -> Path:
-        """Create ``path`` (one of this area's names) empty, for a writer that opens it by
-        name (PySCF's JK tensor): a link there is refused and an earlier run's file replaced,
-        so that the writer then finds our own regular file."""
+    def pin(self, path: Path) -> "PinnedFile":
+        """Create ``path`` (one of this area's names) empty and hold it open, for a writer
+        that opens files by name (PySCF's JK tensor and DIIS file): a link there is refused
+        and an earlier run's file replaced."""
         try:
-            os.close(create_exclusive(path, REMEDY))
+            return PinnedFile(path, create_exclusive(path, REMEDY))
         except OSError as exc:
             raise _disk_error(path, exc) from None
-        return path
 
     def leftovers(self) -> list[Path]:
         # The prefix is a record's name, not a pattern: '*.h5' must not take other files.
@@ -83,6 +82,30 @@ class ScratchArea:
             refuse_unless_regular(path, REMEDY)
             log.info("removing the scratch file %s of an earlier run", path)
             path.unlink(missing_ok=True)
+
+
+class PinnedFile:
+    """A scratch file dfmp2 created and holds open. A writer that opens files by name is
+    given :attr:`name`, this process's own descriptor of it (``/proc/self/fd/N``), which
+    reaches the file created here even when the folder's entry is replaced by a link
+    after the creation (the writer, PySCF through h5py, would follow a link there). Without
+    ``/proc`` the name is the path."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd: int | None = fd
+
+    @property
+    def name(self) -> str:
+        own = Path(f"/proc/self/fd/{self.fd}")
+        return str(own) if own.exists() else str(self.path)
+
+    def remove(self) -> None:
+        """Remove the folder's entry (unlinking never follows a link) and let the file go."""
+        self.path.unlink(missing_ok=True)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class InMemoryB:

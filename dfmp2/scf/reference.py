@@ -36,6 +36,8 @@ from dfmp2.scf.numint import SharedGridNumInt
 log = logging.getLogger(__name__)
 
 SCF_METHODS = ("df", "conventional")
+# Where an SCF object keeps the scratch files it gave PySCF by name.
+PINNED_FILES = "_dfmp2_pinned_files"
 # conv_tol 1e-10 leaves glycine's DF-MP2 energy 1.4e-8 Eh off the converged value; 1e-12 with a
 # 1e-7 orbital-gradient threshold is stable to 1e-9 Eh (measured when the project started).
 CONV_TOL = 1e-12
@@ -159,7 +161,7 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
         # Vectors this large PySCF's DIIS keeps in a file, by default an anonymous one in its
         # TMPDIR that a killed run leaves behind; named after the record, a resumed run's
         # ScratchArea.remove_leftovers finds it.
-        mf.diis_file = str(options.scratch.reserve(_rank_file(options, "diis")))
+        mf.diis_file = _pin(mf, options, "diis")
     if calc.scf_method != "df":
         return mf
     if options.engine == "kernels":
@@ -173,9 +175,22 @@ def new_scf(calc: Calculation, options: ScfOptions = ScfOptions(),
             and nbytes >= PYSCF_JK_IN_MEMORY_SHARE * options.budget):
         jk_file = _rank_file(options, "jk")
         check_space(jk_file.parent, nbytes, "the SCF's JK-fit tensor")
-        options.scratch.reserve(jk_file)
-        mf.with_df._cderi_to_save = str(jk_file)
+        mf.with_df._cderi_to_save = _pin(mf, options, "jk")
     return mf
+
+
+def _pin(mf: scf.hf.SCF, options: ScfOptions, name: str) -> str:
+    """The name by which PySCF is to open this rank's scratch file ``name``, created and held
+    open (:meth:`dfmp2.df.store.ScratchArea.pin`) until :func:`_unpin`."""
+    pinned = options.scratch.pin(_rank_file(options, name))
+    mf.__dict__.setdefault(PINNED_FILES, {})[name] = pinned
+    return pinned.name
+
+
+def _unpin(mf: scf.hf.SCF, name: str) -> None:
+    pinned = mf.__dict__.get(PINNED_FILES, {}).pop(name, None)
+    if pinned is not None:
+        pinned.remove()
 
 
 def _rank_file(options: ScfOptions, name: str) -> Path:
@@ -226,10 +241,8 @@ def release_integrals(mf: scf.hf.SCF) -> None:
     file: MP2 never uses it."""
     with_df = getattr(mf, "with_df", None)
     if with_df is not None:
-        saved = with_df._cderi_to_save
         with_df.reset()
-        if isinstance(saved, str):
-            Path(saved).unlink(missing_ok=True)
+    _unpin(mf, "jk")
 
 
 def settling_threshold(calc: Calculation) -> float:
@@ -306,8 +319,7 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
         release_integrals(mf)
         raise
     finally:
-        if isinstance(mf.diis_file, str):
-            Path(mf.diis_file).unlink(missing_ok=True)
+        _unpin(mf, "diis")
     with_df = getattr(mf, "with_df", None)
     if isinstance(with_df, KernelDF):
         with_df.end_scf()
