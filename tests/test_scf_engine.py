@@ -183,8 +183,8 @@ def test_jk_bits_do_not_follow_the_memory_budget(precision, tmp_path, monkeypatc
 
 
 def test_fp32_mixed_scheme_stays_within_its_bounds(run_cli, tmp_path):
-    fp64 = run_json(run_cli, molecule_path("benzene"), "-o", tmp_path / "d.h5")
-    fp32 = run_json(run_cli, molecule_path("benzene"), "--precision", "fp32",
+    fp64 = run_json(run_cli, molecule_path("formaldehyde"), "-o", tmp_path / "d.h5")
+    fp32 = run_json(run_cli, molecule_path("formaldehyde"), "--precision", "fp32",
                     "-o", tmp_path / "s.h5")
     assert abs(fp32["e_scf"] - fp64["e_scf"]) <= 1e-8
     assert abs(fp32["e_corr"] - fp64["e_corr"]) <= 1e-7
