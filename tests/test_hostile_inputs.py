@@ -197,6 +197,13 @@ FILE_CASES = [
      "is 300 bytes, longer than"),
     ("long molecule name, default -o", _copy("water.xyz", LONG_MOLECULE),
      ["run", LONG_MOLECULE], 2, "is too long by"),
+    # A default folder that cannot be made (here a dangling link at its name; a read-only
+    # folder likewise) ended in an OSError traceback.
+    ("default record folder cannot be made", _link("nowhere", "runs"),
+     ["run", "water.xyz"], 2, "cannot create the output folder runs"),
+    ("batch folder cannot be made", None,
+     ["batch", "water.xyz", "--out", "notes.h5/batch"], 2,
+     "cannot create the output folder notes.h5/batch"),
 ]
 
 # The same for cases that need a process of their own: FIFOs (a run that would wait on one

@@ -38,6 +38,7 @@ from dfmp2.records.report import method_energy
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import geometry_from_atoms
 from dfmp2.system.memory import parse_size
+from dfmp2.system.files import create_folder
 
 # RunSettings fields that are not options of a calculation (the calculator sets them).
 NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
@@ -133,7 +134,7 @@ class DFMP2(Calculator):
         records = parameters.get("records")
         output = scratch / f"{self.prefix or 'dfmp2'}-{self.count}.h5"
         if records:
-            Path(records).mkdir(parents=True, exist_ok=True)
+            create_folder(Path(records), "give the calculator another records folder")
             # The next number no record in the folder has (another calculator's, an earlier
             # script's): a calculation never takes another's record.
             while (output := Path(records) / f"{self.prefix or 'dfmp2'}-{self.count}.h5"

@@ -39,7 +39,8 @@ from dfmp2.records.tree import SCHEMA, Node, is_record_file, new_record
 from dfmp2.scf.engine import ScfKernels, scf_kernels
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
-from dfmp2.system.files import FILE, check_name_length, existing_kind, link_refusal
+from dfmp2.system.files import (FILE, check_name_length, create_folder, existing_kind,
+                                link_refusal)
 from dfmp2.system.memory import memory_budget
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def check_output_path(path: Path, resume: bool = False) -> None:
         raise InputError(f"output {path} exists and is not a dfmp2 run record; "
                          "choose another -o path")
     if parent == DEFAULT_OUTPUT_DIR and not parent.exists():
-        parent.mkdir(parents=True, exist_ok=True)
+        create_folder(parent, "choose another -o")
     if not parent.is_dir():
         raise InputError(f"output folder {parent} does not exist; create it or choose another -o")
     try:

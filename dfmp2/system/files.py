@@ -152,6 +152,16 @@ def check_text_output(path: Path, option: str, remedy: str) -> None:
         raise InputError(f"{option} name {shown(path.name)} is too long; {remedy}")
 
 
+def create_folder(folder: Path, remedy: str) -> None:
+    """Create the output folder ``folder`` (and its parents) when missing; one that cannot be
+    created (a read-only file system, a file in the way) is the user's to fix."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output folder {shown(folder)}: "
+                         f"{exc.strerror or exc}; {remedy}") from None
+
+
 def replace_text(path: Path, write: Callable[[TextIO], object], remedy: str) -> None:
     """The text ``write`` puts into a handle, at ``path``: written into a new file beside it,
     created so that no link planted there redirects it, then renamed onto it, so that a kill
