@@ -61,7 +61,27 @@ def drop_invalid_pyscf_memory(environ=os.environ) -> str | None:
             "unset it or give one such as 4000")
 
 
+def open_closed_standard_streams() -> None:
+    """Put /dev/null on standard input, output or error where the program was started with
+    it closed (``2>&-``): Python leaves ``sys.stderr`` None, where progress and log messages
+    go, and the next file opened (a record) would take descriptor 2, where libraries write
+    their complaints."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False))
+
+
 def main() -> None:
+    open_closed_standard_streams()
     for invalid in (drop_invalid_openmp_threads(), drop_invalid_pyscf_memory()):
         if invalid is not None:
             print(f"dfmp2: WARNING: {invalid}", file=sys.stderr)

@@ -107,6 +107,20 @@ def test_python_dash_m_is_the_same_program(tmp_path):
     assert proc.stderr.startswith("Error:") and len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_a_run_started_with_standard_error_closed_completes(tmp_path):
+    """Started with ``2>&-`` (a daemon, some schedulers' wrappers), the run failed at its
+    progress bar after the SCF ('NoneType' object has no attribute 'isatty'), exit 1."""
+    record = tmp_path / "w.h5"
+    proc = subprocess.run([python_exe(), "-m", "dfmp2", "run", str(molecule_path("water")),
+                           "--basis", "sto-3g", "--backend", "torch", "--json", "-o",
+                           str(record)], stdout=subprocess.PIPE, text=True, check=False,
+                          preexec_fn=lambda: os.close(2))
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout)["record"] == str(record)
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+
+
 @pytest.mark.parametrize("signum, loaded", [(signal.SIGINT, "libtorch"),
                                             (signal.SIGTERM, "libtorch"),
                                             (signal.SIGTERM, "_multiarray_umath"),
