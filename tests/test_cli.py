@@ -10,6 +10,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+import torch
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe
 from dfmp2.cli.options import environment_settings
@@ -119,6 +120,27 @@ def test_a_run_started_with_standard_error_closed_completes(tmp_path):
     assert json.loads(proc.stdout)["record"] == str(record)
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"
+
+
+def test_torch_out_of_memory_is_one_line_and_a_failed_record(run_cli, tmp_path, monkeypatch):
+    """torch reports a failed allocation as a RuntimeError ("DefaultCPUAllocator: can't
+    allocate memory"), which ended in a traceback and an 'internal error' record where
+    numpy's MemoryError gives one line."""
+    import dfmp2.jobs.stages as stages
+
+    def allocate_too_much(*args, **kwargs):
+        return torch.empty(2**45, dtype=torch.float64)
+
+    monkeypatch.setattr(stages.mp2, "kernel", allocate_too_much)
+    record = tmp_path / "w.h5"
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "-o", record)
+    assert result.code == 1
+    lines = result.err.strip().splitlines()
+    assert lines[-1].startswith("Error: out of memory; lower --memory"), result.err
+    assert "Traceback" not in result.err
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "failed"
+        assert h5.attrs["error"].startswith("out of memory")
 
 
 @pytest.mark.parametrize("signum, loaded", [(signal.SIGINT, "libtorch"),

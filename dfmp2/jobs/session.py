@@ -27,6 +27,7 @@ from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, RUNNING, SCHEMA, 
                                 write_record)
 from dfmp2.system import interrupts
 from dfmp2.system.files import refuse_links_named_after, refuse_unless_regular
+from dfmp2.system.memory import out_of_memory
 
 log = logging.getLogger(__name__)
 # Tries at the final record write of a failed run before a signal is allowed to stop it.
@@ -195,7 +196,7 @@ def guarded(session: RecordSession, root: Node, work):
             # another way (PySCF's basis loader tries other names, and ends in
             # BasisNotFoundError): the run was stopped, not failed.
             exc = stop
-        if isinstance(exc, MemoryError):
+        if out_of_memory(exc):
             error = RunFailure("out of memory; lower --memory so that dfmp2 plans for less, "
                                "or use a machine with more")
             raise RunFailure(f"{error}{_record_note(session, root, error)}") from None

@@ -27,7 +27,8 @@ from dfmp2.input.calculation import Calculation
 from dfmp2.system.disk import check_space
 from dfmp2.system.distributed import World
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.system.memory import FP64_BYTES, PYSCF_JK_IN_MEMORY_SHARE, format_size
+from dfmp2.system.memory import (FP64_BYTES, PYSCF_JK_IN_MEMORY_SHARE, format_size,
+                                 out_of_memory)
 from dfmp2.records.sections import ScfEngineSection, ScfSection, StoredOrbitals
 from dfmp2.scf.engine import (KernelDF, PrecisionLadder, ScfKernels, scf_engine_section,
                               use_kernel_engine)
@@ -306,17 +307,16 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     try:
         with blas():
             e_tot = mf.kernel(dm0=options.initial_density)
-    except MemoryError:
-        release_integrals(mf)
-        raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis functions); "
-                         "raise --memory if the machine has more, or use a smaller basis"
-                         ) from None
     except OSError as exc:
         release_integrals(mf)
         raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
                          f"{exc.strerror or exc}") from None
-    except BaseException:
+    except BaseException as exc:
         release_integrals(mf)
+        if out_of_memory(exc):
+            raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis "
+                             "functions); raise --memory if the machine has more, or use a "
+                             "smaller basis") from None
         raise
     finally:
         _unpin(mf, "diis")

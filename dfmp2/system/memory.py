@@ -110,3 +110,15 @@ def format_size(nbytes: float, rounded_up: bool = False) -> str:
 def peak_resident_megabytes() -> float:
     """The largest resident memory this process has had, in MB (Linux counts kB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says an allocation failed: numpy's MemoryError, or torch's, a
+    RuntimeError from its CPU allocator ("can't allocate memory") or its out-of-memory error
+    on a GPU."""
+    import torch
+
+    if isinstance(exc, (MemoryError, getattr(torch, "OutOfMemoryError",
+                                             torch.cuda.OutOfMemoryError))):
+        return True
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
