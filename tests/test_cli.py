@@ -122,6 +122,21 @@ def test_a_run_started_with_standard_error_closed_completes(tmp_path):
         assert h5.attrs["status"] == "complete"
 
 
+def test_a_result_that_standard_output_cannot_take_is_one_error_line(tmp_path):
+    """stdout on a full device: the run is complete, but its result cannot be printed (a
+    traceback from click's echo, exit 1)."""
+    record = tmp_path / "w.h5"
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([python_exe(), "-m", "dfmp2", "run", str(molecule_path("water")),
+                               "--basis", "sto-3g", "--backend", "torch", "-o", str(record)],
+                              stdout=full, stderr=subprocess.PIPE, text=True, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "Error: cannot write the result to standard output: No space left on device"]
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+
+
 def test_torch_out_of_memory_is_one_line_and_a_failed_record(run_cli, tmp_path, monkeypatch):
     """torch reports a failed allocation as a RuntimeError ("DefaultCPUAllocator: can't
     allocate memory"), which ended in a traceback and an 'internal error' record where

@@ -128,7 +128,7 @@ def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
     outcome = optimize.run(settings, convergence, max_steps)
-    click.echo(json.dumps(optimize.json_summary(outcome)) if as_json
+    views.emit(json.dumps(optimize.json_summary(outcome)) if as_json
                else optimize.format_summary(outcome))
     return 0
 
@@ -155,6 +155,6 @@ def interaction_command(obj: dict, dimer: Path, split: int | None, charges: str 
     outcome = interaction.run_interaction(settings, split,
                                           interaction.parse_pair(charges, "--charges"),
                                           interaction.parse_pair(spins, "--spins"), output)
-    click.echo(json.dumps(interaction.json_summary(outcome.record, outcome.path)) if as_json
+    views.emit(json.dumps(interaction.json_summary(outcome.record, outcome.path)) if as_json
                else interaction.format_table(outcome.record, outcome.path))
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from dfmp2.cli import views
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
@@ -61,15 +62,15 @@ def frequencies_command(obj: dict, molecule: Path, step: float, temperature: flo
     if outcome is None:
         return 0
     if as_json:
-        click.echo(json.dumps(frequencies.json_summary(outcome)))
+        views.emit(json.dumps(frequencies.json_summary(outcome)))
     elif outcome.vibrations is None:
         k, n = choice.shard
         shown = printable(str(outcome.path), one_line=True)
-        click.echo(f"shard {k}/{n}: {len(outcome.points)} points in {shown}; when every shard "
+        views.emit(f"shard {k}/{n}: {len(outcome.points)} points in {shown}; when every shard "
                    "has finished, run the same command without --shard to assemble the Hessian")
     else:
-        click.echo(printable(report.summary(outcome.record)))
-        click.echo(f"\nrecord written to {printable(str(outcome.path), one_line=True)}")
+        views.emit(printable(report.summary(outcome.record)))
+        views.emit(f"\nrecord written to {printable(str(outcome.path), one_line=True)}")
         if molden is not None:
-            click.echo(f"normal modes written to {printable(str(molden), one_line=True)}")
+            views.emit(f"normal modes written to {printable(str(molden), one_line=True)}")
     return 0

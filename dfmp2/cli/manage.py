@@ -116,7 +116,7 @@ def bench_command(obj: dict, molecule: Path, repeat: int, skip_pyscf: bool, as_j
                            **environment_settings())
     summary, text = bench.run_bench(settings, repeat, skip_pyscf)
     # JSON has no NaN: a figure this bench did not measure is null.
-    click.echo(json.dumps({key: None if isinstance(value, float) and not math.isfinite(value)
+    views.emit(json.dumps({key: None if isinstance(value, float) and not math.isfinite(value)
                            else value for key, value in summary.items()}, allow_nan=False)
                if as_json else text)
     return 0

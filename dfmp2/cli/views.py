@@ -7,6 +7,7 @@ from types import ModuleType
 
 import click
 
+from dfmp2.errors import RunFailure
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, compare, interaction, optimize
 from dfmp2.jobs.run import RunOutcome
@@ -17,23 +18,36 @@ from dfmp2.records.tree import (FREQUENCIES_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE
 from dfmp2.system.files import printable
 
 
+def emit(text: str) -> None:
+    """One piece of a command's result on stdout. A stdout that cannot take it (a full
+    disk, a failing device) is a failed command, in one line; a closed pipe is not reported
+    (its reader wanted no more)."""
+    try:
+        click.echo(text)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise RunFailure(f"cannot write the result to standard output: "
+                         f"{exc.strerror or exc}") from None
+
+
 def print_outcome(outcome: RunOutcome, as_json: bool) -> None:
     """A finished run's summary on stdout: one JSON object, or the text report."""
     if as_json:
-        click.echo(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
+        emit(json.dumps(report.json_summary(outcome.record, str(outcome.path))))
     else:
-        click.echo(printable(report.summary(outcome.record)))
-        click.echo(f"\nrecord written to {printable(str(outcome.path), one_line=True)}")
+        emit(printable(report.summary(outcome.record)))
+        emit(f"\nrecord written to {printable(str(outcome.path), one_line=True)}")
 
 
 def print_properties(record: Node, path: Path, as_json: bool) -> None:
     """A finished properties run on stdout: its ``--json`` object, or the text report."""
     if as_json:
         summary = properties_json(record)
-        click.echo(json.dumps({**summary, "record": str(path), "status": status(record)}))
+        emit(json.dumps({**summary, "record": str(path), "status": status(record)}))
     else:
-        click.echo(printable(report.summary(record)))
-        click.echo(f"\nrecord written to {printable(str(path), one_line=True)}")
+        emit(printable(report.summary(record)))
+        emit(f"\nrecord written to {printable(str(path), one_line=True)}")
 
 
 def qcschema_module() -> ModuleType:
@@ -51,7 +65,7 @@ def print_qcschema(qcschema: ModuleType, settings: RunSettings, outcome: RunOutc
     """A finished run as a QCSchema AtomicResult of ``version`` (default: the module's)."""
     result = qcschema.atomic_result(qcschema.run_input(settings, outcome.record),
                                     outcome.record, outcome.path)
-    click.echo(qcschema.serialized(result, int(version or qcschema.DEFAULT_PRINTED_VERSION)))
+    emit(qcschema.serialized(result, int(version or qcschema.DEFAULT_PRINTED_VERSION)))
 
 
 def print_record(root: Node, show_all: bool) -> None:
@@ -61,13 +75,13 @@ def print_record(root: Node, show_all: bool) -> None:
                  SCHEMA: report.summary, FREQUENCIES_SCHEMA: report.summary}
     summarize = None if show_all else summaries.get(schema(root))
     text = report.dump(root) if summarize is None else summarize(root)
-    click.echo(printable(text))
+    emit(printable(text))
 
 
 def print_batch(rows: list[dict], summaries: list[Path], as_json: bool) -> None:
     """A batch's summary rows, and where their CSV and JSON copies were written."""
     shown = ", ".join(printable(str(path), one_line=True) for path in summaries)
-    click.echo(json.dumps(rows, default=str) if as_json else
+    emit(json.dumps(rows, default=str) if as_json else
                f"{printable(batch.format_table(rows))}\n\nsummary: {shown}")
 
 
@@ -75,7 +89,7 @@ def print_comparison(pairs: list[tuple[compare.Row, compare.Row | None]], as_jso
     """Records' energies side by side, each with its difference from the record it is compared
     against (none for the reference itself)."""
     if as_json:
-        click.echo(json.dumps([{"record": row.label, "basis": row.basis,
+        emit(json.dumps([{"record": row.label, "basis": row.basis,
                                 "auxbasis": row.auxbasis, "kernels": row.kernels,
                                 "e_scf": row.e_scf,
                                 "e_corr": row.e_corr, "e_tot": row.e_tot,
@@ -85,4 +99,4 @@ def print_comparison(pairs: list[tuple[compare.Row, compare.Row | None]], as_jso
                                 "differs_in": compare.differences(row, against)}
                                for row, against in pairs], allow_nan=False))
     else:
-        click.echo(printable(compare.format_table(pairs)))
+        emit(printable(compare.format_table(pairs)))
