@@ -22,6 +22,9 @@ from conftest import MOLECULES, WATER_RECORD_ARGS, molecule_path, pyscf_df_rhf, 
 from dfmp2 import cli
 from dfmp2.errors import InputError, Interrupted
 from dfmp2.records.checkpoint import RecordSaver
+from dfmp2.records.frequencies_section import (DisplacementSection, Point, read_points,
+                                               write_points)
+from dfmp2.records.job_sections import read_steps
 from dfmp2.records.tree import Node, read_record
 from dfmp2.system import interrupts
 
@@ -565,6 +568,9 @@ def test_batch_runs_the_good_lines_of_a_manifest_with_bad_ones(tmp_path, run_cli
     ("scf", "cycles", float("nan")),
     ("checkpoint", "occ_block", "junk"),
     ("", "status", np.arange(3)),
+    # A count that is no integer, or too large for one, reached int() or the record's write.
+    ("backend", "calls.mp2_energy.torch-cpu", ""),
+    ("scf", "cycles", 1e308),
 ])
 def test_a_record_with_values_of_another_kind_is_one_error_line(command, group, name, value,
                                                                   run_cli, tmp_path,
@@ -675,3 +681,28 @@ def test_a_refused_rerun_names_the_complete_records_set_aside(run_cli, tmp_path)
             and "complete earlier records beside it: w.superseded-20260101T000000.h5"
             in result.err)
 
+
+@pytest.mark.parametrize("dataset, value", [
+    ("energies", np.array([b"x"])),
+    ("coords", np.full((1, 3, 3), np.nan)),
+    ("gradients", np.zeros((1, 2, 3))),
+])
+def test_stored_steps_and_points_of_another_kind_are_input_errors(dataset, value):
+    """An optimisation's steps or a frequency job's points altered (text, NaN, another shape)
+    reached numpy's comparisons or geomeTRIC ('Gradient contains nan') as tracebacks."""
+    steps = Node(groups={"optimize": Node(datasets={
+        "coords": np.zeros((1, 3, 3)), "energies": np.zeros(1),
+        "gradients": np.zeros((1, 3, 3))})})
+    assert read_steps(steps).energies.shape == (1,)
+    steps.groups["optimize"].datasets[dataset] = value
+    with pytest.raises(InputError, match=f"/optimize {dataset}"):
+        read_steps(steps)
+    section = DisplacementSection(method="mp2", os_scale=1.0, ss_scale=1.0, step=0.005,
+                                  points=19)
+    points = Node()
+    write_points(points, section, [Point(3, np.zeros((3, 3)), -1.0, np.zeros((3, 3)),
+                                         np.zeros(3))])
+    assert read_points(points)[1][0].index == 3
+    points.groups["displacements"].datasets[dataset] = value
+    with pytest.raises(InputError, match=f"/displacements {dataset}"):
+        read_points(points)

@@ -21,7 +21,8 @@ from typing import ClassVar
 import numpy as np
 
 from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, ScfSection,
-                                    Section, StoredOrbitals, write_gradient, write_scf)
+                                    Section, StoredOrbitals, finite_numbers, write_gradient,
+                                    write_scf)
 from dfmp2.records.tree import Node
 from dfmp2.vib.analysis import Thermochemistry
 from dfmp2.vib.symmetry import SYMMETRY_TOLERANCE_BOHR
@@ -139,9 +140,15 @@ def read_points(node: Node | None) -> tuple[DisplacementSection, list[Point]] | 
     data = node.groups[DisplacementSection.group_name].datasets
     if "index" not in data:
         return section, []
-    return section, [Point(int(i), np.asarray(c), float(e), np.asarray(g), np.asarray(d))
-                     for i, c, e, g, d in zip(data["index"], data["coords"], data["energies"],
-                                              data["gradients"], data["dipoles"])]
+    where = f"/{DisplacementSection.group_name}"
+    index = finite_numbers(data["index"], f"{where} index", (None,)).astype(np.int64)
+    count, natm = len(index), (section.points - 1) // 6
+    coords, gradients = (finite_numbers(data.get(name), f"{where} {name}", (count, natm, 3))
+                         for name in ("coords", "gradients"))
+    energies = finite_numbers(data.get("energies"), f"{where} energies", (count,))
+    dipoles = finite_numbers(data.get("dipoles"), f"{where} dipoles", (count, 3))
+    return section, [Point(int(i), c, float(e), g, d)
+                     for i, c, e, g, d in zip(index, coords, energies, gradients, dipoles)]
 
 
 def write_reference(node: Node, reference: ReferenceSections) -> None:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dfmp2.records.sections import Mp2Section, ScfSection, Section
+from dfmp2.records.sections import Mp2Section, ScfSection, Section, finite_numbers
 from dfmp2.records.tree import Node
 
 
@@ -53,8 +53,11 @@ def read_steps(node: Node | None) -> Steps | None:
     group = None if node is None else node.groups.get(OptimizationSection.group_name)
     if group is None or "coords" not in group.datasets:
         return None
-    return Steps(np.asarray(group.datasets["coords"]), np.asarray(group.datasets["energies"]),
-                 np.asarray(group.datasets["gradients"]))
+    data = group.datasets
+    energies = finite_numbers(data.get("energies"), "/optimize energies", (None,))
+    coords = finite_numbers(data.get("coords"), "/optimize coords", (len(energies), None, 3))
+    gradients = finite_numbers(data.get("gradients"), "/optimize gradients", coords.shape)
+    return Steps(coords, energies, gradients)
 
 
 def write_optimization(node: Node, section: OptimizationSection) -> None:

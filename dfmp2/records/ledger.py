@@ -8,8 +8,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dfmp2.records.sections import Section
-from dfmp2.records.tree import Node
+from dfmp2.records.sections import Section, from_attr
+from dfmp2.errors import InputError
+from dfmp2.records.tree import FOREIGN_RECORD, Node
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,15 @@ def stored_calls(node: Node, group_name: str = BackendFacts.group_name
     for key, value in group.attrs.items():
         if key.startswith("calls.") and key.count(".") >= 2:
             _, kernel, executor = key.split(".", 2)
-            calls[(kernel, executor)] = int(value)
+            calls[(kernel, executor)] = _count(value, group_name, key)
     reasons = [str(r) for r in np.atleast_1d(group.attrs.get("fallback_reasons", []))]
-    return calls, int(group.attrs.get("fallbacks", 0)), reasons
+    return calls, _count(group.attrs.get("fallbacks", 0), group_name, "fallbacks"), reasons
+
+
+def _count(value: Any, group_name: str, key: str) -> int:
+    """A stored number of calls: a count, or an input error naming the attribute."""
+    count = from_attr(value, "int", f"/{group_name} {key}")
+    if count < 0:
+        raise InputError(f"the record's /{group_name} {key} holds {count}, not a count; "
+                         f"{FOREIGN_RECORD}")
+    return count

@@ -39,14 +39,14 @@ class Section:
         values = {}
         for item in dataclasses.fields(cls):
             if item.name in group.attrs:
-                values[item.name] = _from_attr(group.attrs[item.name], item.type,
+                values[item.name] = from_attr(group.attrs[item.name], item.type,
                                                f"/{cls.group_name} {item.name}")
             elif item.default is dataclasses.MISSING:
                 return None
         return cls(**values)
 
 
-def _from_attr(value: Any, annotation: str, where: str) -> Any:
+def from_attr(value: Any, annotation: str, where: str) -> Any:
     """An attribute as its field's type; a value of another kind (a record written by
     something else, or altered) is an input error naming the attribute, not a traceback."""
     kind = annotation.removesuffix(" | None")
@@ -63,9 +63,9 @@ def _from_attr(value: Any, annotation: str, where: str) -> Any:
                 raise InputError(f"the record's {where} holds {number!r}, not a finite "
                                  f"energy; {FOREIGN_RECORD}")
             return float(number)
-        if kind == "int" and isinstance(number, int):
-            return int(number)
-        if kind == "int" and isinstance(number, float) and number.is_integer():
+        # An HDF5 integer attribute is at most 64 bits: a float of 1e308 is no count.
+        if (kind == "int" and isinstance(number, (int, float)) and float(number).is_integer()
+                and abs(number) < 2**63):
             return int(number)
         if kind == "bool" and isinstance(number, (bool, int)):
             return bool(number)
@@ -73,6 +73,20 @@ def _from_attr(value: Any, annotation: str, where: str) -> Any:
                 "str": "text"}[kind]
     raise InputError(f"the record's {where} holds {printable(repr(value)[:40], one_line=True)}, "
                      f"not {expected}; {FOREIGN_RECORD}")
+
+
+def finite_numbers(value: Any, where: str, shape: tuple[int | None, ...]) -> np.ndarray:
+    """A stored dataset as finite fp64 numbers of ``shape`` (None: any length there): dfmp2
+    records only such; anything else (text, NaN, another shape) is an input error naming the
+    dataset, not a traceback or a NaN passed on."""
+    array = np.asarray(value)
+    if (array.dtype.kind in "biuf" and array.ndim == len(shape)
+            and all(want is None or want == got for want, got in zip(shape, array.shape))):
+        array = array.astype(np.float64)
+        if np.isfinite(array).all():
+            return array
+    raise InputError(f"the record's {where} holds {printable(repr(value)[:40], one_line=True)}, "
+                     f"not the finite numbers of shape {shape} dfmp2 writes; {FOREIGN_RECORD}")
 
 
 @dataclass(frozen=True)
