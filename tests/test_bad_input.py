@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import h5py
+import numpy as np
 import pytest
 
 from conftest import molecule_path
@@ -156,6 +157,26 @@ def test_ten_thousand_atoms_end_in_one_error_line(run_cli, tmp_path, monkeypatch
     result = run_cli("run", path, "--memory", "8GB", "--backend", "torch", "-o",
                      tmp_path / "o.h5")
     _assert_one_line_error(result, "too small for the SCF")
+
+
+@pytest.mark.parametrize("command", ["run", "gradient"])
+def test_a_frozen_count_that_splits_a_degenerate_set_is_refused(command, run_cli, tmp_path):
+    """C3v ammonia with --frozen 3 freezes one orbital of its 1e pair: the energy follows the
+    SCF's arbitrary choice within the pair, and the relaxed density divides by the pair's
+    splitting (a gradient across the symmetry axis, a natural occupation above 2)."""
+    molecule = tmp_path / "ammonia.xyz"
+    height, radius = 0.3816, 0.9377
+    hydrogens = [(radius * np.sin(a), radius * np.cos(a), -height)
+                 for a in (0.0, 2 * np.pi / 3, 4 * np.pi / 3)]
+    molecule.write_text("4\nC3v\nN 0 0 0\n" + "".join(
+        f"H {x:.12f} {y:.12f} {z:.12f}\n" for x, y, z in hydrogens))
+    result = run_cli(command, molecule, "--basis", "sto-3g", "--frozen", "3",
+                     "-o", tmp_path / "a.h5")
+    _assert_one_line_error(result, "freezing 3 occupied orbitals splits a set of degenerate "
+                                   "ones")
+    assert "freeze 2 or 4 instead" in result.err
+    assert run_cli(command, molecule, "--basis", "sto-3g", "--frozen", "2",
+                   "-o", tmp_path / "b.h5").code == 0
 
 
 def test_lithium_runs_with_a_generated_jk_fit(run_cli, tmp_path):

@@ -14,6 +14,12 @@ from dfmp2.errors import InputError
 
 DOUBLY_OCCUPIED = 2.0
 SINGLY_OCCUPIED = 1.0
+# Frozen and active occupied orbitals closer in energy than this (Eh) are one degenerate set
+# split in two: the energy then depends on which rotation of the set the SCF happened to
+# return, and the frozen-active block of the relaxed density divides by their difference
+# (NH3 with --frozen 3, one of its 1e pair frozen: N got a gradient of 1e-2 Eh/Bohr across
+# its symmetry axis, and a natural occupation above 2).
+FROZEN_BOUNDARY_GAP = 1e-4
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,32 @@ def split_channels(mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: np.ndarr
         if not np.all((mo_occ == 0) | (mo_occ == DOUBLY_OCCUPIED)):
             raise InputError("the restricted reference has singly occupied orbitals (ROHF); "
                              "open shells need a UHF reference")
-        return [Channel(mo_coeff, np.asarray(mo_energy), mo_occ, nfrozen, DOUBLY_OCCUPIED)]
-    return [Channel(c, e, o, nfrozen, SINGLY_OCCUPIED)
-            for c, e, o in zip(mo_coeff, np.asarray(mo_energy), np.asarray(mo_occ))]
+        channels = [Channel(mo_coeff, np.asarray(mo_energy), mo_occ, nfrozen,
+                            DOUBLY_OCCUPIED)]
+    else:
+        channels = [Channel(c, e, o, nfrozen, SINGLY_OCCUPIED)
+                    for c, e, o in zip(mo_coeff, np.asarray(mo_energy), np.asarray(mo_occ))]
+    for channel in channels:
+        _refuse_a_split_degenerate_set(channel)
+    return channels
+
+
+def _refuse_a_split_degenerate_set(channel: Channel) -> None:
+    """Refuse a frozen count whose highest frozen orbital is degenerate (within
+    :data:`FROZEN_BOUNDARY_GAP`) with the lowest active one, naming the counts nearby that
+    split no set."""
+    energies = channel.mo_energy[channel.occupied]
+    if not 0 < channel.nfrozen < len(energies):
+        return
+    gaps = np.diff(energies)
+    gap = float(gaps[channel.nfrozen - 1])
+    if gap >= FROZEN_BOUNDARY_GAP:
+        return
+    clean = [n for n in range(len(energies) + 1)
+             if n in (0, len(energies)) or gaps[n - 1] >= FROZEN_BOUNDARY_GAP]
+    below = max(n for n in clean if n < channel.nfrozen)
+    above = min(n for n in clean if n > channel.nfrozen)
+    raise InputError(f"freezing {channel.nfrozen} occupied orbitals splits a set of degenerate "
+                     f"ones (the highest frozen and the lowest active differ by {gap:.1e} Eh): "
+                     f"the result would depend on the SCF's arbitrary choice within the set; "
+                     f"freeze {below} or {above} instead")
