@@ -134,11 +134,24 @@ def test_the_tight_test_settles_only_on_exact_builds():
     assert [unladdered(envs) for _ in range(SETTLE_CYCLES)][-1] and unladdered.settled
 
 
+def test_an_scf_still_converging_below_the_ceiling_does_not_settle():
+    """Settling needs a stall: a gradient below the ceiling that still halves within
+    SETTLE_CYCLES cycles goes on towards the threshold aimed at."""
+    tight = TightConvergence(SimpleNamespace(conv_tol=CONV_TOL), None)
+    gradient = 0.9 * CONV_TOL_GRAD
+    for _ in range(4 * SETTLE_CYCLES):
+        envs = {"norm_gorb": gradient, "e_tot": -1.0, "last_hf_e": -2.0,
+                "conv_tol": CONV_TOL, "conv_tol_grad": 0.1 * CONV_TOL_GRAD}
+        assert not tight(envs)
+        gradient *= 0.85
+    assert not tight.settled
+
+
 def test_a_kohn_sham_scf_aims_at_the_hartree_fock_gradient_and_settles_at_its_floor():
     """A double hybrid's orbitals are converged as Hartree-Fock's are (E_corr carries the
     residual gradient to first order: B2PLYP on the water dimer stopped at 1e-6 gave an E_corr
-    1.1e-9 Eh off on 2 ranks); a Kohn-Sham gradient held under the grid's floor of 1e-6
-    settles there (hydroxyl's stalls at a few 1e-7 on grid level 3)."""
+    1.1e-9 Eh off on 2 ranks); a Kohn-Sham gradient stalled under the ceiling of 1e-5 settles
+    there (OF's stalls at 1.2e-6, hydroxyl's at a few 1e-7 on grid level 3)."""
     calc = define_calculation(read_xyz(molecule_path("water")),
                               CalculationRequest(functional=NAMED["B2PLYP"], grid=1))
     mf = new_scf(calc, ScfOptions())

@@ -125,9 +125,13 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
     write_timings(ctx.node, ctx.timings)
     if ctx.saver is not None and ctx.env.world.is_root:
         ctx.saver.save()
-    if not scf_result.converged and not ctx.settings.allow_unconverged:
-        raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
-                         "rerun with --allow-unconverged to accept it")
+    if not scf_result.converged:
+        if not ctx.settings.allow_unconverged:
+            raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
+                             "rerun with --allow-unconverged to accept it")
+        log.warning("the SCF did not converge (orbital gradient %.1e after %d cycles): the "
+                    "energies that follow are of an unconverged reference",
+                    scf_result.section.orbital_gradient, scf_result.section.cycles)
     return scf_result
 
 

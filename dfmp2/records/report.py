@@ -93,6 +93,10 @@ def summary(root: Node) -> str:
     if error(root):
         lines.append(f"  error    {printable(error(root), one_line=True)}")
     scf = ScfSection.read(root)
+    if scf is not None and not scf.converged:
+        lines.append(f"  Warning: the SCF did not converge (orbital gradient "
+                     f"{scf.orbital_gradient:.1e} after {scf.cycles} cycles); these energies "
+                     "are of an unconverged reference")
     if scf is not None and scf.stability == "unstable":
         lines.append(f"  Warning: the {scf.reference.upper()} reference is internally unstable "
                      f"(lowest orbital-Hessian eigenvalue {scf.stability_eigenvalue:.4g}); a "
@@ -156,7 +160,11 @@ def json_summary(root: Node, path: str) -> dict:
                "e_tot": energies.e_tot, "record": path, "status": status(root),
                "backend": ledger.backend, "precision": ledger.precision,
                "executors": executors_of(root),
-               "fallbacks": fallbacks_of(root), "stability": scf.stability,
+               "fallbacks": fallbacks_of(root), "scf_converged": scf.converged,
+               # JSON has no NaN: an older record has no orbital gradient.
+               "orbital_gradient": (None if np.isnan(scf.orbital_gradient)
+                                    else scf.orbital_gradient),
+               "stability": scf.stability,
                # JSON has no NaN: an unchecked reference has no eigenvalue.
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
                                         else scf.stability_eigenvalue),

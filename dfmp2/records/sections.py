@@ -187,6 +187,8 @@ class ScfSection(Section):
     checked`` (closed shells unless asked, unconverged SCFs, older records)."""
     stability_eigenvalue: float = float("nan")
     """The lowest orbital-Hessian eigenvalue (PySCF's normalisation); NaN when not checked."""
+    orbital_gradient: float = float("nan")
+    """The norm of the orbital gradient at the SCF's last cycle (NaN in older records)."""
 
 
 @dataclass(frozen=True)
