@@ -14,11 +14,16 @@ import h5py
 import numpy as np
 import pytest
 from pyscf import df, gto, scf
+from pyscf.soscf import newton_ah
 
 from dfmp2.grad import kernel as gradient
 
 from dfmp2.grad import response as gradient_response
 from dfmp2.errors import RunFailure
+from dfmp2.input.calculation import CalculationRequest, define_calculation
+from dfmp2.input.functionals import NAMED
+from dfmp2.input.xyz import read_xyz
+from dfmp2.scf.reference import ScfOptions, lowest_hessian_eigenvalue, run_scf
 from test_gradient import central_difference, converged_scf
 
 from conftest import molecule_path
@@ -122,3 +127,22 @@ def test_stable_references(run_cli, tmp_path, name, options):
     assert summary["stability"] == "stable"
     assert summary["stability_eigenvalue"] > 0.0
     assert "Warning" not in run_cli("show", record).out
+
+
+def test_the_stability_search_finds_a_mode_outside_its_unit_start_vectors(tmp_path):
+    """CH with B2PLYP: the rotations of the smallest diagonal elements all lie in symmetry
+    blocks without the unstable mode, and a search from them alone found only the soft pi
+    rotation (-1e-5; -7e-6 in cc-pVDZ, then called stable). The lowest eigenvalue must be
+    the dense Hessian's."""
+    xyz = tmp_path / "ch.xyz"
+    xyz.write_text("2\ncharge=0 multiplicity=2 CH\nC 0 0 0\nH 0 0 1.12\n")
+    calc = define_calculation(read_xyz(xyz), CalculationRequest(
+        basis="6-31g", functional=NAMED["B2PLYP"]))
+    result = run_scf(calc, ScfOptions(keep_integrals=True))
+    mf = result.mf
+    _, hop, hdiag = newton_ah.gen_g_hop_uhf(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
+    dense = np.column_stack([2.0 * hop(column).real for column in np.eye(hdiag.size)])
+    lowest = np.linalg.eigvalsh(0.5 * (dense + dense.T))[0]
+    assert lowest < -1e-2
+    assert lowest_hessian_eigenvalue(mf) == pytest.approx(lowest, abs=1e-6)
+    assert result.section.stability == "unstable"
