@@ -101,3 +101,28 @@ def test_explicit_ecp_on_an_all_electron_basis_warns(caplog):
     assert resolve_ecp("def2-svp", "lanl2dz", ("I", "C", "H")) == {"I": "lanl2dz"}
     assert resolve_ecp("def2-svp", None, ("I", "Cl")) == {"I": "def2-svp"}
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_basis_file_brings_its_core_potentials(run_cli, tmp_path, monkeypatch):
+    """A basis file that carries ECP blocks (PySCF's own def2-SVP file here, as the Basis Set
+    Exchange writes them) uses them, as a library basis does: ignored, iodine ran with 53
+    electrons in a basis made for 25 (E(SCF) -1996.9 instead of -297.2 Eh). --ecp FILE takes
+    them from a file too; the record keeps the file's digest."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.nw").write_bytes(
+        (Path(gto.basis.__file__).parent / "def2-svp.dat").read_bytes())
+    (tmp_path / "hi.xyz").write_text("2\nhydrogen iodide\nH 0 0 0\nI 0 0 1.609\n")
+    mol = gto.M(atom="H 0 0 0; I 0 0 1.609", basis="./mine.nw", ecp="./mine.nw", verbose=0)
+    mf = scf.RHF(mol).density_fit(auxbasis="def2-universal-jkfit")
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    reference = mf.kernel()
+    fits = ("--jk-auxbasis", "def2-universal-jkfit", "--backend",
+            "torch", "--json")
+    for name, args in (("file.h5", ("--basis", "./mine.nw")),
+                       ("ecp.h5", ("--basis", "def2-svp", "--ecp", "./mine.nw"))):
+        result = run_cli("run", "hi.xyz", *args, *fits, "-o", name)
+        assert result.code == 0, result.err
+        assert abs(json.loads(result.out)["e_scf"] - reference) <= 1e-9
+        with h5py.File(name, "r") as h5:
+            assert json.loads(h5["input"].attrs["ecp"]) == {"I": "./mine.nw"}
+            assert h5["input"].attrs["ecp_file"].startswith("sha256:")

@@ -108,6 +108,7 @@ class Calculation:
             basis_file=file_digest(self.mol.basis),
             auxbasis_file=_option_file_digest(self.auxbasis),
             jk_auxbasis_file=_option_file_digest(self.jk_auxbasis),
+            ecp_file="".join(file_digest(name) for name in sorted(set(self.ecp.values()))),
             reference=self.reference, frozen=self.nfrozen, **self._functional_inputs())
 
     def _functional_inputs(self) -> dict:

@@ -48,15 +48,20 @@ def resolve_charge_spin(geometry: Geometry, charge: int | None, spin: int | None
 
 
 def element_ecp(name: str, symbol: str) -> list | None:
-    """The effective core potential ``name`` defines for ``symbol`` (PySCF's data), or None.
-
-    Looks only in PySCF's bundled basis library, where a basis such as def2-SVP, LANL2DZ or
-    cc-pVDZ-PP keeps its core potentials next to its orbital functions."""
+    """The effective core potential ``name`` defines for ``symbol``, or None: from PySCF's
+    bundled library, where a basis such as def2-SVP, LANL2DZ or cc-pVDZ-PP keeps its core
+    potentials next to its orbital functions, or from the NWChem-format file ``name`` (a
+    basis file from the Basis Set Exchange carries them the same way; ignored, iodine ran
+    all-electron in a basis made for 25 of its electrons)."""
     files = gto.basis.ALIAS.get(gto.basis._format_basis_name(name))
     if files is None:
-        return None
-    for file in (files,) if isinstance(files, str) else files:
-        path = os.path.join(gto.basis._BASIS_DIR, file)
+        if not os.path.isfile(name):
+            return None
+        paths = [name]
+    else:
+        paths = [os.path.join(gto.basis._BASIS_DIR, file)
+                 for file in ((files,) if isinstance(files, str) else files)]
+    for path in paths:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -27,7 +27,7 @@ from dfmp2.records.ledger import read_kernel_ledger
 # compared energies do not include) are what a comparison is for: they should agree.
 DEFINING_FIELDS = {"xyz": "geometry", "basis": "basis", "basis_file": "basis",
                    "auxbasis": "auxbasis", "auxbasis_file": "auxbasis",
-                   "jk_auxbasis_file": "jk-auxbasis", "ecp": "ecp",
+                   "jk_auxbasis_file": "jk-auxbasis", "ecp": "ecp", "ecp_file": "ecp",
                    "charge": "charge", "spin": "spin", "ghost_atoms": "ghost atoms",
                    "scf": "scf", "jk_auxbasis": "jk-auxbasis", "reference": "reference",
                    "frozen": "frozen", "xc_functional": "xc", "xc_os": "xc scales",

@@ -99,7 +99,8 @@ class CalculationInputs(Section):
 
     group_name: ClassVar[str] = "input"
     RESUME_FIELDS: ClassVar[tuple[str, ...]] = (
-        "xyz", "basis", "basis_file", "auxbasis", "auxbasis_file", "ecp", "charge", "spin",
+        "xyz", "basis", "basis_file", "auxbasis", "auxbasis_file", "ecp", "ecp_file",
+        "charge", "spin",
         "ghost_atoms", "scf", "scf_engine", "jk_auxbasis", "jk_auxbasis_file", "reference",
         "frozen", "backend", "precision", "fused_energy", "task", "method", "xc_functional",
         "grid_level")
@@ -126,6 +127,9 @@ class CalculationInputs(Section):
     ``auxbasis_file`` and ``jk_auxbasis_file`` likewise."""
     auxbasis_file: str = ""
     jk_auxbasis_file: str = ""
+    ecp_file: str = ""
+    """``sha256:<hex>`` of the file the core potentials were read from (``--ecp FILE``, or a
+    basis file that carries them); empty for the library's."""
     charge: int = 0
     spin: int = 0
     ghost_atoms: str = "[]"
