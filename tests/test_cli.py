@@ -236,10 +236,13 @@ def test_small_memory_budget_runs_out_of_core(run_cli, tmp_path, water_reference
     record = tmp_path / "w.h5"
     scratch = tmp_path / "scratch"
     scratch.mkdir()
+    # --check too: PySCF's DF-MP2 for it was held to the budget the process had outgrown,
+    # and failed the finished run with MemoryError.
     result = run_cli("run", molecule_path("water"), "--backend", "torch", "--memory", "100kB",
-                     "--scratch", scratch, "--json", "-o", record)
+                     "--scratch", scratch, "--check", "--json", "-o", record)
     assert result.code == 0, result.err
     assert abs(json.loads(result.out)["e_corr"] - water_reference.e_corr) <= 1e-10
+    assert json.loads(result.out)["check_passed"]
     with h5py.File(record, "r") as h5:
         assert h5["plan"].attrs["out_of_core"]
         assert h5["plan"].attrs["occ_blocks"] > 1

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 
 import pyscf
-from pyscf import df, scf
+from pyscf import df, lib, scf
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 from pyscf.mp import dfump2 as pyscf_dfump2
 
@@ -21,6 +21,14 @@ from dfmp2.scf.reference import ScfOptions, run_scf
 
 # The agreement promised against PySCF: fp64 to 1e-8 Eh, fp32 contraction to 1e-6 Eh.
 TOLERANCE = {"fp64": 1e-8, "fp32": 1e-6}
+
+
+# PySCF's DF-MP2 plans its blocks from what is left under its max_memory (by default the
+# SCF's: the process's size then plus the budget), and raises MemoryError when nothing is: a
+# process grown past that by the time of the reference (water dimer with --memory 20MB)
+# failed its finished run. The reference gets at least this much (MB) above what the
+# process holds, and goes out of core beyond it.
+REFERENCE_MEMORY_MB = 500
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,7 @@ def pyscf_dfmp2_energy(mf, nfrozen: int, auxbasis: str | dict) -> ReferenceEnerg
     start = time.perf_counter()
     method = pyscf_dfump2.DFUMP2 if isinstance(mf, scf.uhf.UHF) else pyscf_dfmp2.DFMP2
     pt = method(mf, frozen=nfrozen if nfrozen else None)
+    pt.max_memory = max(mf.max_memory, lib.current_memory()[0] + REFERENCE_MEMORY_MB)
     pt.with_df = df.DF(mf.mol, auxbasis=auxbasis)
     pt.verbose = 0
     pt.kernel(with_t2=False)
