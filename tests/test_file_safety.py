@@ -19,7 +19,7 @@ from conftest import molecule_path
 from dfmp2.df.store import ScratchArea, open_store
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import read_record
-from dfmp2.system.files import replace_text
+from dfmp2.system.files import stage_text
 
 TIMEOUT_SECONDS = 120
 VICTIM_TEXT = "someone else's file\n"
@@ -317,6 +317,32 @@ def test_molden_never_replaces_a_record(run_cli, tmp_path, command):
     assert record.read_bytes() == before and not (tmp_path / "p.h5").exists()
 
 
+@pytest.mark.parametrize("plant", ["user block", "link at the temporary"])
+def test_a_molden_target_is_checked_whole_before_any_work(run_cli, tmp_path, plant):
+    """An HDF5 file whose signature follows a user block (a MATLAB v7.3 file) was replaced;
+    a link at the Molden file's temporary name stopped properties only after its whole
+    calculation, which the failed record then lacked."""
+    target = tmp_path / "w.molden"
+    if plant == "user block":
+        with h5py.File(target, "w", userblock_size=512) as h5:
+            h5["data"] = list(range(10))
+        fragment = "w.molden is an HDF5 file"
+    else:
+        target = tmp_path / "new.molden"
+        victim(tmp_path)
+        (tmp_path / ".new.molden.tmp").symlink_to(tmp_path / "victim.txt")
+        fragment = ".new.molden.tmp is a symbolic link"
+    before = target.read_bytes() if target.exists() else None
+    result = run_cli("properties", *QUICK, "--threads", "1", "-o", tmp_path / "p.h5",
+                     "--molden", target)
+    assert result.code == 2
+    assert fragment in one_error_line(result.err)
+    assert not (tmp_path / "p.h5").exists()
+    assert (target.read_bytes() if target.exists() else None) == before
+    if plant != "user block":
+        assert (tmp_path / "victim.txt").read_text() == VICTIM_TEXT
+
+
 def test_the_optimised_geometry_never_replaces_a_record(run_cli, tmp_path):
     """A complete record named o.xyz was replaced by the geometry of `optimize -o o.h5`."""
     geometry = tmp_path / "o.xyz"
@@ -371,9 +397,15 @@ def test_a_failed_text_output_leaves_the_earlier_file_whole(tmp_path):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     with pytest.raises(RunFailure, match="No space left on device; free some space"):
-        replace_text(target, write_until_full, "choose another --molden")
+        stage_text(target, write_until_full, "choose another --molden")
     assert target.read_text() == "the earlier file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.molden"]
-    replace_text(target, lambda handle: handle.write("the new file\n"), "choose another --molden")
+    staged = stage_text(target, lambda handle: handle.write("the new file\n"),
+                        "choose another --molden")
+    assert target.read_text() == "the earlier file\n", "in place only once committed"
+    staged.discard()
+    assert target.read_text() == "the earlier file\n"
+    stage_text(target, lambda handle: handle.write("the new file\n"),
+               "choose another --molden").commit()
     assert target.read_text() == "the new file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.molden"]

@@ -170,7 +170,17 @@ def test_an_optimised_geometry_file_stands_only_beside_a_complete_record(tmp_pat
     full = run_with_file_limit(10**7, *args, cwd=tmp_path, command="optimize")
     assert full.returncode == 0, full.stderr
     full_size = (tmp_path / "w.h5").stat().st_size
-    for short_by in (200, 600, 1000):
+    geometry = (tmp_path / "w.xyz").read_text()
+    # A rerun of other inputs on a disk full from its start: the complete record goes back,
+    # and the geometry beside it too (it stayed under the set-aside name).
+    other = run_with_file_limit(4096, *args, "--convergence", "GAU_TIGHT", cwd=tmp_path,
+                                command="optimize")
+    assert other.returncode == 1, other.stderr
+    assert "the earlier complete record is back at w.h5" in one_error_line(other.stderr)
+    assert read_record(tmp_path / "w.h5").attrs["status"] == "complete"
+    assert (tmp_path / "w.xyz").read_text() == geometry
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".xyz") == ["w.xyz"]
+    for short_by in (200, 1000):
         for name in ("w.h5", "w.xyz"):
             (tmp_path / name).unlink(missing_ok=True)
         result = run_with_file_limit(full_size - short_by, *args, cwd=tmp_path,
@@ -179,6 +189,25 @@ def test_an_optimised_geometry_file_stands_only_beside_a_complete_record(tmp_pat
         assert "cannot write the run record" in one_error_line(result.stderr)
         assert read_record(tmp_path / "w.h5").attrs["status"] != "complete"
         assert not (tmp_path / "w.xyz").exists()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_molden_file_beside_a_complete_record_stays_when_a_rerun_cannot_write(tmp_path):
+    """frequencies --molden again with another pressure (the complete record's points
+    analysed again) on a full disk: the record went back as it was, but its Molden file had
+    been replaced and then removed with the failed run's outputs."""
+    args = (molecule_path("water"), "--basis", "sto-3g", "--backend", "torch", "--threads",
+            "1", "-o", "f.h5", "--molden", "m.molden")
+    first = run_with_file_limit(10**7, *args, cwd=tmp_path, command="frequencies")
+    assert first.returncode == 0, first.stderr
+    record, molden = (tmp_path / "f.h5").read_bytes(), (tmp_path / "m.molden").read_text()
+    rerun = run_with_file_limit(len(molden) + 4096, *args, "--pressure", "200000",
+                                cwd=tmp_path, command="frequencies")
+    assert rerun.returncode == 1, rerun.stderr
+    # (After the warning that water at this geometry is no stationary point.)
+    assert "Error: cannot write the run record" in rerun.stderr.strip().splitlines()[-1]
+    assert (tmp_path / "f.h5").read_bytes() == record
+    assert (tmp_path / "m.molden").read_text() == molden
     assert leftovers(tmp_path) == []
 
 

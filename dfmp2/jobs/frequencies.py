@@ -21,7 +21,7 @@ import logging
 import math
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +50,7 @@ from dfmp2.records.tree import (COMPLETE, FAILED, FREQUENCIES_SCHEMA, Node, read
                                 schema, set_resumed, status, write_record)
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
-from dfmp2.system.files import refuse_overwriting, refuse_record_files
+from dfmp2.system.files import StagedText, refuse_overwriting, refuse_record_files
 from dfmp2.system.memory import peak_resident_megabytes
 from dfmp2.system.progress import Progress
 from dfmp2.vib.analysis import Thermochemistry, Vibrations, harmonic, thermochemistry
@@ -109,6 +109,8 @@ class FrequencyOutcome:
     hessian: np.ndarray | None = None
     vibrations: Vibrations | None = None
     thermochemistry: Thermochemistry | None = None
+    outputs: list[StagedText] = field(default_factory=list)
+    """The Molden file, in place once the record is complete."""
 
 
 def shard_record_path(path: Path, shard: tuple[int, int]) -> Path:
@@ -289,7 +291,7 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
                                        sorted(points))
             if not options.sharded:
                 _analyse(calc, method_name(calc, settings), points, options, outcome)
-            session.complete(root, [options.molden] if options.molden else [])
+            session.complete(root, outcome.outputs)
             return outcome
 
         outcome = guarded(session, root, work)
@@ -364,10 +366,9 @@ def _analyse(calc: Calculation, method: str, points: dict[int, Point],
         "force_constants": vibrations.force_constants,
         "dipole_derivatives": dipole_derivatives})
     if options.molden is not None:
-        write_molden(options.molden, molden_text(calc.geometry.symbols, calc.mol.atom_coords(),
-                                                 vibrations.frequencies,
-                                                 vibrations.normal_modes,
-                                                 vibrations.ir_intensities))
+        outcome.outputs.append(write_molden(options.molden, molden_text(
+            calc.geometry.symbols, calc.mol.atom_coords(), vibrations.frequencies,
+            vibrations.normal_modes, vibrations.ir_intensities)))
     outcome.hessian, outcome.vibrations, outcome.thermochemistry = hessian, vibrations, thermo
 
 

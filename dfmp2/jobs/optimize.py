@@ -37,7 +37,7 @@ from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
-from dfmp2.system.files import check_text_output, printable, refuse_overwriting, replace_text
+from dfmp2.system.files import check_text_output, printable, refuse_overwriting, stage_text
 
 log = logging.getLogger(__name__)
 
@@ -275,6 +275,8 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                                     CalculationInputs.SCALED_FIELDS, same_optimisation)
         session.superseded = previous.superseded
         moved_geometry = _set_geometry_aside(xyz_path, previous.superseded)
+        if moved_geometry is not None:
+            session.superseded_outputs.append((moved_geometry, xyz_path))
         recorded = read_steps(previous.record) if previous.action == RESUME else None
         root = job.new_record(OPTIMIZE_SCHEMA)
         inputs.write(root)
@@ -297,13 +299,14 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             # recorded last one: the trajectory, and the energy, end at the final geometry.
             steps = log_steps.through(np.asarray(final.coords) / param.BOHR)
             write_steps(root, steps)
-            replace_text(xyz_path, lambda handle: handle.write(final.text), XYZ_REMEDY)
+            geometry = stage_text(xyz_path, lambda handle: handle.write(final.text),
+                                  XYZ_REMEDY)
             write_timings(root, {"optimize": time.perf_counter() - t0})
             energy = float(steps.energies[-1])
             write_optimization(root, OptimizationSection(
                 True, convergence, json.dumps(criteria(convergence)), max_steps,
                 len(steps.energies), log_steps.replayed, energy, final.text, str(xyz_path)))
-            session.complete(root, [xyz_path])
+            session.complete(root, [geometry])
             return OptimizeOutcome(root, path, final, xyz_path, energy, len(steps.energies),
                                    criteria(convergence))
 

@@ -117,7 +117,7 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
                 ctx.saver.save()
             properties_stage(ctx, reference_stage(ctx, keep_integrals=True), request)
             record_rank_stages(ctx)
-            session.complete(root, [Path(request.molden)] if request.molden else [])
+            session.complete(root, ctx.outputs)
             return 0
 
         exit_code = guarded(session, root, work)
@@ -200,8 +200,10 @@ def properties_stage(ctx: RunContext, scf_result: ScfResult,
     scf = analyse(mol, densities.scf, mo_coeff, origin)
     molden = ""
     if request.molden is not None and ctx.env.world.is_root:
-        molden = str(write_molden(Path(request.molden), mol, mp2.natural_orbitals,
-                                  mp2.natural_occupations))
+        staged = write_molden(Path(request.molden), mol, mp2.natural_orbitals,
+                              mp2.natural_occupations)
+        ctx.outputs.append(staged)
+        molden = str(staged.path)
     response = densities.response
     section = PropertiesSection(
         method, density_kind(request),

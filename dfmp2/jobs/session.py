@@ -26,7 +26,8 @@ from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, RUNNING, SCHEMA, 
                                 RecordWriteError, read_record, set_status, status,
                                 write_record)
 from dfmp2.system import interrupts
-from dfmp2.system.files import refuse_links_named_after, refuse_unless_regular
+from dfmp2.system.files import (StagedText, refuse_links_named_after,
+                                refuse_unless_regular)
 from dfmp2.system.memory import out_of_memory
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class RecordSession:
         self.restored = False
         self.superseded: Path | None = None
         """The complete record this job set aside, which a failure leaves as it is."""
+        self.superseded_outputs: list[tuple[Path, Path]] = []
+        """Files set aside with it (where each is now, where it stood): they go back with
+        the record when a run that wrote nothing puts the record back."""
 
     def scratch_area(self, stage: str) -> ScratchArea:
         """The scratch files of one stage of the job, named after the record. Whatever an
@@ -117,17 +121,19 @@ class RecordSession:
         # Only a record that says complete makes the scratch files redundant.
         self._complete = state == COMPLETE
 
-    def complete(self, root: Node, outputs: Sequence[Path] = ()) -> None:
-        """End the record ``complete``. The job's other files (``outputs``: the optimised
-        geometry, a Molden file) stand only beside a record that says so: when it cannot be
-        written, they are removed, and the record is left as ``fail`` leaves it."""
+    def complete(self, root: Node, outputs: Sequence[StagedText] = ()) -> None:
+        """End the record ``complete``. The job's other files (``outputs``, written beside
+        their places: the optimised geometry, a Molden file) go in place only once the record
+        that says so is written; when it cannot be, they are dropped, earlier files of those
+        names stay as they were, and the record is left as ``fail`` leaves it."""
         try:
             self.finish(root, COMPLETE)
         except BaseException:
             for output in outputs:
-                with contextlib.suppress(OSError):
-                    output.unlink(missing_ok=True)
+                output.discard()
             raise
+        for output in outputs:
+            output.commit()
 
     def keep_on_failure(self, complete: Node) -> None:
         """``complete`` is the complete record this job rewrites in place (a frequency job
@@ -236,6 +242,10 @@ def _superseded_note(session: RecordSession) -> str:
         except OSError:
             return f" (the earlier complete record is kept as {superseded})"
         session.superseded = None
+        for aside, place in session.superseded_outputs:
+            if not place.exists():
+                with contextlib.suppress(OSError):
+                    os.rename(aside, place)
         return f" (the earlier complete record is back at {session.path})"
     return f" (the earlier complete record is kept as {superseded})"
 

@@ -37,6 +37,7 @@ from dfmp2.scf.engine import ScfKernels
 from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release_integrals,
                                  restored_scf, run_scf)
 from dfmp2.system.memory import peak_resident_megabytes
+from dfmp2.system.files import StagedText
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class RunContext:
     saver: RecordSaver | None = None
     previous: Node | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    outputs: list[StagedText] = field(default_factory=list)
+    """Text files the job writes beside its record, in place once the record is complete."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 from pyscf import gto
 from pyscf.tools import molden
 
-from dfmp2.system.files import check_text_output, replace_text
+from dfmp2.system.files import StagedText, check_text_output, stage_text
 
 REMEDY = "choose another --molden"
 
@@ -23,12 +23,12 @@ def check_molden_path(path: Path) -> None:
 
 
 def write_molden(path: Path, mol: gto.Mole, orbitals: np.ndarray,
-                 occupations: np.ndarray) -> Path:
-    """The orbitals (columns, AO basis) with their occupations; Molden's orbital energies
-    are the orbitals' positions (PySCF's default), most occupied first."""
+                 occupations: np.ndarray) -> StagedText:
+    """The orbitals (columns, AO basis) with their occupations, staged for ``path`` (in place
+    once committed with the record); Molden's orbital energies are the orbitals' positions
+    (PySCF's default), most occupied first."""
     def write(handle):
         molden.header(mol, handle)
         molden.orbital_coeff(mol, handle, orbitals, occ=occupations)
 
-    replace_text(path, write, REMEDY)
-    return path
+    return stage_text(path, write, REMEDY)

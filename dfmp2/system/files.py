@@ -9,10 +9,12 @@ so one there was put there on purpose, by someone who should hear about it).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -116,10 +118,19 @@ def refuse_hdf5(target: Path, what: str, remedy: str) -> None:
     (a complete one, another job's) named as ``--molden`` was replaced by the Molden text."""
     try:
         with open(target, "rb") as handle:
-            signature = handle.read(len(HDF5_SIGNATURE))
+            size = os.fstat(handle.fileno()).st_size
+            # HDF5 looks for its signature at 0, 512, 1024, 2048 ...: a file with a user
+            # block before it (a MATLAB v7.3 file) is HDF5 too.
+            offsets = [0] + [512 << k for k in range(max(0, size.bit_length() - 9))]
+            found = False
+            for offset in offsets:
+                handle.seek(offset)
+                if handle.read(len(HDF5_SIGNATURE)) == HDF5_SIGNATURE:
+                    found = True
+                    break
     except OSError:
         return
-    if signature == HDF5_SIGNATURE:
+    if found:
         raise InputError(f"{what} {shown(target)} is an HDF5 file (a dfmp2 record?), which "
                          f"writing it would destroy; {remedy}")
 
@@ -143,6 +154,9 @@ def check_text_output(path: Path, option: str, remedy: str) -> None:
     a link or anything but a regular file at ``path``, an HDF5 file (a record), a folder that
     is missing or not writable, or a name that leaves no room for its temporary."""
     refuse_unless_regular(path, remedy)
+    # The temporary it is written to first, too: a link or FIFO there stopped the job only
+    # once its whole calculation was done.
+    refuse_unless_regular(text_temporary(path), remedy)
     refuse_hdf5(path, option, remedy)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
@@ -162,22 +176,49 @@ def create_folder(folder: Path, remedy: str) -> None:
                          f"{exc.strerror or exc}; {remedy}") from None
 
 
-def replace_text(path: Path, write: Callable[[TextIO], object], remedy: str) -> None:
-    """The text ``write`` puts into a handle, at ``path``: written into a new file beside it,
-    created so that no link planted there redirects it, then renamed onto it, so that a kill
-    or a full disk leaves an earlier file at ``path`` whole."""
+@dataclass(frozen=True)
+class StagedText:
+    """A text output written whole beside ``path`` (its temporary) and not yet in place:
+    :meth:`commit` renames it onto ``path`` once the record it belongs to is written, and
+    :meth:`discard` drops it, leaving an earlier file at ``path`` as it was."""
+
+    temporary: Path
+    path: Path
+
+    def commit(self) -> None:
+        try:
+            os.replace(self.temporary, self.path)
+        except OSError as exc:
+            self.discard()
+            raise RunFailure(f"cannot write {shown(self.path)}: "
+                             f"{disk_reason(exc, 'free some space')}") from None
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.temporary.unlink(missing_ok=True)
+
+
+def stage_text(path: Path, write: Callable[[TextIO], object], remedy: str) -> StagedText:
+    """The text ``write`` puts into a handle, written into a new file beside ``path``,
+    created so that no link planted there redirects it; in place only once committed, so
+    that a kill, a full disk or a record that cannot be written leaves an earlier file at
+    ``path`` whole."""
     check_text_output(path, "output", remedy)
-    temporary = path.with_name(TEXT_TEMPORARY.format(path.name))
+    temporary = text_temporary(path)
     try:
         # Readable by others, as a file a viewer opens is expected to be.
         with os.fdopen(create_exclusive(temporary, remedy, 0o644), "w",
                        encoding="utf-8") as handle:
             write(handle)
-        os.replace(temporary, path)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         raise RunFailure(f"cannot write {shown(path)}: "
                          f"{disk_reason(exc, 'free some space')}") from None
+    return StagedText(temporary, path)
+
+
+def text_temporary(path: Path) -> Path:
+    return path.with_name(TEXT_TEMPORARY.format(path.name))
 
 
 def open_lock_file(path: Path, remedy: str) -> int:

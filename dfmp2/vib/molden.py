@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from dfmp2.props.molden import REMEDY, check_molden_path
-from dfmp2.system.files import replace_text
+from dfmp2.system.files import StagedText, stage_text
 
 __all__ = ["check_molden_path", "molden_text", "write_molden"]
 
@@ -32,6 +32,7 @@ def molden_text(symbols: Sequence[str], coords_bohr: np.ndarray, frequencies: np
     return "\n".join(lines) + "\n"
 
 
-def write_molden(path: Path, text: str) -> None:
-    """``text`` at ``path``, created so that no link planted there redirects it."""
-    replace_text(path, lambda handle: handle.write(text), REMEDY)
+def write_molden(path: Path, text: str) -> StagedText:
+    """``text`` staged for ``path`` (in place once committed with the record), created so
+    that no link planted there redirects it."""
+    return stage_text(path, lambda handle: handle.write(text), REMEDY)
