@@ -79,8 +79,6 @@ CASES = [
      "not a dfmp2 run record"),
     ("corrupt record given to resume", ["run", "water.xyz", "--resume", "-o", "corrupt.h5"],
      2, "cannot resume"),
-    ("resume with no record", ["run", "water.xyz", "--resume", "-o", "nothing.h5"], 2,
-     "no record"),
     ("manifest with only bad lines", ["batch", "bad_manifest.txt", "--out", "batch"], 1,
      "2 of 2 molecules failed"),
     ("batch shard malformed", ["batch", "water.xyz", "--shard", "2/2", "--out", "batch"], 2,

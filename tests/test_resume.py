@@ -58,13 +58,13 @@ def test_resume_from_a_corrupt_record_is_refused(tmp_path, run_cli):
     assert len(result.err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("state", ["interrupted", "running", "failed"])
+@pytest.mark.parametrize("state", ["interrupted", "running", "failed", "never written"])
 def test_resume_of_a_run_stopped_before_its_scf_starts_it_again(state, run_cli, tmp_path,
                                                                  caplog, water_record):
-    """A run stopped (SIGTERM, SIGKILL, a failure) before its SCF was saved holds nothing to
-    resume: `--resume` (which a requeued job passes every time) starts it again with a
-    warning and ends with the energy of a fresh run (it used to be refused: 'holds no
-    checkpoint')."""
+    """A run stopped (SIGTERM, SIGKILL, a failure) before its SCF was saved, or while it
+    started, before it wrote its record, holds nothing to resume: `--resume` (which a
+    requeued job passes every time) starts it again with a warning and ends with the energy
+    of a fresh run (it used to be refused: 'holds no checkpoint', 'no record to resume')."""
     record = tmp_path / "stopped.h5"
     shutil.copy(water_record, record)
     with h5py.File(record, "r+") as h5:
@@ -72,9 +72,12 @@ def test_resume_of_a_run_stopped_before_its_scf_starts_it_again(state, run_cli, 
         h5.attrs["status"] = state
         for name in ("scf", "mp2", "checkpoint"):
             del h5[name]
+    if state == "never written":
+        record.unlink()
     resumed = run_cli(*WATER_RECORD_ARGS, "--json", "--resume", "-o", record)
     assert resumed.code == 0, resumed.err
-    assert any("starting it again" in r.getMessage() for r in caplog.records)
+    warning = "no record at" if state == "never written" else "starting it again"
+    assert any(warning in r.getMessage() for r in caplog.records)
     assert json.loads(resumed.out)["e_tot"] == pytest.approx(e_fresh, abs=1e-10)
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"

@@ -80,8 +80,12 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
     if not path.exists():
+        # A job stopped before it wrote its record (a signal while it started) left nothing
+        # to resume, as one stopped before its SCF was saved: a requeued job that always
+        # passes --resume starts it.
         if resume_required:
-            raise InputError(f"--resume: there is no record at {path} to resume")
+            log.warning("--resume: there is no record at %s, so nothing finished to resume; "
+                        "starting the run", path)
         return PreviousRun(FRESH)
     try:
         previous = read_record(path)
