@@ -27,3 +27,8 @@ class Interrupted(RunFailure):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+    def __reduce__(self):
+        # Pickled from a benchmark's side process: without its exit code it did not load,
+        # and the pool waiting for the result hung.
+        return type(self), (str(self), self.exit_code)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import os
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import torch
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe
 from dfmp2.cli.options import environment_settings
 from dfmp2.entry import drop_invalid_openmp_threads
+from dfmp2.errors import Interrupted
+from dfmp2.jobs.bench import _in_fresh_process
 
 CONTRACT_JSON_KEYS = {"e_scf", "e_corr", "e_os", "e_ss", "e_scs", "e_tot", "record"}
 
@@ -249,7 +252,7 @@ def test_small_memory_budget_runs_out_of_core(run_cli, tmp_path, water_reference
     assert not list(scratch.iterdir())
 
 
-@pytest.mark.parametrize("command", ["optimize", "interaction"])
+@pytest.mark.parametrize("command", ["optimize", "interaction", "bench"])
 def test_a_one_process_command_under_a_launcher_is_refused(run_cli, tmp_path, monkeypatch,
                                                            command):
     """Under torchrun every rank ran the whole job on one record: one was refused the lock,
@@ -277,3 +280,18 @@ def test_fallbacks_count_the_scfs_too(run_cli, tmp_path):
         h5["backend"].attrs["fallbacks"] = 1
     assert json_summary(read_record(record), str(record))["fallbacks"] == 4
     assert "fallbacks 4" in run_cli("show", record).out
+
+
+def test_a_stop_in_a_benchmark_side_process_comes_back_as_a_stop():
+    """A signal stops bench's side process too: its Interrupted did not load in the parent
+    (no exit code), and the pool waiting for the side's result hung."""
+    stop = pickle.loads(pickle.dumps(Interrupted("terminated by signal SIGTERM; x", 143)))
+    assert (type(stop), str(stop), stop.exit_code) == (
+        Interrupted, "terminated by signal SIGTERM; x", 143)
+    with pytest.raises(Interrupted, match="a benchmark keeps no partial result") as raised:
+        _in_fresh_process(_stopped_side, None)
+    assert raised.value.exit_code == 143
+
+
+def _stopped_side(settings):
+    raise Interrupted("terminated by signal SIGTERM; what was finished is in the record", 143)

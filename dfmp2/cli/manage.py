@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from dfmp2.cli import views
-from dfmp2.cli.calculate import interaction_command, run_command
+from dfmp2.cli.calculate import interaction_command, refuse_ranks, run_command
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, VERBOSE, XC_OPTIONS,
                                XYZ_FILE, environment_settings, with_options)
@@ -112,6 +112,7 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
 def bench_command(obj: dict, molecule: Path, repeat: int, skip_pyscf: bool, as_json: bool,
                   **options) -> int:
     """Time the whole calculation, its SCF and its MP2 stage against PySCF's."""
+    refuse_ranks("bench")
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
     summary, text = bench.run_bench(settings, repeat, skip_pyscf)

@@ -26,7 +26,7 @@ import torch
 
 from dfmp2.jobs import preamble, run as run_job
 from dfmp2.input.calculation import define_calculation
-from dfmp2.errors import Dfmp2Error, InputError, RunFailure
+from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.jobs.measure import energy_flops, gemm_rate
 from dfmp2.system.memory import format_size
 from dfmp2.system.progress import Progress
@@ -112,6 +112,11 @@ def _in_fresh_process(function, settings: RunSettings) -> dict:
     with context.Pool(1) as pool:
         try:
             return pool.apply(function, (settings,))
+        except Interrupted as exc:
+            # The side shares the command's signal; a benchmark keeps no partial result.
+            reason = str(exc).split(";")[0]
+            raise Interrupted(f"{reason}; a benchmark keeps no partial result, so it starts "
+                              "again when rerun", exc.exit_code) from None
         except Dfmp2Error as exc:
             raise RunFailure(f"benchmark side {function.__name__} failed: {exc}") from None
 
