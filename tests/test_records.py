@@ -262,6 +262,33 @@ def test_a_second_run_on_a_record_in_use_is_refused(tmp_path, run_cli):
 OUT_OF_CORE = ("--memory", "800KB")
 
 
+# A SIGTERM sent the moment the MP2 stage's read-ahead thread is created, inside Thread.start.
+SIGTERM_AS_A_THREAD_STARTS = """
+import os, signal, sys, threading
+start = threading._start_new_thread
+def start_then_stop(function, args, *rest):
+    ident = start(function, args, *rest)
+    owner = getattr(function, "__self__", None)
+    if isinstance(owner, threading.Thread) and owner.name.startswith("ThreadPoolExecutor"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    return ident
+threading._start_new_thread = start_then_stop
+from dfmp2.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_sigterm_as_a_thread_starts_is_one_line(tmp_path):
+    """Raised inside Thread.start, the stop broke the threading module's bookkeeping, and the
+    new thread printed a KeyError traceback before the error line."""
+    proc = subprocess.run([python_exe(), "-c", SIGTERM_AS_A_THREAD_STARTS, "run", *DIMER,
+                           "--threads", "1", "-o", tmp_path / "d.h5"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=TIMEOUT_SECONDS)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "terminated by signal SIGTERM" in one_error_line(proc.stderr)
+    assert read_record(tmp_path / "d.h5").attrs["status"] == "interrupted"
+
+
 def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path, run_cli):
     record = tmp_path / "dimer.h5"
     args = (*DIMER, *OUT_OF_CORE, "-o", record)

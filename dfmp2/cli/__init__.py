@@ -32,6 +32,7 @@ from dfmp2.entry import EXIT_SIGINT
 from dfmp2.errors import Dfmp2Error, Interrupted
 from dfmp2.system import interrupts
 from dfmp2.system.files import printable
+from kernels import threads
 
 __all__ = ["main", "cli"]
 
@@ -41,9 +42,14 @@ def _raise_interrupted(signum: int, frame) -> None:
     # saving of the interrupted record that the first one started.
     if interrupts.pending():
         return
-    raise interrupts.request(Interrupted(
+    stop = interrupts.request(Interrupted(
         f"terminated by signal {signal.Signals(signum).name}; what was finished is in the "
         "record, and rerunning the same command resumes it", 128 + signum))
+    if threads.starting():
+        # Raised inside Thread.start, it would break the new thread's bookkeeping.
+        threads.defer(interrupts.raise_if_requested)
+        return
+    raise stop
 
 
 def _quiet_kept_interrupt(unraisable) -> None:
