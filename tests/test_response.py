@@ -9,6 +9,7 @@ Eh/Bohr off).
 from __future__ import annotations
 
 import json
+import shutil
 
 import h5py
 import numpy as np
@@ -26,7 +27,7 @@ from dfmp2.input.xyz import read_xyz
 from dfmp2.scf.reference import ScfOptions, lowest_hessian_eigenvalue, run_scf
 from test_gradient import central_difference, converged_scf
 
-from conftest import molecule_path
+from conftest import WATER_RECORD_ARGS, molecule_path
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -146,3 +147,26 @@ def test_the_stability_search_finds_a_mode_outside_its_unit_start_vectors(tmp_pa
     assert lowest < -1e-2
     assert lowest_hessian_eigenvalue(mf) == pytest.approx(lowest, abs=1e-6)
     assert result.section.stability == "unstable"
+
+
+def test_stability_asked_of_a_resumed_or_reused_record_is_checked(run_cli, tmp_path,
+                                                                   water_record):
+    """--stability given to the run that resumes (or the batch that finds) a record made
+    without it was dropped: the result said 'not checked', exit 0."""
+    record = tmp_path / "w.h5"
+    shutil.copy(water_record, record)
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+        del h5["mp2"]
+    resumed = run_cli(*WATER_RECORD_ARGS, "--stability", "--json", "-o", record)
+    assert resumed.code == 0, resumed.err
+    assert json.loads(resumed.out)["stability"] == "stable"
+    out = tmp_path / "batch"
+    out.mkdir()
+    shutil.copy(water_record, out / "water-sto-3g.h5")
+    batch = run_cli("batch", molecule_path("water"), "--basis", "sto-3g", "--stability",
+                    "--out", out, "--json")
+    assert batch.code == 0, batch.err
+    assert json.loads(batch.out)[0]["status"] == "complete"
+    with h5py.File(out / "water-sto-3g.h5", "r") as h5:
+        assert h5["scf"].attrs["stability"] == "stable"

@@ -19,6 +19,7 @@ from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_supe
 from dfmp2.jobs.stages import (RunContext, calculate, check_differentiable, gradient_stage,
                                record_rank_stages, reference_stage)
 from dfmp2.records.checkpoint import RESUME, REUSE, RecordSaver
+from dfmp2.records.sections import ScfSection
 from dfmp2.records.tree import Node
 from dfmp2.system.distributed import World
 
@@ -29,6 +30,13 @@ class RunOutcome:
     path: Path
     exit_code: int
     reused: bool = False
+
+
+def holds_stability(record: Node) -> bool:
+    """Whether a complete record answers ``--stability``: one made without it is computed
+    again (a batch reused it and reported 'not checked')."""
+    section = ScfSection.read(record)
+    return section is not None and section.stability != "not checked"
 
 
 def run(settings: RunSettings, world: World | None = None, reuse_complete: bool = False,
@@ -45,7 +53,8 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
     plan = make_plan(calc, settings, env)
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env, same_inputs(inputs)) as session:
-        previous = shared_previous_run(session, inputs, settings.resume, reuse_complete)
+        previous = shared_previous_run(session, inputs, settings.resume, reuse_complete,
+                                       holds_stability if settings.stability else None)
         if previous.action == REUSE:
             return RunOutcome(previous.record, path, 0, reused=True)
         root = job.new_record()

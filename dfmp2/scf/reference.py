@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,16 +339,8 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     if tight is not None and tight.settled:
         log.info("the SCF settled at an orbital gradient of %.1e, where it stalled short of "
                  "the %.0e asked of these orbitals", tight.gradient, mf.conv_tol_grad)
-    stability, eigenvalue = "not checked", float("nan")
-    if mf.converged and (calc.reference == "uhf" or options.stability):
-        with blas():
-            eigenvalue = lowest_hessian_eigenvalue(mf)
-        stability = "stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"
-        if stability == "unstable":
-            log.warning("the %s reference is internally unstable (lowest orbital-Hessian "
-                        "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one "
-                        "is questionable", calc.reference_name.upper(), eigenvalue,
-                        calc.reference_name.upper())
+    with blas():
+        stability, eigenvalue = checked_stability(mf, calc, options)
     engine = scf_engine_section(with_df) if isinstance(with_df, KernelDF) else None
     section = ScfSection(float(e_tot), bool(mf.converged), cycles, calc.scf_method,
                          calc.reference_name, calc.jk_name(), engine_name(calc, options),
@@ -427,14 +420,37 @@ def orbital_problem(mol: gto.Mole, orbitals: StoredOrbitals) -> str | None:
     return None
 
 
+def checked_stability(mf: scf.hf.SCF, calc: Calculation,
+                      options: ScfOptions) -> tuple[str, float]:
+    """(``stable``/``unstable``/``not checked``, the lowest orbital-Hessian eigenvalue) of the
+    converged ``mf``: checked for open shells, and for closed shells when asked."""
+    if not (mf.converged and (calc.reference == "uhf" or options.stability)):
+        return "not checked", float("nan")
+    eigenvalue = lowest_hessian_eigenvalue(mf)
+    stability = "stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"
+    if stability == "unstable":
+        log.warning("the %s reference is internally unstable (lowest orbital-Hessian "
+                    "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one "
+                    "is questionable", calc.reference_name.upper(), eigenvalue,
+                    calc.reference_name.upper())
+    return stability, eigenvalue
+
+
 def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals,
                  options: ScfOptions = ScfOptions()) -> ScfResult:
     """The SCF of an interrupted run, as a PySCF object carrying its orbitals (whose J/K, if
-    ever asked for, come from ``options.engine``; our engine then builds in fp64)."""
+    ever asked for, come from ``options.engine``; our engine then builds in fp64). Its
+    stability is checked now when asked and the interrupted run did not (``--stability``
+    given only to the resuming run was dropped without a word)."""
     mf = new_scf(calc, options, converging=False)
     mf.mo_coeff = orbitals.mo_coeff
     mf.mo_energy = orbitals.mo_energy
     mf.mo_occ = orbitals.mo_occ
     mf.e_tot = section.e_tot
     mf.converged = section.converged
+    if section.stability == "not checked":
+        with torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext():
+            stability, eigenvalue = checked_stability(mf, calc, options)
+        section = dataclasses.replace(section, stability=stability,
+                                      stability_eigenvalue=eigenvalue)
     return ScfResult(section, orbitals, mf)
