@@ -1,6 +1,7 @@
 """Batch runs (failures recorded, complete records skipped, shards) and `compare`."""
 from __future__ import annotations
 
+import shutil
 import csv
 import json
 import shlex
@@ -250,3 +251,16 @@ def test_an_unfinished_record_of_a_lines_earlier_options_is_moved_aside(run_cli,
     [kept] = (tmp_path / "out").glob("water-sto-3g.unfinished-*.h5")
     with h5py.File(kept, "r") as h5:
         assert h5.attrs["status"] == "interrupted" and h5["input"].attrs["frozen"] == 0
+
+
+def test_compare_shows_hostile_record_names_on_one_line_each(run_cli, tmp_path, water_record):
+    """A line break in a record's name was printed raw in compare's table: the row broke in
+    two, and a name could forge a row."""
+    names = [tmp_path / "a\nb.h5", tmp_path / "r\x1b[31m.h5"]
+    for name in names:
+        shutil.copy(water_record, name)
+    result = run_cli("compare", *names)
+    assert result.code == 0, result.err
+    rows = result.out.strip().splitlines()
+    assert len(rows) == 3, result.out
+    assert "a\\nb.h5" in rows[1] and "r\\x1b[31m.h5" in rows[2] and "\x1b" not in result.out

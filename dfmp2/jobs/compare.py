@@ -20,6 +20,7 @@ from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, schema
 from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection,
                                     read_inputs)
 from dfmp2.records.ledger import read_kernel_ledger
+from dfmp2.system.files import printable
 
 
 # The inputs that change what is computed, with the names a row's differences are shown by.
@@ -127,11 +128,15 @@ def format_table(pairs: list[tuple[Row, Row | None]]) -> str:
     for row, against in pairs:
         d_corr = f"{row.e_corr - against.e_corr:10.2e}" if against else f"{'-':>10}"
         d_tot = f"{row.e_tot - against.e_tot:10.2e}" if against else f"{'-':>10}"
-        lines.append(f"{row.label[-40:]:<40} {row.basis[:10]:<10} {row.kernels[:10]:<10} "
+        # Names escaped before they are cut to their columns: a line break printed raw
+        # forged a row, and escapes widened theirs.
+        label = printable(row.label, one_line=True)
+        lines.append(f"{label[-40:]:<40} {row.basis[:10]:<10} {row.kernels[:10]:<10} "
                      f"{row.e_scf:18.10f} "
                      f"{row.e_corr:16.10f} {row.e_tot:18.10f} {d_corr} {d_tot}   "
-                     f"{against.label if against else '(reference)'}")
-    unlike = [(row.label, differences(row, against)) for row, against in pairs]
+                     f"{printable(against.label, one_line=True) if against else '(reference)'}")
+    unlike = [(printable(row.label, one_line=True), differences(row, against))
+              for row, against in pairs]
     unlike = [(label, names) for label, names in unlike if names]
     if unlike:
         lines += ["", "not the same calculation as the record compared against (its "
