@@ -88,6 +88,14 @@ def test_moments_that_add_up_to_a_negative_spin_are_that_spins_state(tmp_path):
     up = atoms_of("oxygen")
     up.calc = DFMP2(basis="sto-3g", threads=1, spin=2)
     assert down.get_potential_energy() == pytest.approx(up.get_potential_energy(), abs=1e-9)
+    # Beside a multiplicity of 3 in atoms.info (as ase.io.read sets it) too: refused as
+    # disagreeing with it.
+    declared = atoms_of("oxygen")
+    declared.info["multiplicity"] = 3
+    declared.set_initial_magnetic_moments([-1.0, -1.0])
+    declared.calc = DFMP2(basis="sto-3g", threads=1)
+    assert declared.get_potential_energy() == pytest.approx(up.get_potential_energy(),
+                                                            abs=1e-9)
 
 
 def test_a_changed_parameter_discards_the_results(tmp_path):

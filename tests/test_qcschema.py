@@ -168,13 +168,16 @@ def test_an_error_does_not_point_at_the_calls_vanished_scratch_record():
 @pytest.mark.parametrize("molecule, keywords, message", [
     ({"molecular_charge": -20}, {},
      "check molecule.molecular_charge and molecule.molecular_multiplicity"),
-    ({}, {"auxbasis": "no-such-fit"}, "choose another with keyword auxbasis")])
+    ({}, {"auxbasis": "no-such-fit"}, "choose another with keyword auxbasis"),
+    # The record's messages said -o.
+    ({}, {"record": "/dev/null"}, "choose another keyword record")])
 def test_errors_name_the_atomic_inputs_fields_not_command_line_options(molecule, keywords,
                                                                         message):
     result = qcengine.compute({"molecule": {**water_molecule(), **molecule},
                                "driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
                                "keywords": keywords}, "dfmp2", return_version=2)
     assert not result.success and "--" not in result.error.error_message
+    assert " -o" not in result.error.error_message
     assert message in result.error.error_message
 
 

@@ -45,7 +45,7 @@ NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "sp
                "output", "resume", "show_progress", "command"}
 RUN_OPTIONS = {item.name for item in dataclasses.fields(RunSettings)} - NOT_OPTIONS
 # Command-line options whose RunSettings field has another name.
-OPTION_FIELDS = {"scf": "scf_method"}
+OPTION_FIELDS = {"scf": "scf_method", "output": "records"}
 # The atoms.info keys that set the charge and spin (ase.io.read's, from a comment line).
 INFO_KEYS = ("charge", "multiplicity")
 NOT_IN_A_WORD = re.compile(r"[^a-z0-9_+]")
@@ -160,10 +160,11 @@ class DFMP2(Calculator):
                              "initial charges", "charge")
         if spin is None:
             multiplicity = declared.get("multiplicity")
-            # Moments that add up to -2 (more beta than alpha) are the same triplet.
-            spin = abs(_agreed(None if multiplicity is None else multiplicity - 1,
-                               self.atoms.get_initial_magnetic_moments,
-                               "initial magnetic moments (2S)", "spin"))
+            # Moments that add up to -2 (more beta than alpha) are the same triplet, also
+            # beside a multiplicity of 3.
+            spin = _agreed(None if multiplicity is None else multiplicity - 1,
+                           lambda: abs(self.atoms.get_initial_magnetic_moments().sum()),
+                           "initial magnetic moments (2S, its sign aside)", "spin")
         return int(charge), int(spin)
 
     def check_state(self, atoms, tol: float = 1e-15) -> list[str]:
@@ -219,7 +220,7 @@ def info_declarations(info: dict, need_charge: bool, need_spin: bool) -> dict[st
 
 def _agreed(declared: int | None, per_atom, what: str, option: str) -> int:
     """The Atoms' ``info`` value, unless the per-atom values say otherwise."""
-    summed = _whole(per_atom().sum(), what)
+    summed = _whole(np.sum(per_atom()), what)
     if declared is None:
         return summed
     if summed and summed != declared:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from dfmp2.errors import Dfmp2Error
 
-COMMAND_LINE_OPTION = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)")
+COMMAND_LINE_OPTION = re.compile(r"(?<![\w-])(?:--([a-z][a-z0-9-]*)|-o\b)")
 
 
 @contextlib.contextmanager
@@ -27,7 +27,8 @@ def interface_errors(record: Path | None, temporary: bool,
             message = str(exc)
             if temporary and record is not None:
                 message = message.replace(f" (record {record})", "")
+            # -o is --output's short form.
             message = COMMAND_LINE_OPTION.sub(
-                lambda match: spelling(match.group(1)) or match.group(0), message)
+                lambda match: spelling(match.group(1) or "output") or match.group(0), message)
             exc.args = (message, *exc.args[1:])
         raise

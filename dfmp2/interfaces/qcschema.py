@@ -55,7 +55,7 @@ KEYWORDS: dict[str, tuple[str, type]] = {
 SPECIFICATION_NAMES = {"charge": "molecule.molecular_charge",
                        "spin": "molecule.molecular_multiplicity", "basis": "model.basis",
                        "xc": "model.method (a double hybrid's name or mix)",
-                       "method": "model.method"}
+                       "method": "model.method", "output": "keyword record"}
 # Keywords the command line takes from environment variables.
 ENVIRONMENT_KEYWORDS = {"nki_mode": "DFMP2_NKI_MODE", "require_nki": "DFMP2_REQUIRE_NKI"}
 RECORD_KEYWORD = "record"
