@@ -111,6 +111,18 @@ def test_an_explicit_shard_wins_over_the_array():
     assert parse_shard(None, {}) == (0, 1)
 
 
+def test_the_shard_an_array_task_takes_by_default_is_said(caplog):
+    """A task given a list of its own ran a third of it and reported success, without a
+    word on stderr."""
+    environ = slurm_environment([0, 1, 2], 2, 1)
+    assert parse_shard(None, environ) == (2, 3)
+    assert "runs shard 2/3 of the batch" in caplog.text
+    assert "give --shard 0/1 to run all of them" in caplog.text
+    caplog.clear()
+    parse_shard("array", environ)
+    assert not caplog.text
+
+
 @pytest.mark.parametrize("form", REGULAR_ARRAYS)
 def test_ranks_split_their_task_s_shard(form):
     """srun -n R inside each task of an array (or torchrun under --shard K/N): the ranks of a

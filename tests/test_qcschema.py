@@ -154,6 +154,17 @@ def test_bad_inputs_are_input_errors(spec, message):
     assert result.error.error_type == "input_error" and message in result.error.error_message
 
 
+def test_a_scratch_directory_that_cannot_hold_a_folder_is_an_input_error(tmp_path):
+    """QCEngine's scratch_directory missing: a traceback came back as an unknown_error."""
+    result = qcengine.compute({"molecule": water_molecule(), "driver": "energy",
+                               "model": {"method": "mp2", "basis": "sto-3g"}}, "dfmp2",
+                              task_config={"scratch_directory": str(tmp_path / "missing")},
+                              return_version=2)
+    assert not result.success and result.error.error_type == "input_error"
+    assert "scratch_directory" in result.error.error_message
+    assert "Traceback" not in result.error.error_message
+
+
 def test_an_error_does_not_point_at_the_calls_vanished_scratch_record():
     result = qcengine.compute({"molecule": water_molecule(), "driver": "energy",
                                "model": {"method": "mp2", "basis": "sto-3g"},

@@ -164,7 +164,13 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
     kept = atomic_input.specification.keywords.get(RECORD_KEYWORD)
     if kept is not None and not isinstance(kept, str):
         raise InputError(f"keyword {RECORD_KEYWORD} must be a path (a string), not {kept!r}")
-    with tempfile.TemporaryDirectory(prefix="dfmp2-qcschema-", dir=scratch_root) as scratch:
+    try:
+        folder = tempfile.TemporaryDirectory(prefix="dfmp2-qcschema-", dir=scratch_root)
+    except OSError as exc:
+        raise InputError(f"the task's scratch_directory {scratch_root} cannot hold dfmp2's "
+                         f"scratch folder ({exc.strerror or exc}); give a writable one"
+                         ) from None
+    with folder as scratch:
         output = Path(kept) if kept else Path(scratch) / "record.h5"
         with interface_errors(output, not kept, keyword_spelling):
             settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)

@@ -65,6 +65,12 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
     ... and left 2, 6, ... to no one when shard 1 ran in one process)."""
     if text is None:
         k, n = slurm_array_shard(environ) or (0, 1)
+        if n > 1:
+            # Documented, but a task given a list of its own would run a part of it and
+            # report success.
+            log.warning("this Slurm array task runs shard %d/%d of the batch (every %d-th "
+                        "molecule from the %s); give --shard 0/1 to run all of them", k, n, n,
+                        "first" if k == 0 else f"{k + 1}-th")
     elif text.strip().lower() == ARRAY_SHARD:
         shard = slurm_array_shard(environ)
         if shard is None:
