@@ -83,6 +83,15 @@ def test_run_text_and_show(run_cli, tmp_path):
     dumped = run_cli("show", record, "--all")
     assert "calls.mp2_energy.torch-cpu = 1" in dumped.out
     assert "fused_energy = True" in dumped.out
+    assert "SCS with" not in result.out and "settled" not in result.out
+
+
+def test_scs_energies_of_other_scales_say_so(run_cli, tmp_path):
+    """E_SCS of --scs-os 0.5 --scs-ss 2 was printed as if it were Grimme's."""
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--scs-os", "0.5",
+                     "--scs-ss", "2", "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    assert "(SCS with os 0.5, ss 2, not Grimme's 1.2, 1/3)" in result.out
 
 
 def test_check_passes_and_is_stored(run_cli, tmp_path):

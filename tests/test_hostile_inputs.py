@@ -289,6 +289,8 @@ def test_unstable_uhf_gradient_is_converged_and_flagged(corpus, run_cli, caplog)
     assert settled and 1e-8 <= float(settled.group(1)) < 1e-7
     summary = json.loads(result.out)
     assert summary["stability"] == "unstable" and summary["stability_eigenvalue"] < -1e-3
+    assert summary["scf_settled"] and float(settled.group(1)) == pytest.approx(
+        summary["orbital_gradient"], rel=0.1)
     with h5py.File(corpus / "no2.h5", "r") as record:
         gradient = record["gradient"]
         assert gradient.attrs["response_residual"] <= 1e-9

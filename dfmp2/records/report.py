@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dfmp2.input.xyz import parse_xyz
+from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.records.sections import (CheckSection, DoubleHybridSection, Mp2Section, ScfSection,
                                     Sizes, read_gradient, read_inputs, read_timings)
 from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
@@ -101,10 +102,18 @@ def summary(root: Node) -> str:
         lines.append(f"  Warning: the {scf.reference.upper()} reference is internally unstable "
                      f"(lowest orbital-Hessian eigenvalue {scf.stability_eigenvalue:.4g}); a "
                      "lower SCF solution exists and MP2 on this one is questionable")
+    if scf is not None and scf.settled:
+        lines.append(f"  Note: the SCF settled at an orbital gradient of "
+                     f"{scf.orbital_gradient:.1e}, where it stalled short of its threshold")
     lines.append("")
-    for label, value in _energy_rows(scf, Mp2Section.read(root),
-                                     double_hybrid):
+    energies = Mp2Section.read(root)
+    for label, value in _energy_rows(scf, energies, double_hybrid):
         lines.append(f"  {label:<10} {value:20.10f} Eh")
+    if (double_hybrid is None and energies is not None
+            and (energies.scs_os_scale, energies.scs_ss_scale)
+            != (SCS_OS_DEFAULT, SCS_SS_DEFAULT)):
+        lines.append(f"  (SCS with os {energies.scs_os_scale:g}, ss {energies.scs_ss_scale:g}, "
+                     f"not Grimme's {SCS_OS_DEFAULT:g}, 1/3)")
     check = CheckSection.read(root)
     if check is not None:
         lines.append(_check_line(check))
@@ -164,7 +173,7 @@ def json_summary(root: Node, path: str) -> dict:
                # JSON has no NaN: an older record has no orbital gradient.
                "orbital_gradient": (None if np.isnan(scf.orbital_gradient)
                                     else scf.orbital_gradient),
-               "stability": scf.stability,
+               "scf_settled": scf.settled, "stability": scf.stability,
                # JSON has no NaN: an unchecked reference has no eigenvalue.
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
                                         else scf.stability_eigenvalue),

@@ -193,6 +193,8 @@ class ScfSection(Section):
     """The lowest orbital-Hessian eigenvalue (PySCF's normalisation); NaN when not checked."""
     orbital_gradient: float = float("nan")
     """The norm of the orbital gradient at the SCF's last cycle (NaN in older records)."""
+    settled: bool = False
+    """Whether the SCF ended where it stalled, short of the orbital gradient it aimed at."""
 
 
 @dataclass(frozen=True)

@@ -270,15 +270,13 @@ class TightConvergence:
         """The orbital gradients of the exact cycles in a row below ``settle_at``."""
         self.settled = False
         """Whether the SCF ended short of the gradient aimed at."""
-        self.gradient = float("inf")
-        """The orbital gradient of the last cycle."""
 
     def __call__(self, envs: dict) -> bool:
-        self.gradient = float(envs["norm_gorb"])
         if self._tight(envs):
             return True
         exact = self.ladder is None or self.ladder.exact
-        self.held = self.held + [self.gradient] if exact and self.gradient < self.settle_at else []
+        gradient = float(envs["norm_gorb"])
+        self.held = self.held + [gradient] if exact and gradient < self.settle_at else []
         window = self.held[-SETTLE_CYCLES:]
         self.settled = len(window) == SETTLE_CYCLES and min(window) > 0.5 * window[0]
         return self.settled
@@ -338,14 +336,15 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
              calc.scf_method, e_tot, cycles, mf.converged)
     if tight is not None and tight.settled:
         log.info("the SCF settled at an orbital gradient of %.1e, where it stalled short of "
-                 "the %.0e asked of these orbitals", tight.gradient, mf.conv_tol_grad)
+                 "the %.0e asked of these orbitals", gradient, mf.conv_tol_grad)
     with blas():
         stability, eigenvalue = checked_stability(mf, calc, options)
     engine = scf_engine_section(with_df) if isinstance(with_df, KernelDF) else None
     section = ScfSection(float(e_tot), bool(mf.converged), cycles, calc.scf_method,
                          calc.reference_name, calc.jk_name(), engine_name(calc, options),
                          *grid_facts(mf), stability=stability, stability_eigenvalue=eigenvalue,
-                         orbital_gradient=gradient)
+                         orbital_gradient=gradient,
+                         settled=bool(tight is not None and tight.settled))
     orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
                               np.asarray(mf.mo_coeff))
     if not options.keep_integrals:
