@@ -762,3 +762,24 @@ def test_stored_steps_and_points_of_another_kind_are_input_errors(dataset, value
     points.groups["displacements"].datasets[dataset] = value
     with pytest.raises(InputError, match=f"/displacements {dataset}"):
         read_points(points)
+
+
+def test_a_resumed_run_drops_the_complete_copy_its_killed_rerun_set_aside(run_cli, tmp_path,
+                                                                          water_record):
+    """A rerun over a complete record sets it aside, then is killed; the run that resumes it
+    completes the same calculation, and the copy stayed beside it without a word."""
+    record = tmp_path / "w.h5"
+    copy = tmp_path / "w.superseded-20261128T1200000000.h5"
+    other = tmp_path / "w.superseded-20261127T1200000000.h5"
+    shutil.copy(water_record, copy)
+    shutil.copy(water_record, other)
+    with h5py.File(other, "r+") as h5:
+        h5["input"].attrs["basis"] = "6-31g"
+    shutil.copy(water_record, record)
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "interrupted"
+        del h5["mp2"]
+    result = run_cli(*WATER_RECORD_ARGS, "-o", record)
+    assert result.code == 0, result.err
+    assert read_record(record).attrs["status"] == "complete"
+    assert not copy.exists() and other.exists()

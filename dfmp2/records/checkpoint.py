@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dfmp2.errors import InputError
+from dfmp2.errors import Dfmp2Error, InputError
 from dfmp2.system import interrupts
 from dfmp2.mp2.pairs import PairKey
 from dfmp2.mp2.plan import BlockPlan
@@ -144,7 +144,24 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
             log.warning("%s holds a run of these inputs stopped before it finished anything; "
                         "starting it again", path)
         return PreviousRun(FRESH)
-    return PreviousRun(RESUME, previous)
+    return PreviousRun(RESUME, previous, _copy_of_the_same(path, inputs))
+
+
+def _copy_of_the_same(path: Path, inputs: CalculationInputs) -> Path | None:
+    """The newest complete record set aside beside ``path`` that holds the calculation of
+    ``inputs``: a rerun killed after it set the record aside leaves one, which the resumed
+    run makes redundant once it completes (it stayed, without a word)."""
+    for copy in sorted(path.parent.glob(f"{glob.escape(path.stem)}.superseded-*{path.suffix}"),
+                       reverse=True):
+        try:
+            root = read_record(copy)
+            stored = read_inputs(root)
+        except (Dfmp2Error, OSError):
+            continue
+        if (status(root) == COMPLETE and stored is not None
+                and not stored.differing(inputs, CalculationInputs.REUSE_FIELDS)):
+            return copy
+    return None
 
 
 # 'created' (ISO 8601 with its UTC offset) as digits: 20261125T0902270000.
