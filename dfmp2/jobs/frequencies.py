@@ -291,7 +291,8 @@ def run(settings: RunSettings, options: FrequencyOptions = FrequencyOptions(),
                                        sorted(points))
             if not options.sharded:
                 _analyse(calc, method_name(calc, settings), points, options, outcome)
-            session.complete(root, outcome.outputs)
+            session.outputs += outcome.outputs
+            session.complete(root)
             return outcome
 
         outcome = guarded(session, root, work)

@@ -299,14 +299,14 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             # recorded last one: the trajectory, and the energy, end at the final geometry.
             steps = log_steps.through(np.asarray(final.coords) / param.BOHR)
             write_steps(root, steps)
-            geometry = stage_text(xyz_path, lambda handle: handle.write(final.text),
-                                  XYZ_REMEDY)
+            session.outputs.append(stage_text(xyz_path, lambda handle: handle.write(final.text),
+                                              XYZ_REMEDY))
             write_timings(root, {"optimize": time.perf_counter() - t0})
             energy = float(steps.energies[-1])
             write_optimization(root, OptimizationSection(
                 True, convergence, json.dumps(criteria(convergence)), max_steps,
                 len(steps.energies), log_steps.replayed, energy, final.text, str(xyz_path)))
-            session.complete(root, [geometry])
+            session.complete(root)
             return OptimizeOutcome(root, path, final, xyz_path, energy, len(steps.energies),
                                    criteria(convergence))
 

@@ -110,14 +110,15 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
         inputs.write(root)
         ctx = RunContext(calc, settings, env, root, session.scratch_area("run"), plan,
                          RecordSaver(path, root) if world.is_root else None,
-                         previous.record if previous.action == RESUME else None)
+                         previous.record if previous.action == RESUME else None,
+                         outputs=session.outputs)
 
         def work() -> int:
             if ctx.saver is not None:
                 ctx.saver.save()
             properties_stage(ctx, reference_stage(ctx, keep_integrals=True), request)
             record_rank_stages(ctx)
-            session.complete(root, ctx.outputs)
+            session.complete(root)
             return 0
 
         exit_code = guarded(session, root, work)

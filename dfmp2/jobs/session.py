@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,6 +59,9 @@ class RecordSession:
         self.restored = False
         self.superseded: Path | None = None
         """The complete record this job set aside, which a failure leaves as it is."""
+        self.outputs: list[StagedText] = []
+        """The job's text files written beside their places: in place once the record is
+        complete, dropped if it never is."""
         self.superseded_outputs: list[tuple[Path, Path]] = []
         """Files set aside with it (where each is now, where it stood): they go back with
         the record when a run that wrote nothing puts the record back."""
@@ -87,6 +90,8 @@ class RecordSession:
         return self
 
     def __exit__(self, *exc) -> None:
+        for output in self.outputs:
+            output.discard()
         if self.lock is not None:
             if self._complete:
                 self._remove_leftovers()
@@ -121,17 +126,13 @@ class RecordSession:
         # Only a record that says complete makes the scratch files redundant.
         self._complete = state == COMPLETE
 
-    def complete(self, root: Node, outputs: Sequence[StagedText] = ()) -> None:
-        """End the record ``complete``. The job's other files (``outputs``, written beside
-        their places: the optimised geometry, a Molden file) go in place only once the record
-        that says so is written; when it cannot be, they are dropped, earlier files of those
-        names stay as they were, and the record is left as ``fail`` leaves it."""
-        try:
-            self.finish(root, COMPLETE)
-        except BaseException:
-            for output in outputs:
-                output.discard()
-            raise
+    def complete(self, root: Node) -> None:
+        """End the record ``complete``. The job's other files (:attr:`outputs`: the optimised
+        geometry, a Molden file) go in place only once the record that says so is written;
+        when it cannot be, they are dropped, earlier files of those names stay as they were,
+        and the record is left as ``fail`` leaves it."""
+        self.finish(root, COMPLETE)
+        outputs, self.outputs = self.outputs, []
         for output in outputs:
             output.commit()
 

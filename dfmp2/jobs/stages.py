@@ -59,7 +59,8 @@ class RunContext:
     previous: Node | None = None
     timings: dict[str, float] = field(default_factory=dict)
     outputs: list[StagedText] = field(default_factory=list)
-    """Text files the job writes beside its record, in place once the record is complete."""
+    """Text files the job writes beside its record, in place once the record is complete
+    (its session's :attr:`dfmp2.jobs.session.RecordSession.outputs`)."""
 
 
 @dataclass(frozen=True)

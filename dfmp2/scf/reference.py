@@ -11,8 +11,8 @@ and conventional integrals run whole on every rank, each in its own files.
 from __future__ import annotations
 
 import contextlib
-import logging
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
