@@ -15,7 +15,7 @@ import kernels
 from conftest import molecule_path, pyscf_molecule
 from dfmp2.df.auxbasis import AuxBasis
 from dfmp2.df.store import ScratchArea
-from dfmp2.scf import jk, jk_tensor
+from dfmp2.scf import jk, jk_tensor, jk_tensor_build
 from dfmp2.scf.jk import JkEngine, factorize
 from dfmp2.scf.jk_tensor_build import build_jk_tensor
 from dfmp2.scf.engine import KernelDF, ScfKernels, use_kernel_engine
@@ -241,3 +241,16 @@ def test_screened_pairs_are_negligible_and_leave_the_energy(monkeypatch):
         energies.append(mf.kernel())
         assert engine_df.engine.tensor.screened_pairs == (screened.sum() if threshold else 0)
     assert abs(energies[0] - energies[1]) < 1e-11
+
+
+def test_the_tensor_units_hold_whole_shells():
+    """libcint computes whole shells: a shell cut between two units was computed for both
+    (14% more three-index integrals for (H2O)16)."""
+    mol = gto.M(atom=str(molecule_path("water_16")), basis="cc-pvdz", verbose=0)
+    ao_loc = mol.ao_loc_nr()
+    layout = jk_tensor.PairLayout(mol.nao_nr())
+    units = jk_tensor.row_units(layout, 1856, jk_tensor_build.UNIT_BYTES, ao_loc)
+    assert [u.mu0 for u in units[1:]] == [u.mu1 for u in units[:-1]]
+    assert units[0].mu0 == 0 and units[-1].mu1 == mol.nao_nr()
+    assert {u.mu0 for u in units} <= set(ao_loc.tolist())
+    assert max(u.rows for u in units) * 1856 * 8 <= jk_tensor_build.UNIT_BYTES

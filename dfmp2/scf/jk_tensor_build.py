@@ -77,7 +77,7 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
     columns = shares[world.rank]
     local = _open_slice(layout, len(columns), max(len(s) for s in shares), budget, scratch,
                         world)
-    units = row_units(layout, naux, UNIT_BYTES)
+    units = row_units(layout, naux, UNIT_BYTES, mol.ao_loc_nr())
     dealt = (deal_pairs(units, lambda unit: unit.rows, world.size) if world.size > 1
              else [units])
     computing = exchanging = 0.0
