@@ -96,11 +96,28 @@ def test_transform_gemm_batched_like_gemm(nk):
     b = torch.randn(3, 130, 129, dtype=torch.float64, generator=g)
     c = nk.transform_gemm(a, b)
     assert c.shape == (3, 7, 129)
-    assert rel_err(c, a @ b) < 1e-7  # the fp32 rounding of the inputs, nothing more
+    assert rel_err(c, a @ b) < 1e-8  # the split's tail rounding, not the inputs'
     before = dict(nk.launcher.launches)
     nk.transform_gemm(a.T.contiguous().T, b[0])  # a transposed view, one 2-D product
-    new = [s for s, c in nk.launcher.launches.items() if c != before.get(s, 0)]
-    assert new and all(s.startswith("gemm_split(") for s in new)
+    new = {s.split("(")[0] for s, c in nk.launcher.launches.items() if c != before.get(s, 0)}
+    assert new == {"gemm_split"}  # hi @ hi and the hi/lo cross terms alike
+
+
+def test_transform_gemm_does_not_round_its_fp64_operands(nk):
+    """Sums that cancel 2500-fold, as (P|i nu) C_vir does for H2 in aug-cc-pV5Z (|C_vir| near
+    200): rounding the fp64 operands to fp32 alone moved the product by 6e-5 (and E_corr by
+    2.6e-6 Eh, beyond fp32's 1e-6 target)."""
+    data = np.random.default_rng(5)
+    k = 400
+    a = 200.0 * data.standard_normal((32, k))
+    b = data.standard_normal((k, 40))
+    b -= np.linalg.lstsq(a, a @ b, rcond=None)[0] * 0.9996  # a @ b small beside its terms
+    exact, scale = a @ b, np.abs(a) @ np.abs(b)
+    assert np.max(scale / np.abs(exact)) > 1000
+    rounded = a.astype(np.float32).astype(np.float64) @ b.astype(np.float32).astype(np.float64)
+    ours = nk.transform_gemm(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    rounding_error, our_error = (np.max(np.abs(x - exact) / scale) for x in (rounded, ours))
+    assert our_error < 5e-9 and our_error < rounding_error / 5, (our_error, rounding_error)
 
 
 def test_transform_gemm_falls_back_under_its_own_name(nk, monkeypatch):

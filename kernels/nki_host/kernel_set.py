@@ -68,7 +68,7 @@ class NkiKernels:
     def transform_gemm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.policy.run(
             "transform_gemm",
-            lambda: self._tensor(gemm_split_host.transform_gemm(self.launcher, np32(a), np32(b))),
+            lambda: self._tensor(gemm_split_host.transform_gemm(self.launcher, np64(a), np64(b))),
             lambda: self._torch.transform_gemm(a.to(torch.float32), b.to(torch.float32)))
 
     def syrk(self, a: torch.Tensor, row_unit: int,
