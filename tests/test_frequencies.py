@@ -226,6 +226,13 @@ def test_a_killed_run_resumes_without_recomputing_finished_points(run_cli, tmp_p
     assert json.loads(again.out)["gibbs"] < summary["gibbs"]
 
 
+def test_the_record_counts_the_scf_kernel_calls_of_every_point(water):
+    """The points' SCFs ran on the J/K engine's kernels, which the record counted nowhere
+    (no /scf_engine; --json's fallbacks left the SCF's out)."""
+    engine = water.record.groups["scf_engine"].attrs
+    assert engine["calls.syrk.torch-cpu"] >= len(water.points)
+
+
 def test_shards_assemble_the_hessian_of_one_run(tmp_path, water, counted):
     calls, _ = counted
     settings = _settings(tmp_path, "sharded")
@@ -609,14 +616,16 @@ def test_rank_zero_counts_every_kept_points_kernel_calls_round_by_round():
     def point(index: int) -> Finished:
         return Finished(Point(index, np.zeros((2, 3)), -1.0, np.zeros((2, 3)), np.zeros(3)))
 
-    rank_one = iter([(point(2), None, ({("gemm", "torch"): 7}, 0, [])),
-                     (None, "the SCF did not converge", ({("gemm", "torch"): 3}, 1, ["why"]))])
+    rank_one = iter([(point(2), None, [({("gemm", "torch"): 7}, 0, []),
+                                       ({("syrk", "torch"): 2}, 0, [])]),
+                     (None, "the SCF did not converge", [({("gemm", "torch"): 3}, 1, ["why"]),
+                                                         ({("syrk", "torch"): 4}, 0, [])])])
 
     class RankZeroOfTwo(World):
         def gather(self, value, what):
             return [value, next(rank_one)]
 
-    accounting = KernelAccounting()
+    accounting, scf_accounting = KernelAccounting(), KernelAccounting()
 
     def evaluate(index: int) -> Finished:
         accounting.record("gemm", "torch", 5)
@@ -625,10 +634,12 @@ def test_rank_zero_counts_every_kept_points_kernel_calls_round_by_round():
     kept = []
     with pytest.raises(RunFailure, match="rank 1: the SCF did not converge"):
         compute_points([1, 2, 3, 4], evaluate, RankZeroOfTwo(2, 0), kept.extend,
-                       Progress(4, "points", False), accounting)
+                       Progress(4, "points", False), [accounting, scf_accounting])
     assert [done.point.index for done in kept] == [1, 2, 3]
     assert accounting.calls == {("gemm", "torch"): 5 + 7 + 5 + 3}
     assert accounting.fallbacks == 1 and accounting.fallback_reasons == ["why"]
+    # The SCF's ledger too: the other ranks' SCF calls were counted nowhere.
+    assert scf_accounting.calls == {("syrk", "torch"): 2 + 4}
 
 
 def test_a_linear_molecule_slightly_bent_is_analysed_as_linear():

@@ -187,6 +187,9 @@ def test_water_optimisation_ends_where_a_finite_difference_one_ends(tmp_path):
         steps = h5["optimize"].attrs["steps"]
         assert h5["optimize/coords"].shape == (steps, 3, 3)
         assert h5["optimize/energies"][-1] == pytest.approx(analytic.energy, abs=1e-12)
+        # Every step's SCF ran on the J/K engine's kernels: the record counts them (it had
+        # no /scf_engine, and --json's fallbacks left the SCF's out).
+        assert h5["scf_engine"].attrs["calls.syrk.torch-cpu"] >= steps
 
 
 def test_an_optimisation_that_runs_out_of_steps_fails_then_resumes(run_cli, tmp_path):

@@ -334,7 +334,8 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
         mine.append(index)
         return finished
 
-    compute_points(pending, evaluate, world, keep, progress, job.env.kernel_set.accounting)
+    compute_points(pending, evaluate, world, keep, progress,
+                   [job.env.kernel_set.accounting, job.env.scf_kernels.accounting])
     if world.size > 1 and pending:
         ranks = world.gather((busy, peak_resident_megabytes(), mine),
                              "gathering every rank's points and seconds")

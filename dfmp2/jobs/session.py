@@ -20,8 +20,9 @@ from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
 from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
 from dfmp2.records.lock import RecordInUse, RecordLock
-from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
-from dfmp2.records.ledger import write_kernel_ledger
+from dfmp2.records.ledger import write_accounting
+from dfmp2.records.sections import (CalculationInputs, ScfEngineSection, read_inputs,
+                                    write_timings)
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, RUNNING, SCHEMA, Node,
                                 RecordWriteError, read_record, set_status, status,
                                 write_record)
@@ -117,9 +118,12 @@ class RecordSession:
 
     def finish(self, root: Node, state: str, error: str | None = None) -> None:
         set_status(root, state, error)
-        accounting = self.env.kernel_set.accounting
-        write_kernel_ledger(root, dict(accounting.calls), accounting.fallbacks,
-                            list(accounting.fallback_reasons), self.env.kernel_set.report())
+        write_accounting(root, self.env.kernel_set.accounting, self.env.kernel_set.report())
+        # The SCF's kernels too, whatever the command (frequencies and optimize, whose SCFs
+        # are their points' and steps', wrote them nowhere).
+        scf = self.env.scf_kernels
+        if scf.accounting.calls or scf.accounting.fallbacks:
+            write_accounting(root, scf.accounting, scf.fast.report(), ScfEngineSection.group_name)
         write_timings(root, {"total": time.perf_counter() - self.t_start})
         if self.env.world.is_root:
             write_record(self.path, root)

@@ -31,7 +31,7 @@ from dfmp2.records.checkpoint import RecordSaver, resumable_pairs, stored_occ_bl
 from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, PlanSection,
                                     ScfEngineSection, Sizes, read_scf, write_distributed,
                                     write_gradient, write_rank_stages, write_scf, write_timings)
-from dfmp2.records.ledger import stored_calls, write_kernel_ledger
+from dfmp2.records.ledger import stored_calls, write_accounting
 from dfmp2.records.tree import Node, set_resumed
 from dfmp2.scf.engine import ScfKernels
 from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release_integrals,
@@ -192,10 +192,8 @@ def carry_ledger(previous: Node, count: int, accounting: KernelAccounting,
 def write_scf_ledger(node: Node, engine_kernels: ScfKernels) -> None:
     """``/scf_engine``'s kernel calls and fallbacks: the J/K engine's builds (the SCF's, and
     at the end the orbital response's)."""
-    ledger = engine_kernels.accounting
-    write_kernel_ledger(node, dict(ledger.calls), ledger.fallbacks,
-                        list(ledger.fallback_reasons), engine_kernels.fast.report(),
-                        ScfEngineSection.group_name)
+    write_accounting(node, engine_kernels.accounting, engine_kernels.fast.report(),
+                     ScfEngineSection.group_name)
 
 
 def reconciled_plan(ctx: RunContext) -> BlockPlan:

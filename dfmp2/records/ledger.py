@@ -40,6 +40,14 @@ def write_kernel_ledger(node: Node, calls: dict[tuple[str, str], int], fallbacks
     group.attrs.update(report)
 
 
+def write_accounting(node: Node, accounting, report: dict[str, Any],
+                     group_name: str = BackendFacts.group_name) -> None:
+    """A :class:`kernels.accounting.KernelAccounting`'s calls and fallbacks, with the kernel
+    set's ``report``, as :func:`write_kernel_ledger` writes them."""
+    write_kernel_ledger(node, dict(accounting.calls), accounting.fallbacks,
+                        list(accounting.fallback_reasons), report, group_name)
+
+
 @dataclass(frozen=True)
 class KernelLedger:
     """What :func:`read_kernel_ledger` gives back."""

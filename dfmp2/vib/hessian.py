@@ -8,7 +8,7 @@ finished points are gathered, so rank 0 can save them in the record before the n
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,12 +112,13 @@ class PointEvaluator:
 
 def compute_points(pending: list[int], evaluate: Callable[[int], Finished], world: World,
                    keep: Callable[[list[Finished]], None], progress: Progress,
-                   accounting: KernelAccounting) -> None:
+                   ledgers: Sequence[KernelAccounting]) -> None:
     """Compute the ``pending`` points, each rank one point per round; after each round every
-    rank hands the finished ones to ``keep`` (rank 0 saves them), and rank 0's ``accounting``
-    takes the kernel calls the other ranks made for them: a job that fails, or is stopped,
-    after a round counts the calls behind every point it kept. A point that fails on one rank
-    fails the job on every rank, after the points that did finish are kept."""
+    rank hands the finished ones to ``keep`` (rank 0 saves them), and rank 0's ``ledgers``
+    (the MP2 stage's and the SCF's) take the kernel calls the other ranks made for them: a
+    job that fails, or is stopped, after a round counts the calls behind every point it kept.
+    A point that fails on one rank fails the job on every rank, after the points that did
+    finish are kept."""
     for start in range(0, len(pending), world.size):
         batch = pending[start:start + world.size]
         mine, failure = None, None
@@ -130,12 +131,13 @@ def compute_points(pending: list[int], evaluate: Callable[[int], Finished], worl
                 if world.size == 1:
                     raise
                 failure = exc
-        calls = None if world.is_root else accounting.hand_over()
+        calls = None if world.is_root else [ledger.hand_over() for ledger in ledgers]
         shared = world.gather((mine, None if failure is None else str(failure), calls),
                               "gathering the displaced gradients")
         if world.is_root:
             for _, _, handed in shared[1:]:
-                accounting.absorb(handed)
+                for ledger, snapshot in zip(ledgers, handed):
+                    ledger.absorb(snapshot)
         finished = [done for done, _, _ in shared if done is not None]
         if finished:
             keep(finished)
