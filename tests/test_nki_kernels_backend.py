@@ -71,6 +71,17 @@ def test_forced_failure_warns_and_falls_back(nk, monkeypatch):
     assert nk.accounting.calls[("mp2_energy", "torch-cpu")] == 1
 
 
+def test_a_call_that_launches_nothing_is_not_counted_as_nki(nk):
+    """An empty operand (the H atom's beta channel) is answered on the host: it was counted
+    as a call that ran on the NKI executor."""
+    empty = nk.transform_gemm(torch.zeros((0, 130), dtype=torch.float64),
+                              torch.ones((130, 7), dtype=torch.float64))
+    assert empty.shape == (0, 7) and not nk.accounting.calls
+    nk.transform_gemm(torch.ones((3, 130), dtype=torch.float64),
+                      torch.ones((130, 7), dtype=torch.float64))
+    assert nk.accounting.calls == {("transform_gemm", nk.executor): 1}
+
+
 def test_require_nki_raises_instead_of_falling_back(nk, monkeypatch):
     nk.require_nki = True
 

@@ -3,7 +3,7 @@
 A kernel call runs on NKI; if that fails it either raises :class:`NkiRequired` (when NKI is
 required) or warns, counts a fallback in the accounting and runs the torch fp32 kernel (which
 records itself under its torch executor). A call is recorded under the NKI executor only when
-it really ran there.
+it really ran there: when it launched a kernel.
 """
 from __future__ import annotations
 
@@ -19,15 +19,19 @@ class FallbackPolicy:
     """Runs NKI calls for one kernel set: ``executor`` names where they run (e.g.
     ``nki-interpreter``); ``require_nki`` forbids the torch fallback."""
 
-    def __init__(self, accounting: KernelAccounting, executor: str, require_nki: bool) -> None:
+    def __init__(self, accounting: KernelAccounting, executor: str, require_nki: bool,
+                 launched: Callable[[], int]) -> None:
         self.accounting = accounting
         self.executor = executor
         self.require_nki = require_nki
+        self.launched = launched
+        """How many kernels the launcher has run so far."""
 
     def run(self, kernel: str, nki_call: Callable[[], Result],
             torch_call: Callable[[], Result]) -> Result:
         """``nki_call()``, recorded as ``kernel`` on the NKI executor; on failure NkiRequired,
         or a warning, a counted fallback and ``torch_call()``."""
+        before = self.launched()
         try:
             result = nki_call()
         except Exception as exc:
@@ -40,5 +44,8 @@ class FallbackPolicy:
                           f"fp32: {reason}", RuntimeWarning, stacklevel=3)
             self.accounting.record_fallback(kernel, reason)
             return torch_call()
-        self.accounting.record(kernel, self.executor)
+        # An empty operand (the beta channel of the H atom) is answered on the host without
+        # a launch: nothing ran on NKI to record.
+        if self.launched() > before:
+            self.accounting.record(kernel, self.executor)
         return result

@@ -40,7 +40,8 @@ class NkiKernels:
         self.device = device if device is not None else resolve_device(None)
         self.launcher = launcher if launcher is not None else Launcher()
         self.executor = self.launcher.executor
-        self.policy = FallbackPolicy(self.accounting, self.executor, require_nki)
+        self.policy = FallbackPolicy(self.accounting, self.executor, require_nki,
+                                     lambda: self.launcher.launches.total())
         self._torch = TorchKernels(precision="fp32", device=self.device, accounting=self.accounting)
         # (factor tensor, its identity and version, prepared layout): the metric is reused by
         # every fit chunk, and inverting its diagonal blocks each time would be wasted work
