@@ -174,6 +174,65 @@ def k_address_past_partitions():
 
 
 @nki.jit
+def k_psum_tile_across_banks():
+    # 2 KiB per partition at free offset 1: two banks under either reading of the offset.
+    nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum, address=(0, 1))
+
+
+@nki.jit
+def k_placed_tiles_overlap(a):
+    x = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf, address=(0, 0))
+    nisa.dma_copy(dst=x, src=a)
+    y = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf, address=(0, 0))
+    nisa.memset(dst=y, value=5.0)
+    out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=x)
+    return out
+
+
+@nki.jit
+def k_placed_tiles_apart(a):
+    x = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf, address=(0, 0))
+    nisa.dma_copy(dst=x, src=a)
+    y = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf, address=(0, 4096))
+    nisa.memset(dst=y, value=5.0)
+    out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=x)
+    return out
+
+
+KEPT_TILES = []
+
+
+@nki.jit
+def k_keep_a_tile(a):
+    tile = nl.load(a)
+    KEPT_TILES.append(tile)
+    out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, tile)
+    return out
+
+
+@nki.jit
+def k_reuse_a_kept_tile():
+    out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, KEPT_TILES[-1])
+    return out
+
+
+def test_a_tile_of_an_earlier_launch_is_refused():
+    """On-chip memory does not outlive its launch: a tile kept in a global and read by the
+    next launch returned the earlier launch's values."""
+    simulate(k_keep_a_tile)(arr(4, 4))
+    assert_rule_violation(k_reuse_a_kept_tile, (), "stale-tile", "(4, 4)")
+
+
+def test_placed_tiles_apart_are_accepted():
+    data = arr(128, 8)
+    assert np.array_equal(simulate(k_placed_tiles_apart)(data), data)
+
+
+@nki.jit
 def k_power_reduce(a):
     nisa.tensor_reduce(dst=sbuf((128, 1)), op=nl.power, data=nl.load(a), axis=1)
 
@@ -214,6 +273,8 @@ CASES = [
     (k_sbuf_partly_written, (arr(4, 6),), "sbuf-uninitialized", "(4, 8)"),
     (k_address_malformed, (), "address", "(0,)"),
     (k_address_past_partitions, (), "address", "(64, 8)"),
+    (k_psum_tile_across_banks, (), "psum-bank", "spans two banks"),
+    (k_placed_tiles_overlap, (arr(128, 8),), "address-overlap", "overlaps the live tile"),
     (k_power_reduce, (arr(128, 8),), "unsupported-op", "nl.power"),
     (k_equal_unbroadcast, (arr(1, 1), arr(128, 1)), "unbroadcast", "(128, 1)"),
     (k_equal_no_tile, (), "operand-type", "nl.equal"),

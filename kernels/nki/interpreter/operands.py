@@ -17,10 +17,17 @@ def tensor_arg(value: object, what: str) -> Tensor:
 
     Every instruction operand passes here, which also settles the deferred capacity check of
     the latest allocation."""
-    memory = current().memory
+    state = current()
+    memory = state.memory
     if memory.pending is not None:
         memory.verify()
     if isinstance(value, Tensor):
+        launch = value.storage.launch
+        if launch is not None and launch is not state:
+            raise NKIRuleError(
+                "stale-tile",
+                f"{what} {shape_str(value.shape)} is a {value.buffer!r} tile of an earlier kernel "
+                "launch; on-chip memory does not outlive its launch")
         return value
     raise NKIRuleError("operand-type", f"{what} must be a tensor/tile, got {type(value).__name__}")
 

@@ -29,6 +29,27 @@ class MemoryTracker:
         self.sbuf_bytes = 0
         self.psum_banks = 0
         self.pending: tuple[int, ...] | None = None
+        self.placed: list[tuple[weakref.ref, object, tuple[int, int], list]] = []
+
+    def place(self, owner: object, buffer: object, partitions: tuple[int, int],
+              spans: list[tuple[int, int]]) -> None:
+        """Record a tile placed with ``address=`` (its partitions, and its byte span under
+        each reading of the free offset); one that overlaps a live placed tile of the same
+        buffer under both readings is refused: the two would share memory, which the
+        interpreter, keeping every tile apart, would hide (x + y gave 6 where the device's y
+        had overwritten x, 10)."""
+        self.placed = [entry for entry in self.placed if entry[0]() is not None]
+        for other, other_buffer, other_partitions, other_spans in self.placed:
+            if (other_buffer is buffer and partitions[0] < other_partitions[1]
+                    and other_partitions[0] < partitions[1]
+                    and all(lo < other_hi and other_lo < hi for (lo, hi), (other_lo, other_hi)
+                            in zip(spans, other_spans))):
+                raise NKIRuleError(
+                    "address-overlap",
+                    f"a tile placed in {buffer!r} at partitions {partitions[0]}:{partitions[1]} "
+                    f"overlaps the live tile placed at {other_partitions[0]}:"
+                    f"{other_partitions[1]} of the same bytes")
+        self.placed.append((weakref.ref(owner), buffer, partitions, spans))
 
     def acquire_sbuf(self, owner: object, shape: tuple[int, ...], nbytes: int) -> None:
         """Account ``nbytes`` per partition of SBUF for ``owner`` until it is collected."""

@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from kernels.trn1 import PARTITIONS, PSUM_BYTES_PER_PARTITION, SBUF_BYTES_PER_PARTITION
+from kernels.trn1 import (PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES_PER_PARTITION,
+                          SBUF_BYTES_PER_PARTITION)
 
 from . import buffers as _buffers
 from .buffers import Buffer
@@ -41,7 +42,8 @@ class Storage:
     """Identity of one allocation: dtype, buffer, name, element count. Views of it share this
     object, so its lifetime (watched by the capacity tracker) is that of the last view."""
 
-    __slots__ = ("dtype", "buffer", "name", "size", "is_input", "fully_written", "__weakref__")
+    __slots__ = ("dtype", "buffer", "name", "size", "is_input", "fully_written", "launch",
+                 "__weakref__")
 
     def __init__(self, dtype: DType, buffer: Buffer, name: str, size: int,
                  is_input: bool = False) -> None:
@@ -50,6 +52,9 @@ class Storage:
         self.name = name
         self.size = size
         self.is_input = is_input
+        self.launch = None
+        """The launch (:class:`state.RunState`) an on-chip tile was allocated in: on-chip
+        memory does not outlive it."""
         # Set once one write covered every element: reads then skip the written-mask check
         # (elements never become unwritten again).
         self.fully_written = False
@@ -171,7 +176,8 @@ def allocate(shape: object, dtype: DType, buffer: Buffer, name: str = "",
                 f"(dim 0); the limit is {PARTITIONS}",
             )
         nbytes = math.prod(shape[1:]) * dtype.itemsize
-        memory = current().memory
+        storage.launch = current()
+        memory = storage.launch.memory
         if buffer is _buffers.psum:
             memory.acquire_psum(storage, shape, nbytes)
         else:
@@ -210,6 +216,18 @@ def check_address(t: Tensor, address: object) -> None:
             f"tile {shape} at address {address!r} runs past the {t.buffer!r} partitions "
             f"({PARTITIONS}) or partition bytes ({capacity})",
         )
+    # The byte spans of the tile under both readings of the free offset (bytes, elements):
+    # a tile is refused only where it breaks a rule under either.
+    spans = [(start, start + tile_bytes)
+             for start in (free_offset, free_offset * t.dtype.itemsize)]
+    if t.buffer is _buffers.psum and all(
+            lo // PSUM_BANK_BYTES != (hi - 1) // PSUM_BANK_BYTES for lo, hi in spans):
+        raise NKIRuleError(
+            "psum-bank",
+            f"PSUM tile {shape} at address {address!r} spans two banks; a matmul writes one "
+            f"bank of {PSUM_BANK_BYTES} B per partition")
+    current().memory.place(t.storage, t.buffer, (partition_offset,
+                                                 partition_offset + t.partitions), spans)
 
 
 def wrap_input(array: np.ndarray, dtype: DType, name: str) -> Tensor:
