@@ -304,3 +304,16 @@ def test_a_stop_in_a_benchmark_side_process_comes_back_as_a_stop():
 
 def _stopped_side(settings):
     raise Interrupted("terminated by signal SIGTERM; what was finished is in the record", 143)
+
+
+@pytest.mark.parametrize("variable, value", [("DFMP2_REQUIRE_NKI", "1"),
+                                             ("DFMP2_NKI_MODE", "hardware")])
+def test_nki_variables_on_a_torch_run_are_said_to_apply_to_nki_only(variable, value, run_cli,
+                                                                    tmp_path, monkeypatch,
+                                                                    caplog):
+    """Asked for NKI, given torch (the default backend off Trainium): it ran without a word."""
+    monkeypatch.setenv(variable, value)
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    assert "apply to the NKI backend; this run uses torch" in caplog.text

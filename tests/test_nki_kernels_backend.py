@@ -41,6 +41,17 @@ def test_kernels_assert_their_preconditions(interpreter_only, shared_launcher):
         run_profiled(interpreter_only, shared_launcher, "mp2_energy_os_fused",
                      np.ones((128, 128), f32), np.ones((128, 128), f32),
                      -np.ones((128, 1), f32), -np.ones((1, 128), f32), 1, 5)
+    # Constants out of their range, and operands of another dtype (cast by the DMA), ran.
+    with pytest.raises(AssertionError, match=r"diagonal_block must be 0 or 1, got 7"):
+        run_profiled(interpreter_only, shared_launcher, "mp2_energy", np.ones((4, 4), f32),
+                     -np.ones((4, 1), f32), -np.ones((2, 2), f32), 7)
+    with pytest.raises(AssertionError, match=r"resident must be 0 or 1, got 0 and 2"):
+        run_profiled(interpreter_only, shared_launcher, "mp2_energy_fused",
+                     np.ones((128, 4), f32), np.ones((128, 4), f32),
+                     -np.ones((4, 1), f32), -np.ones((1, 4), f32), 0, 2)
+    with pytest.raises(AssertionError, match=r"gemm_kernel: operands must be fp32"):
+        run_profiled(interpreter_only, shared_launcher, "gemm", np.ones((128, 128), np.int32),
+                     np.ones((128, 128), f32))
 
 
 def test_ladder_is_canonical():

@@ -133,6 +133,11 @@ def resolve_environment(settings: RunSettings, record_path: Path,
     except NkiUnavailable as exc:
         raise InputError(f"{exc}; set DFMP2_NKI_MODE to an available mode (interpreter runs "
                          "anywhere), or unset it") from None
+    if kernel_set.backend != "nki" and (settings.nki_mode or settings.require_nki):
+        # They ask for NKI, which --backend did not give: the record says torch, and so
+        # does this.
+        log.warning("DFMP2_NKI_MODE and DFMP2_REQUIRE_NKI apply to the NKI backend; this run "
+                    "uses %s (give --backend nki to run the NKI kernels)", kernel_set.backend)
     scratch_dir = Path(settings.scratch) if settings.scratch else record_path.parent
     if not scratch_dir.is_dir() or not os.access(scratch_dir, os.W_OK | os.X_OK):
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "

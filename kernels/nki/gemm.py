@@ -34,6 +34,8 @@ from kernels.trn1 import FP32_BYTES, GEMM_MAX_N, GEMM_STRIP_BYTES, TILE
 def gemm_kernel(a_t, b):
     k_size, m_size = a_t.shape
     n_size = b.shape[1]
+    assert a_t.dtype == nl.float32 and b.dtype == nl.float32, (
+        f"gemm_kernel: operands must be fp32, got {a_t.dtype} and {b.dtype}")
     assert b.shape[0] == k_size, f"gemm_kernel: a_t {a_t.shape} and b {b.shape} differ in K"
     assert k_size % TILE == 0 and m_size % TILE == 0, (
         f"gemm_kernel: K={k_size} and M={m_size} must be multiples of {TILE}")

@@ -53,6 +53,8 @@ def mp2_energy_kernel(t, denom_row, denom_col, diagonal_block):
         f"{n_col_orb} column orbitals")
     assert denom_row.shape == (row_size, 1), (
         f"mp2_energy_kernel: denom_row {denom_row.shape} must be ({row_size}, 1)")
+    assert diagonal_block in (0, 1), (
+        f"mp2_energy_kernel: diagonal_block must be 0 or 1, got {diagonal_block}")
     assert diagonal_block == 0 or n_row_orb == n_col_orb, (
         f"mp2_energy_kernel: a diagonal block needs as many row as column orbitals, got "
         f"{n_row_orb} x {n_col_orb}")

@@ -71,6 +71,9 @@ def mp2_energy_fused_kernel(b_row, b_col, denom_row, denom_col, diagonal_block, 
         f"orbitals of {nvir} virtuals")
     assert denom_row.shape == (row_cols, 1), (
         f"mp2_energy_fused_kernel: denom_row {denom_row.shape} must be ({row_cols}, 1)")
+    assert diagonal_block in (0, 1) and resident in (0, 1), (
+        f"mp2_energy_fused_kernel: diagonal_block and resident must be 0 or 1, got "
+        f"{diagonal_block} and {resident}")
     assert diagonal_block == 0 or n_row_orb == n_col_orb, (
         f"mp2_energy_fused_kernel: a diagonal block needs as many row as column orbitals, got "
         f"{n_row_orb} x {n_col_orb}")

@@ -65,6 +65,8 @@ def mp2_energy_os_fused_kernel(b_row, b_col, denom_row, denom_col, resident, col
         f"{denom_col.shape} must be ({n_rows}, 1) and (1, {n_cols})")
     assert n_cols <= OS_MAX_COLS, (
         f"mp2_energy_os_fused_kernel: {n_cols} columns exceed {OS_MAX_COLS}")
+    assert resident in (0, 1), (
+        f"mp2_energy_os_fused_kernel: resident must be 0 or 1, got {resident}")
     assert 1 <= col_group <= OS_COL_GROUP, (
         f"mp2_energy_os_fused_kernel: col_group={col_group} must be 1 .. {OS_COL_GROUP}")
     x_tiles = naux // TILE
