@@ -123,7 +123,7 @@ def test_the_tight_test_settles_only_on_exact_builds():
     only: an fp32 build's gradient below 1e-7 is no sign that the SCF has settled."""
     ladder = SimpleNamespace(exact=False, check_convergence=lambda envs: False)
     tight = TightConvergence(SimpleNamespace(conv_tol=CONV_TOL), ladder)
-    envs = {"norm_gorb": 0.5 * CONV_TOL_GRAD}
+    envs = {"norm_gorb": 0.5 * CONV_TOL_GRAD, "e_tot": -1.0, "last_hf_e": -1.0}
     assert not any(tight(envs) for _ in range(3 * SETTLE_CYCLES)) and not tight.settled
     ladder.exact = True
     assert [tight(envs) for _ in range(SETTLE_CYCLES)] == [False] * (SETTLE_CYCLES - 1) + [True]
@@ -139,11 +139,23 @@ def test_an_scf_still_converging_below_the_ceiling_does_not_settle():
     SETTLE_CYCLES cycles goes on towards the threshold aimed at."""
     tight = TightConvergence(SimpleNamespace(conv_tol=CONV_TOL), None)
     gradient = 0.9 * CONV_TOL_GRAD
-    for _ in range(4 * SETTLE_CYCLES):
-        envs = {"norm_gorb": gradient, "e_tot": -1.0, "last_hf_e": -2.0,
+    for _ in range(2 * SETTLE_CYCLES):  # staying above the 1e-8 aimed at
+        envs = {"norm_gorb": gradient, "e_tot": -1.0, "last_hf_e": -1.0,
                 "conv_tol": CONV_TOL, "conv_tol_grad": 0.1 * CONV_TOL_GRAD}
         assert not tight(envs)
         gradient *= 0.85
+    assert not tight.settled
+
+
+def test_an_scf_whose_energy_still_wanders_does_not_settle():
+    """A gradient stalled below the ceiling while the energy still moves by 1e-8 Eh a cycle
+    (a sextet Mn atom's B2PLYP SCF) has not settled anywhere."""
+    tight = TightConvergence(SimpleNamespace(conv_tol=CONV_TOL), None, KS_CONV_TOL_GRAD)
+    for cycle in range(4 * SETTLE_CYCLES):
+        envs = {"norm_gorb": 0.8 * KS_CONV_TOL_GRAD, "e_tot": -1.0 + 1e-8 * (cycle % 2),
+                "last_hf_e": -1.0 + 1e-8 * ((cycle + 1) % 2),
+                "conv_tol": CONV_TOL, "conv_tol_grad": CONV_TOL_GRAD}
+        assert not tight(envs)
     assert not tight.settled
 
 

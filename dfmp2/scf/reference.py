@@ -56,6 +56,11 @@ TIGHT_CONV_TOL_GRAD = 1e-8
 # UHF sits at a few 1e-8 (NO2 with one bond stretched converged at 1e-7, and at 1e-8 failed
 # after 100 cycles).
 SETTLE_CYCLES = 6
+# ... and with every one of those cycles changing the energy by less than this (Eh): a
+# stalled SCF creeps (OF's by 1e-12 Eh a cycle); one still wandering does not settle (a
+# sextet Mn atom's B2PLYP SCF, its gradient below the Kohn-Sham ceiling, rose by 7e-8 Eh over
+# six cycles).
+SETTLE_ENERGY_CHANGE = 1e-9
 # The ceiling for Kohn-Sham: its orbital gradient can stall at a floor set by the functional
 # on its grid, 2.6e-7 to 4.4e-7 for hydroxyl with B3LYP, B2PLYP and DSD-PBEP86 on grid level 3
 # (where a second-order solver makes no further step, PySCF 2.14), 1.1e-6 for OH at 0.97 A and
@@ -259,8 +264,9 @@ def settling_threshold(calc: Calculation) -> float:
 class TightConvergence:
     """PySCF's convergence test (or, with our engine, its precision ladder's) at the orbital
     gradient aimed at, which settles for less once the gradient has stayed below
-    ``settle_at`` for :data:`SETTLE_CYCLES` cycles of exact builds without halving: an SCF
-    still converging, however slowly, goes on."""
+    ``settle_at`` for :data:`SETTLE_CYCLES` cycles of exact builds without halving, each
+    changing the energy by less than :data:`SETTLE_ENERGY_CHANGE`: an SCF still converging,
+    however slowly, goes on, and one still wandering does not settle."""
 
     def __init__(self, mf: scf.hf.SCF, ladder: PrecisionLadder | None,
                  settle_at: float = CONV_TOL_GRAD) -> None:
@@ -276,7 +282,9 @@ class TightConvergence:
             return True
         exact = self.ladder is None or self.ladder.exact
         gradient = float(envs["norm_gorb"])
-        self.held = self.held + [gradient] if exact and gradient < self.settle_at else []
+        change = abs(float(envs["e_tot"]) - float(envs["last_hf_e"]))
+        held = exact and gradient < self.settle_at and change < SETTLE_ENERGY_CHANGE
+        self.held = self.held + [gradient] if held else []
         window = self.held[-SETTLE_CYCLES:]
         self.settled = len(window) == SETTLE_CYCLES and min(window) > 0.5 * window[0]
         return self.settled
