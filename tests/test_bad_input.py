@@ -179,6 +179,22 @@ def test_a_frozen_count_that_splits_a_degenerate_set_is_refused(command, run_cli
                    "-o", tmp_path / "b.h5").code == 0
 
 
+@pytest.mark.parametrize("frozen", ["5", "6"])
+def test_the_frozen_counts_suggested_for_an_open_shell_split_no_set_in_either_spin(
+        frozen, run_cli, tmp_path):
+    """Triplet O2: 5 was refused with 'freeze 4 or 6', and 6 with 'freeze 5 or 7', each
+    suggestion clean in one spin and refused in the other."""
+    molecule = tmp_path / "o2.xyz"
+    molecule.write_text("2\nmultiplicity=3\nO 0 0 0\nO 0 0 1.21\n")
+    result = run_cli("run", molecule, "--basis", "sto-3g", "--frozen", frozen,
+                     "-o", tmp_path / "a.h5")
+    _assert_one_line_error(result, f"freezing {frozen} occupied orbitals splits a set")
+    assert "freeze 4 or 7 instead" in result.err
+    for suggested in ("4", "7"):
+        assert run_cli("run", molecule, "--basis", "sto-3g", "--frozen", suggested,
+                       "-o", tmp_path / f"{suggested}.h5").code == 0
+
+
 def test_lithium_runs_with_a_generated_jk_fit(run_cli, tmp_path):
     """cc-pVDZ-JKFIT has no lithium; PySCF's even-tempered set takes its place, as PySCF's
     make_auxbasis does."""

@@ -97,27 +97,36 @@ def split_channels(mo_energy: np.ndarray, mo_coeff: np.ndarray, mo_occ: np.ndarr
     else:
         channels = [Channel(c, e, o, nfrozen, SINGLY_OCCUPIED)
                     for c, e, o in zip(mo_coeff, np.asarray(mo_energy), np.asarray(mo_occ))]
-    for channel in channels:
-        _refuse_a_split_degenerate_set(channel)
+    _refuse_a_split_degenerate_set(channels)
     return channels
 
 
-def _refuse_a_split_degenerate_set(channel: Channel) -> None:
+def _clean_counts(channel: Channel) -> set[int]:
+    """The frozen counts that split no degenerate set of ``channel``'s occupied orbitals."""
+    gaps = np.diff(channel.mo_energy[channel.occupied])
+    return {0, len(gaps) + 1} | {n for n in range(1, len(gaps) + 1)
+                                  if gaps[n - 1] >= FROZEN_BOUNDARY_GAP}
+
+
+def _refuse_a_split_degenerate_set(channels: list[Channel]) -> None:
     """Refuse a frozen count whose highest frozen orbital is degenerate (within
-    :data:`FROZEN_BOUNDARY_GAP`) with the lowest active one, naming the counts nearby that
-    split no set."""
-    energies = channel.mo_energy[channel.occupied]
-    if not 0 < channel.nfrozen < len(energies):
+    :data:`FROZEN_BOUNDARY_GAP`) with the lowest active one in any spin, naming the counts
+    nearby that split none in either (one spin's alone were refused in the other)."""
+    nfrozen = channels[0].nfrozen
+    occupied = [len(channel.occupied) for channel in channels]
+    if nfrozen == 0 or nfrozen >= max(occupied):
         return
-    gaps = np.diff(energies)
-    gap = float(gaps[channel.nfrozen - 1])
-    if gap >= FROZEN_BOUNDARY_GAP:
+    clean = [_clean_counts(channel) | set(range(n + 1, max(occupied) + 1))
+             for channel, n in zip(channels, occupied)]
+    if all(nfrozen in counts for counts in clean):
         return
-    clean = [n for n in range(len(energies) + 1)
-             if n in (0, len(energies)) or gaps[n - 1] >= FROZEN_BOUNDARY_GAP]
-    below = max(n for n in clean if n < channel.nfrozen)
-    above = min(n for n in clean if n > channel.nfrozen)
-    raise InputError(f"freezing {channel.nfrozen} occupied orbitals splits a set of degenerate "
+    split = next(c for c, counts in zip(channels, clean) if nfrozen not in counts)
+    energies = split.mo_energy[split.occupied]
+    gap = float(energies[nfrozen] - energies[nfrozen - 1])
+    everywhere = set.intersection(*clean)
+    below = max(n for n in everywhere if n < nfrozen)
+    above = min(n for n in everywhere if n > nfrozen)
+    raise InputError(f"freezing {nfrozen} occupied orbitals splits a set of degenerate "
                      f"ones (the highest frozen and the lowest active differ by {gap:.1e} Eh): "
                      f"the result would depend on the SCF's arbitrary choice within the set; "
                      f"freeze {below} or {above} instead")
