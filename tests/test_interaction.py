@@ -124,6 +124,10 @@ def test_a_multiplicity_in_the_comment_line_is_split_by_spins_or_refused(run_cli
     wrong = run_cli("interaction", xyz, "--split", "2", "--spins", "1,2", "--backend", "torch",
                     "-o", tmp_path / "b.h5")
     assert wrong.code == 2 and "--spins 1,2 adds up to 3" in wrong.err
+    # A negative 2S was refused as the monomer calculation's "--spin must be non-negative".
+    negative = run_cli("interaction", xyz, "--split", "2", "--spins", "2,-1", "--backend",
+                       "torch", "-o", tmp_path / "c.h5")
+    assert negative.code == 2 and "--spins 2,-1: each is a monomer's 2S" in negative.err
 
 
 @pytest.mark.parametrize("command", ["interaction", "optimize"])

@@ -70,6 +70,11 @@ def monomer_pair(given: tuple[int, int] | None, dimer_value: int | None, option:
                              f"{option} a,b, the two monomers' values, adding up to "
                              f"{dimer_value}")
         return 0, 0
+    if option == "--spins" and min(given) < 0:
+        # Refused later as 'monomer b cp: --spin must be non-negative', an option and a
+        # calculation the user never named.
+        raise InputError(f"--spins {given[0]},{given[1]}: each is a monomer's 2S = N_alpha - "
+                         "N_beta, at least 0 (the dimer's spin is their sum)")
     if dimer_value is not None and sum(given) != dimer_value:
         raise InputError(f"{option} {given[0]},{given[1]} adds up to {sum(given)}, but the "
                          f"comment line declares {declared} for the dimer; make them agree")
