@@ -783,3 +783,16 @@ def test_a_resumed_run_drops_the_complete_copy_its_killed_rerun_set_aside(run_cl
     assert result.code == 0, result.err
     assert read_record(record).attrs["status"] == "complete"
     assert not copy.exists() and other.exists()
+
+
+def test_show_of_an_older_unconverged_record_names_no_missing_gradient(run_cli, tmp_path,
+                                                                       water_record):
+    """A record written before /scf held the orbital gradient showed 'orbital gradient nan'."""
+    record = tmp_path / "w.h5"
+    shutil.copy(water_record, record)
+    with h5py.File(record, "r+") as h5:
+        h5["scf"].attrs["converged"] = False
+        del h5["scf"].attrs["orbital_gradient"]
+    shown = run_cli("show", record)
+    assert shown.code == 0, shown.err
+    assert "Warning: the SCF did not converge (after" in shown.out and "nan" not in shown.out

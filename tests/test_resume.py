@@ -191,6 +191,10 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
     for option in ("--basis", "--auxbasis"):
         shadowed = run_cli("run", "water.xyz", option, "sto-3g", "-o", "s.h5")
         assert shadowed.code == 2 and "give the file as ./sto-3g" in shadowed.err
+    # --ecp too: the library's potentials ran, with the file's digest recorded.
+    (tmp_path / "lanl2dz").write_text("notes\n")
+    shadowed = run_cli("run", "water.xyz", "--basis", "sto-3g", "--ecp", "lanl2dz", "-o", "s.h5")
+    assert shadowed.code == 2 and "give the file as ./lanl2dz" in shadowed.err
     # The default partner too (STO-3G's def2-SVP-JKFIT): read from the file, or, unreadable,
     # swapped for generated functions, it changed the energy by 0.1 Eh under the library name.
     (tmp_path / "sto-3g").unlink()

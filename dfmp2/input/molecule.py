@@ -87,6 +87,9 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
     name = basis if ecp is None else ecp.strip()
     if not name:
         raise InputError("--ecp needs a name, e.g. def2-svp, or 'none'")
+    if ecp is not None:
+        # The library's potentials would be used and the file's digest recorded.
+        refuse_shadowed_library_name(name, "--ecp")
     chosen = {symbol: name for symbol in present if element_ecp(name, symbol)}
     if ecp is not None and not chosen:
         raise InputError(f"ECP '{ecp}' has no core potential for any of "

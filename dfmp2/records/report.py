@@ -2,6 +2,8 @@
 and a dump of everything."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from dfmp2.input.xyz import parse_xyz
@@ -95,9 +97,11 @@ def summary(root: Node) -> str:
         lines.append(f"  error    {printable(error(root), one_line=True)}")
     scf = ScfSection.read(root)
     if scf is not None and not scf.converged:
-        lines.append(f"  Warning: the SCF did not converge (orbital gradient "
-                     f"{scf.orbital_gradient:.1e} after {scf.cycles} cycles); these energies "
-                     "are of an unconverged reference")
+        # An older record has no orbital gradient (NaN).
+        gradient = ("" if math.isnan(scf.orbital_gradient)
+                    else f"orbital gradient {scf.orbital_gradient:.1e} ")
+        lines.append(f"  Warning: the SCF did not converge ({gradient}after {scf.cycles} "
+                     "cycles); these energies are of an unconverged reference")
     if scf is not None and scf.stability == "unstable":
         lines.append(f"  Warning: the {scf.reference.upper()} reference is internally unstable "
                      f"(lowest orbital-Hessian eigenvalue {scf.stability_eigenvalue:.4g}); a "
