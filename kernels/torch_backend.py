@@ -10,7 +10,6 @@ from contextlib import contextmanager
 import torch
 
 from kernels.accounting import KernelAccounting
-from kernels.threads import threads_starting
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32}
 # Row stripes of at least this many rows keep each GEMM of syrk and of the fused energy
@@ -112,9 +111,7 @@ def pair_block_sums(t: torch.Tensor, denom_row: torch.Tensor, denom_col: torch.T
             parts = [rows(0)]
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                with threads_starting():
-                    futures = [pool.submit(rows, n) for n in range(workers)]
-                parts = [future.result() for future in futures]
+                parts = list(pool.map(rows, range(workers)))
     return math.fsum(p[0] for p in parts), math.fsum(p[1] for p in parts)
 
 

@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     handled = (signal.SIGTERM, signal.SIGINT)
     interrupts.clear()
     in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        threads.guard_thread_starts()
     previous = {s: signal.signal(s, _raise_interrupted) for s in handled} if in_main_thread else {}
     previous_hook, sys.unraisablehook = sys.unraisablehook, _quiet_kept_interrupt
     try:

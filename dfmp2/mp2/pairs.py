@@ -22,7 +22,6 @@ from dfmp2.system.distributed import DIAGONAL_COST, World, deal_pairs
 from dfmp2.errors import RunFailure
 from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT
 from dfmp2.system.progress import Progress
-from kernels.threads import threads_starting
 
 log = logging.getLogger(__name__)
 
@@ -250,9 +249,7 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
         def read(item):
             return readers[item[1].col_channel].columns(item[3])
 
-        # The one read-ahead thread starts at the first submit.
-        with threads_starting():
-            upcoming = pool.submit(read, mine[0]) if mine else None
+        upcoming = pool.submit(read, mine[0]) if mine else None
         for n in range(rounds):
             done = None
             if n < len(mine):
