@@ -84,7 +84,8 @@ def test_nki_gradient_runs_its_products_on_the_interpreter(run_cli, tmp_path, mo
     assert result.code == 0, result.err
     summary = json.loads(result.out)
     assert np.abs(np.array(summary["gradient"]) - expected.gradient).max() <= 1e-6
-    assert summary["e_tot"] == pytest.approx(expected.e_tot, abs=1e-7)
+    # The fp32 fit's own error (up to 1.5e-7 Eh, docs/kernels.md) is what remains here.
+    assert summary["e_tot"] == pytest.approx(expected.e_tot, abs=3e-7)
     with h5py.File(record, "r") as h5:
         backend = h5["backend"].attrs
         assert json.loads(backend["executors"]) == ["nki-interpreter"]

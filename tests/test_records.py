@@ -784,6 +784,11 @@ def test_a_resumed_run_drops_the_complete_copy_its_killed_rerun_set_aside(run_cl
     assert result.code == 0, result.err
     assert read_record(record).attrs["status"] == "complete"
     assert not copy.exists() and other.exists()
+    # Killed before it wrote its own record: only the copy stood at the name, and stayed.
+    record.unlink()
+    shutil.copy(water_record, copy)
+    assert run_cli(*WATER_RECORD_ARGS, "-o", record).code == 0
+    assert read_record(record).attrs["status"] == "complete" and not copy.exists()
 
 
 def test_show_of_an_older_unconverged_record_names_no_missing_gradient(run_cli, tmp_path,

@@ -86,7 +86,9 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
         if resume_required:
             log.warning("--resume: there is no record at %s, so nothing finished to resume; "
                         "starting the run", path)
-        return PreviousRun(FRESH)
+        # A rerun killed after it set a complete record aside, before writing its own, left
+        # only the copy: this run drops it once it completes the same calculation.
+        return PreviousRun(FRESH, superseded=_copy_of_the_same(path, inputs))
     try:
         previous = read_record(path)
     except InputError as exc:
@@ -156,7 +158,7 @@ def _copy_of_the_same(path: Path, inputs: CalculationInputs) -> Path | None:
         try:
             root = read_record(copy)
             stored = read_inputs(root)
-        except (Dfmp2Error, OSError):
+        except (Dfmp2Error, OSError, TypeError, ValueError, KeyError):
             continue
         if (status(root) == COMPLETE and stored is not None
                 and not stored.differing(inputs, CalculationInputs.REUSE_FIELDS)):
