@@ -1,6 +1,9 @@
 """The command line end to end: run, --json, the record, show, --check, python -m dfmp2."""
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import pickle
 import os
@@ -134,16 +137,26 @@ def test_a_run_started_with_standard_error_closed_completes(tmp_path):
         assert h5.attrs["status"] == "complete"
 
 
+class _FullDevice(io.StringIO):
+    """A standard output on a full device (as /dev/full is)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
 def test_a_result_that_standard_output_cannot_take_is_one_error_line(tmp_path):
     """stdout on a full device: the run is complete, but its result cannot be printed (a
     traceback from click's echo, exit 1)."""
+    from dfmp2.cli import main
+
     record = tmp_path / "w.h5"
-    with open("/dev/full", "w") as full:
-        proc = subprocess.run([python_exe(), "-m", "dfmp2", "run", str(molecule_path("water")),
-                               "--basis", "sto-3g", "--backend", "torch", "-o", str(record)],
-                              stdout=full, stderr=subprocess.PIPE, text=True, check=False)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
+    err = io.StringIO()
+    with (contextlib.redirect_stdout(_FullDevice()), contextlib.redirect_stderr(err),
+          pytest.raises(SystemExit) as ended):
+        main(["run", str(molecule_path("water")), "--basis", "sto-3g", "--backend", "torch",
+              "-o", str(record)])
+    assert ended.value.code == 1
+    assert err.getvalue().strip().splitlines() == [
         "Error: cannot write the result to standard output: No space left on device"]
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"

@@ -162,13 +162,13 @@ def test_a_record_too_large_for_any_failed_version_keeps_its_last_save_and_says_
     assert read_record(tmp_path / "f.h5").attrs["status"] == "complete"
 
 
-def test_an_optimised_geometry_file_stands_only_beside_a_complete_record(tmp_path):
+def test_an_optimised_geometry_file_stands_only_beside_a_complete_record(tmp_path, run_cli):
     """The final write of an optimisation's record fails on a full disk: the geometry file
     written just before it must go too, or a script would take it for a finished result."""
     args = (molecule_path("water"), "--basis", "sto-3g", "--backend", "torch", "--threads",
             "1", "-o", "w.h5")
-    full = run_with_file_limit(10**7, *args, cwd=tmp_path, command="optimize")
-    assert full.returncode == 0, full.stderr
+    full = run_cli("optimize", *args[:-1], tmp_path / "w.h5")
+    assert full.code == 0, full.err
     full_size = (tmp_path / "w.h5").stat().st_size
     geometry = (tmp_path / "w.xyz").read_text()
     # A rerun of other inputs on a disk full from its start: the complete record goes back,
@@ -192,14 +192,16 @@ def test_an_optimised_geometry_file_stands_only_beside_a_complete_record(tmp_pat
     assert leftovers(tmp_path) == []
 
 
-def test_a_molden_file_beside_a_complete_record_stays_when_a_rerun_cannot_write(tmp_path):
+def test_a_molden_file_beside_a_complete_record_stays_when_a_rerun_cannot_write(tmp_path,
+                                                                                run_cli):
     """frequencies --molden again with another pressure (the complete record's points
     analysed again) on a full disk: the record went back as it was, but its Molden file had
     been replaced and then removed with the failed run's outputs."""
     args = (molecule_path("water"), "--basis", "sto-3g", "--backend", "torch", "--threads",
             "1", "-o", "f.h5", "--molden", "m.molden")
-    first = run_with_file_limit(10**7, *args, cwd=tmp_path, command="frequencies")
-    assert first.returncode == 0, first.stderr
+    first = run_cli("frequencies", *args[:-4], "-o", tmp_path / "f.h5", "--molden",
+                    tmp_path / "m.molden")
+    assert first.code == 0, first.err
     record, molden = (tmp_path / "f.h5").read_bytes(), (tmp_path / "m.molden").read_text()
     rerun = run_with_file_limit(len(molden) + 4096, *args, "--pressure", "200000",
                                 cwd=tmp_path, command="frequencies")
