@@ -428,6 +428,29 @@ def test_qcengine_hessian_driver_and_ase_vibrations_agree_with_the_command(tmp_p
     assert np.abs(theirs - water.vibrations.frequencies).max() < 1.0
 
 
+def test_qcengine_hessian_driver_refuses_another_isotope(tmp_path):
+    """A D2O input (QCSchema masses) got H2O's frequencies, zero-point energy and
+    thermochemistry in its stdout and kept record, without a word; standard masses, the
+    most abundant isotope's (QCElemental's default) or the isotope-averaged, still run."""
+    import qcelemental
+    import qcengine
+
+    import dfmp2.qcengine  # noqa: F401  (registers the harness)
+    from dfmp2.interfaces.qcschema import refuse_isotopes
+
+    geometry = "O 0 0 0.1173\nH{} 0 0.7572 -0.4692\nH 0 -0.7572 -0.4692"
+    heavy = qcelemental.models.Molecule.from_data(geometry.format("@2.014101778"))
+    result = qcengine.compute({"molecule": heavy, "driver": "hessian",
+                               "model": {"method": "mp2", "basis": "sto-3g"}}, "dfmp2",
+                              task_config={"scratch_directory": str(tmp_path)})
+    assert not result.success and result.error.error_type == "input_error"
+    assert "atom 1 (H) has mass 2.014102 amu" in result.error.error_message
+    refuse_isotopes(qcelemental.models.Molecule.from_data(geometry.format("")))
+    refuse_isotopes(qcelemental.models.Molecule(
+        symbols=["O", "H", "H"], geometry=[0, 0, 0, 0, 1.4, -0.9, 0, -1.4, -0.9],
+        masses=[15.999, 1.008, 1.008]))
+
+
 def test_points_of_another_dispersion_are_not_taken(run_cli, tmp_path, caplog):
     """B2PLYP and B2PLYP-D3BJ share their MP2 scales, so a B2PLYP shard's points (energies
     and gradients without the dispersion) went into a B2PLYP-D3BJ Hessian and its energy,

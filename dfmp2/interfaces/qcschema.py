@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from pyscf.data import elements
 from pyscf.lib import param
 from qcelemental.models.v2 import (AtomicInput, AtomicProtocols, AtomicResult,
                                    AtomicSpecification, Model, Molecule, Provenance)
@@ -69,6 +70,9 @@ TASKS = {"energy": "energy", "gradient": "gradient", "properties": properties_jo
 # ``dfmp2 run --qcschema`` prints the version that ``qcelemental.models.AtomicResult`` (v1 in
 # qcelemental 0.50 and later) reads, and that QCEngine returns for a dict or v1 input.
 DEFAULT_PRINTED_VERSION = 1
+# A given mass this far (amu) from both the element's isotope-averaged mass and its most
+# abundant isotope's names another isotope (deuterium is 1.006 amu from hydrogen's).
+ISOTOPE_MASS_TOLERANCE = 0.01
 
 
 def molecule_geometry(molecule: Molecule) -> tuple[Geometry, frozenset[int]]:
@@ -77,6 +81,21 @@ def molecule_geometry(molecule: Molecule) -> tuple[Geometry, frozenset[int]]:
                                    "bohr", f"qcschema:{molecule.get_molecular_formula()}")
     ghosts = frozenset(n for n, real in enumerate(molecule.real) if not real)
     return geometry, ghosts
+
+
+def refuse_isotopes(molecule: Molecule) -> None:
+    """The hessian driver's frequencies, zero-point energy and thermochemistry use
+    isotope-averaged masses (the command line's), so a molecule that names another isotope is
+    refused: its Hessian would come with another isotopologue's vibrational analysis."""
+    for n, (symbol, mass) in enumerate(zip(molecule.symbols, molecule.masses)):
+        charge = elements.charge(symbol)
+        standard = (elements.MASSES[charge], elements.ISOTOPE_MAIN[charge])
+        if all(abs(float(mass) - m) > ISOTOPE_MASS_TOLERANCE for m in standard):
+            raise InputError(
+                f"atom {n} ({symbol}) has mass {float(mass):.6f} amu, another isotope's: the "
+                f"hessian driver's frequencies and thermochemistry use isotope-averaged masses "
+                f"({elements.MASSES[charge]:.4f} amu for {symbol}); give the standard masses "
+                f"and analyse the returned Hessian with your isotopes' masses")
 
 
 def _charge_spin(molecule: Molecule) -> tuple[int, int]:
@@ -181,6 +200,7 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
             elif settings.task == "frequencies":
                 if ghosts:
                     raise InputError("the hessian driver takes no ghost atoms")
+                refuse_isotopes(atomic_input.molecule)
                 outcome = frequencies_job.run(settings, geometry=geometry)
             else:
                 outcome = run_job.run(settings, geometry=geometry, ghosts=ghosts)
