@@ -86,6 +86,11 @@ def test_run_text_and_show(run_cli, tmp_path):
     dumped = run_cli("show", record, "--all")
     assert "calls.mp2_energy.torch-cpu = 1" in dumped.out
     assert "fused_energy = True" in dumped.out
+    # Long values whole: `show` sends a reader to --all for each rank's stage seconds, which
+    # were cut at 100 characters.
+    with h5py.File(record, "r") as h5:
+        builds = h5["scf_engine"].attrs["build_seconds"]
+    assert len(builds) > 100 and f"build_seconds = {builds}" in dumped.out
     assert "SCS with" not in result.out and "settled" not in result.out
 
 

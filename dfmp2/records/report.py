@@ -229,8 +229,7 @@ def method_energy(root: Node, method: str) -> float:
 def _format_value(value) -> str:
     if isinstance(value, float):
         return f"{value:.12g}"
-    text = str(value)
-    return text if len(text) <= 100 else text[:97] + "..."
+    return str(value)
 
 
 def dump(root: Node, indent: str = "") -> str:
