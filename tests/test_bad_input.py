@@ -354,6 +354,25 @@ def test_scale_factors_of_no_ordinary_size_are_refused(args, run_cli, tmp_path):
     assert "is not a scale factor" in result.err
 
 
+@pytest.mark.parametrize("command, args, message", [
+    ("gradient", ["--scs-os", "1.1"], "--scs-os scales SCS-MP2, and this computes MP2"),
+    ("properties", ["--method", "sos-mp2", "--scs-ss", "0.5", "--scs-os", "1"],
+     "--scs-os and --scs-ss scale SCS-MP2, and this computes SOS-MP2"),
+    ("frequencies", ["--scs-ss", "0.5"], "--scs-ss scales SCS-MP2, and this computes MP2"),
+    ("optimize", ["--scs-os", "1.1"], "and this computes MP2; add --method scs-mp2"),
+    ("properties", ["--xc", "b2plyp", "--scs-os", "2"],
+     "--scs-os scales SCS-MP2, not the double hybrid --xc b2plyp"),
+])
+def test_scales_a_method_does_not_use_are_refused(command, args, message, run_cli, tmp_path):
+    """An MP2 (or SOS-MP2, or double-hybrid) gradient, density or Hessian ignored
+    --scs-os/--scs-ss without a word: a user who meant SCS-MP2 got MP2's numbers."""
+    result = run_cli(command, molecule_path("water"), "--basis", "sto-3g", *args,
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 2
+    _assert_one_line_error(result, message)
+    assert not (tmp_path / "w.h5").exists()
+
+
 def test_energies_that_overflow_are_a_failure_not_infinity():
     """The results are checked too: a product that overflows fails with the options named,
     before it reaches the record or --json."""

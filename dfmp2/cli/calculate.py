@@ -13,7 +13,8 @@ import click
 from dfmp2.cli import views
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, record_options, with_options)
+                               XYZ_FILE, environment_settings, record_options,
+                               refuse_unused_scales, with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import interaction, optimize, run
 from dfmp2.system import distributed
@@ -95,6 +96,7 @@ def on_every_rank(job: Callable[..., Outcome], settings: RunSettings,
 def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int:
     """The relaxed analytic DF-MP2 (SCS, SOS) or double-hybrid gradient of MOLECULE, in
     Eh/Bohr."""
+    refuse_unused_scales(options["method"], options["xc"])
     settings = RunSettings(molecule=molecule, command=obj["command"], task="gradient",
                            **options, **environment_settings())
     if settings.output is None:
@@ -125,6 +127,7 @@ def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int
     """Optimise the geometry of MOLECULE with geomeTRIC on the DF-MP2 (SCS, SOS) or
     double-hybrid gradient."""
     refuse_ranks("optimize")
+    refuse_unused_scales(options["method"], options["xc"])
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
     outcome = optimize.run(settings, convergence, max_steps)

@@ -12,7 +12,8 @@ from dfmp2.cli import views
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, record_options, with_options)
+                               XYZ_FILE, environment_settings, record_options,
+                               refuse_unused_scales, with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, frequencies
 from dfmp2.records import report
@@ -54,6 +55,7 @@ def frequencies_command(obj: dict, molecule: Path, step: float, temperature: flo
                         **options) -> int:
     """Harmonic frequencies (cm^-1), IR intensities (km/mol) and thermochemistry of MOLECULE
     from central differences of the relaxed analytic DF-MP2 (SCS, SOS) gradient and dipole."""
+    refuse_unused_scales(options["method"], options["xc"])
     settings = RunSettings(molecule=molecule, command=obj["command"], **options,
                            **environment_settings())
     choice = frequencies.FrequencyOptions(step, temperature, pressure, molden,

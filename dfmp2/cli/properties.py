@@ -15,7 +15,8 @@ from dfmp2.cli import views
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, XC_OPTIONS, XYZ_FILE,
-                               environment_settings, record_options, with_options)
+                               environment_settings, record_options, refuse_unused_scales,
+                               with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import MAX_COORDINATE_ANGSTROM
 from dfmp2.jobs import properties
@@ -67,6 +68,7 @@ def properties_command(obj: dict, molecule: Path, density_kind: str, origin: np.
                        molden: Path | None, as_json: bool, **options) -> int:
     """Dipole, quadrupole, Mulliken and Löwdin charges and natural orbitals of the relaxed
     (or unrelaxed) DF-MP2 (SCS, SOS) density of MOLECULE, beside the SCF density's."""
+    refuse_unused_scales(options["method"], options["xc"])
     settings = RunSettings(molecule=molecule, command=obj["command"], task=properties.TASK,
                            **options, **environment_settings())
     if settings.output is None:
