@@ -115,6 +115,46 @@ def test_two_ranks_match_pyscf_on_their_orbitals(tmp_path):
     assert not list(tmp_path.glob(".two.h5.*"))
 
 
+SLOW_CHECK = """
+import sys
+import time
+
+import dfmp2.jobs.run as run_job
+from dfmp2.entry import main
+
+checked = run_job.run_check
+
+
+def slow_check(*args, **kwargs):
+    time.sleep(4)
+    return checked(*args, **kwargs)
+
+
+run_job.run_check = slow_check
+sys.argv[0] = "dfmp2"
+main()
+"""
+
+
+def test_a_check_longer_than_the_timeout_completes_on_ranks(tmp_path):
+    """--check runs PySCF's DF-MP2 on rank 0 alone; the other ranks waited for it in the last
+    gather, so a check longer than DFMP2_DIST_TIMEOUT failed the finished job, and every
+    resume failed the same way. Here rank 0's check takes 4 s against a 2 s timeout."""
+    script = tmp_path / "slow_check.py"
+    script.write_text(SLOW_CHECK)
+    record = tmp_path / "checked.h5"
+    command = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
+               "run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+               "--threads", "1", "--check", "--json", "-o", record]
+    job = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+                         env={**environment(), "DFMP2_DIST_TIMEOUT": "2"})
+    assert job.returncode == 0, job.stderr
+    assert json.loads(job.stdout)["check_passed"] is True
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete" and h5["distributed"].attrs["world_size"] == 2
+
+
 def _pairs_done(record) -> int:
     try:
         return len(read_record(record).groups["checkpoint"].datasets.get("pairs", []))

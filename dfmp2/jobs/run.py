@@ -69,11 +69,15 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
             passed = True
             if settings.task == "gradient":
                 gradient_stage(ctx, reference_stage(ctx, keep_integrals=True))
+                record_rank_stages(ctx)
             else:
                 outcome = calculate(ctx)
+                # The ranks' last collective comes first: PySCF's check runs on rank 0
+                # alone, and the others, waiting for it in a gather, failed the finished job
+                # once it took longer than DFMP2_DIST_TIMEOUT (and every resume again).
+                record_rank_stages(ctx)
                 if settings.check and world.is_root:
                     passed = run_check(calc, outcome, env.kernel_set.precision, root)
-            record_rank_stages(ctx)
             session.complete(root)
             return 0 if passed else 1
 
