@@ -45,7 +45,8 @@ from dfmp2.records.frequencies_section import (DisplacementSection, FrequenciesS
                                                copy_reference, has_reference, read_points,
                                                write_frequencies, write_points,
                                                write_reference)
-from dfmp2.records.sections import CalculationInputs, read_inputs, write_rank_stages
+from dfmp2.records.sections import (CalculationInputs, ScfSection, read_inputs,
+                                     write_rank_stages)
 from dfmp2.records.tree import (COMPLETE, FAILED, FREQUENCIES_SCHEMA, Node, read_record,
                                 schema, set_resumed, status, write_record)
 from dfmp2.scf.reference import check_scf_memory
@@ -416,6 +417,12 @@ def json_summary(outcome: FrequencyOutcome) -> dict:
                "precision": None if ledger is None else ledger.precision,
                "executors": executors_of(outcome.record),
                "fallbacks": fallbacks_of(outcome.record)}
+    # The input geometry's SCF: an unstable reference makes every point's numbers
+    # questionable, and a script reading the JSON had no way to tell.
+    scf = ScfSection.read(outcome.record)
+    if scf is not None:
+        summary.update({"stability": scf.stability, "stability_eigenvalue": (
+            None if np.isnan(scf.stability_eigenvalue) else scf.stability_eigenvalue)})
     if outcome.vibrations is None:
         k, n = outcome.options.shard
         return {**summary, "shard": f"{k}/{n}", "points": outcome.points}
