@@ -32,7 +32,7 @@ from pyscf.scf.diis import ADIIS, CDIIS, EDIIS
 from dfmp2.input.calculation import CalculationRequest, define_calculation
 from dfmp2.input.xyz import read_xyz
 from dfmp2.scf.engine import scf_kernels
-from dfmp2.scf.reference import KERNELS_DIIS_SPACE, ScfOptions, new_scf
+from dfmp2.scf.reference import ScfOptions, new_scf
 from dfmp2.system.blas_threads import torch_owns_the_cores
 
 MOLECULES = Path(__file__).resolve().parent.parent / "molecules"
@@ -57,7 +57,7 @@ class Option:
     init_guess: str = "minao"
     ladder: bool = True
     exact_energy_change: bool = True
-    diis_space: int = KERNELS_DIIS_SPACE
+    diis_space: int | None = None  # the engine's own for the reference
     diis_start_cycle: int = 1
     diis: str = "cdiis"
     small_basis: str | None = None
@@ -141,7 +141,8 @@ def run(name: str, option: Option) -> Outcome:
     kernels = scf_kernels("torch", "fp64", ladder=option.ladder)
     mf = new_scf(calc, ScfOptions("kernels", kernels, BUDGET, None))
     mf.init_guess = option.init_guess
-    mf.diis_space = option.diis_space
+    if option.diis_space is not None:
+        mf.diis_space = option.diis_space
     mf.diis_start_cycle = option.diis_start_cycle
     mf.DIIS = DIIS_CLASSES[option.diis]
     mf.with_df.ladder.exact_energy_change = option.exact_energy_change

@@ -159,3 +159,21 @@ def test_an_open_shell_energy_is_converged_past_its_soft_modes(run_cli, tmp_path
                      "--backend", "torch", "--json", "-o", tmp_path / "cn.h5")
     assert result.code == 0, result.err
     assert abs(json.loads(result.out)["e_corr"] - pt.e_corr) <= 1e-8
+
+
+def test_the_cn_radical_converges_on_our_engine(run_cli, tmp_path):
+    """With DIIS keeping 12 Fock matrices the CN radical (cc-pVDZ, 1.172 Angstrom) stalled
+    47 mEh above its minimum for 100 cycles and the run failed, where PySCF's DF-UHF with its
+    8 converges (and with 12 stalls the same way): open shells keep PySCF's 8."""
+    from pyscf import gto
+    molecule = tmp_path / "cn.xyz"
+    molecule.write_text("2\nCN radical\nC 0 0 0\nN 0 0 1.172\n")
+    mol = gto.M(atom="C 0 0 0; N 0 0 1.172", basis="cc-pvdz", spin=1, verbose=0)
+    mf = scf.UHF(mol).density_fit(auxbasis="cc-pvdz-jkfit")
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-8
+    mf.kernel()
+    assert mf.converged
+    result = run_cli("run", molecule, "--spin", "1", "--basis", "cc-pvdz", "--threads", "1",
+                     "--backend", "torch", "--json", "-o", tmp_path / "cn.h5")
+    assert result.code == 0, result.err
+    assert abs(json.loads(result.out)["e_scf"] - mf.e_tot) <= 1e-9
