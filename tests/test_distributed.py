@@ -155,6 +155,50 @@ def test_a_check_longer_than_the_timeout_completes_on_ranks(tmp_path):
         assert h5.attrs["status"] == "complete" and h5["distributed"].attrs["world_size"] == 2
 
 
+SLOW_LAST_POINT = """
+import sys
+import time
+
+import dfmp2.vib.hessian as hessian
+from dfmp2.entry import main
+
+evaluate = hessian.PointEvaluator.evaluate
+
+
+def slow_last_point(self, index, coords):
+    if index == LAST:
+        time.sleep(4)
+    return evaluate(self, index, coords)
+
+
+LAST = int(sys.argv.pop(1))
+hessian.PointEvaluator.evaluate = slow_last_point
+sys.argv[0] = "dfmp2"
+main()
+"""
+
+
+def test_a_last_point_longer_than_the_timeout_completes_on_ranks(tmp_path):
+    """A frequency job's last round leaves a rank with no point (19 points on 2 ranks here):
+    it waited in a collective for the other rank's point, and a point longer than
+    DFMP2_DIST_TIMEOUT failed every such job at its end, and every resume. Here the last
+    point takes 4 s more against a 2 s timeout."""
+    script = tmp_path / "slow_point.py"
+    script.write_text(SLOW_LAST_POINT)
+    record = tmp_path / "freq.h5"
+    command = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
+               "18", "frequencies", molecule_path("water"), "--basis", "sto-3g", "--backend",
+               "torch", "--threads", "1", "--json", "-o", record]
+    job = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
+                         env={**environment(), "DFMP2_DIST_TIMEOUT": "2"})
+    assert job.returncode == 0, job.stderr
+    assert len(json.loads(job.stdout)["frequencies"]) == 3
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert len(h5["displacements"]["index"]) == 19
+
+
 def _pairs_done(record) -> int:
     try:
         return len(read_record(record).groups["checkpoint"].datasets.get("pairs", []))

@@ -648,7 +648,7 @@ def test_rank_zero_counts_every_kept_points_kernel_calls_round_by_round():
                                                          ({("syrk", "torch"): 4}, 0, [])])])
 
     class RankZeroOfTwo(World):
-        def gather(self, value, what):
+        def gather_when_all_arrive(self, value, what):
             return [value, next(rank_one)]
 
     accounting, scf_accounting = KernelAccounting(), KernelAccounting()

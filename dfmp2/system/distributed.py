@@ -297,11 +297,12 @@ class World:
         return out
 
     def gather_when_all_arrive(self, value, what: str) -> list:
-        """:meth:`gather` for ranks that arrive hours apart (a batch's shares): each rank
-        marks its arrival in the process group's store and looks every fraction of a second
-        for the others, with no deadline (a collective's timeout would end the early ranks)
-        and its signal handlers running; a rank that dies ends the job through the
-        launcher, or the store that rank 0 holds."""
+        """:meth:`gather` for ranks that arrive hours apart (a batch's shares, the last round
+        of a frequency job's points): each rank marks its arrival in the process group's
+        store and looks every fraction of a second for the others, with no deadline (a
+        collective's timeout would end the early ranks) and its signal handlers running; a
+        rank that dies ends the job through the launcher, the store that rank 0 holds, or
+        (on this rank's machine) the look at its process every second."""
         if self.size == 1:
             return [value]
         self.meetings += 1
@@ -313,11 +314,17 @@ class World:
         def check() -> None:
             arrived[0] = store.check(keys)
 
+        next_check = time.monotonic() + PEER_CHECK_SECONDS
         while True:
             _guard(check, what)
             if arrived[0]:
                 return self.gather(value, what)
             time.sleep(ARRIVAL_POLL_SECONDS)
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + PEER_CHECK_SECONDS
+                lost = self.peers.lost()
+                if lost is not None:
+                    raise RunFailure(f"distributed run broken while {what}: {lost}")
 
     def close(self, failed: bool = False) -> None:
         """Leave the process group. After a failure a collective may still be waiting on a

@@ -132,8 +132,12 @@ def compute_points(pending: list[int], evaluate: Callable[[int], Finished], worl
                     raise
                 failure = exc
         calls = None if world.is_root else [ledger.hand_over() for ledger in ledgers]
-        shared = world.gather((mine, None if failure is None else str(failure), calls),
-                              "gathering the displaced gradients")
+        # A round's points take the same time on every rank but the last round's, where a
+        # rank with no point waits a whole point's time: longer than DFMP2_DIST_TIMEOUT, a
+        # collective's wait failed every such job at its end (and its every resume).
+        shared = world.gather_when_all_arrive(
+            (mine, None if failure is None else str(failure), calls),
+            "gathering the displaced gradients")
         if world.is_root:
             for _, _, handed in shared[1:]:
                 for ledger, snapshot in zip(ledgers, handed):
