@@ -36,16 +36,18 @@ def torchrun(nproc: int, *args: str, command: str = "run") -> list[str]:
             "-m", "dfmp2", command, *map(str, args)]
 
 
-def on_ranks(nranks: int, command: str, *args) -> CliResult:
-    """``dfmp2 COMMAND ARGS`` on ``nranks`` ranks started as ``srun`` starts a step's tasks
-    (one process each, told its rank by SLURM_PROCID), or in this process for one (the single
-    process a distributed result is checked against). Without torchrun's own interpreter in
-    front, a job starts about 2 s sooner; the torchrun tests are in this file. The output is
-    every rank's, rank 0's first."""
+def on_ranks(nranks: int, command: str, *args, program: list[str] | None = None,
+             variables: dict[str, str] | None = None) -> CliResult:
+    """``dfmp2 COMMAND ARGS`` (or ``program COMMAND ARGS``) on ``nranks`` ranks started as
+    ``srun`` starts a step's tasks (one process each, told its rank by SLURM_PROCID), or in
+    this process for one (the single process a distributed result is checked against), with
+    the environment's ``variables``. Without torchrun's own interpreter in front, a job
+    starts about 2 s sooner; the torchrun tests are in this file. The output is every
+    rank's, rank 0's first."""
     if nranks == 1:
         return run_in_process(command, *args)
     port = str(free_port())
-    base = {name: value for name, value in environment().items()
+    base = {name: value for name, value in {**environment(), **(variables or {})}.items()
             if name not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     with tempfile.TemporaryDirectory() as folder:
         streams = [(Path(folder) / f"{r}.out", Path(folder) / f"{r}.err") for r in range(nranks)]
@@ -53,7 +55,8 @@ def on_ranks(nranks: int, command: str, *args) -> CliResult:
         for rank, (out, err) in enumerate(streams):
             with open(out, "w") as stdout, open(err, "w") as stderr:
                 ranks.append(subprocess.Popen(
-                    [python_exe(), "-m", "dfmp2", command, *map(str, args)], stdout=stdout,
+                    [*(program or [python_exe(), "-m", "dfmp2"]), command, *map(str, args)],
+                    stdout=stdout,
                     stderr=stderr, env={**base, "SLURM_PROCID": str(rank),
                                         "SLURM_LOCALID": str(rank),
                                         "SLURM_STEP_NUM_TASKS": str(nranks),
@@ -126,7 +129,7 @@ checked = run_job.run_check
 
 
 def slow_check(*args, **kwargs):
-    time.sleep(4)
+    time.sleep(3)
     return checked(*args, **kwargs)
 
 
@@ -139,18 +142,15 @@ main()
 def test_a_check_longer_than_the_timeout_completes_on_ranks(tmp_path):
     """--check runs PySCF's DF-MP2 on rank 0 alone; the other ranks waited for it in the last
     gather, so a check longer than DFMP2_DIST_TIMEOUT failed the finished job, and every
-    resume failed the same way. Here rank 0's check takes 4 s against a 2 s timeout."""
+    resume failed the same way. Here rank 0's check takes 3 s more against a 2 s timeout."""
     script = tmp_path / "slow_check.py"
     script.write_text(SLOW_CHECK)
     record = tmp_path / "checked.h5"
-    command = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
-               "run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
-               "--threads", "1", "--check", "--json", "-o", record]
-    job = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
-                         env={**environment(), "DFMP2_DIST_TIMEOUT": "2"})
-    assert job.returncode == 0, job.stderr
-    assert json.loads(job.stdout)["check_passed"] is True
+    job = on_ranks(2, "run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                   "--threads", "1", "--check", "--json", "-o", record,
+                   program=[python_exe(), str(script)], variables={"DFMP2_DIST_TIMEOUT": "2"})
+    assert job.code == 0, job.err
+    assert json.loads(job.out)["check_passed"] is True
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete" and h5["distributed"].attrs["world_size"] == 2
 
@@ -167,7 +167,7 @@ evaluate = hessian.PointEvaluator.evaluate
 
 def slow_last_point(self, index, coords):
     if index == LAST:
-        time.sleep(4)
+        time.sleep(3)
     return evaluate(self, index, coords)
 
 
@@ -182,18 +182,16 @@ def test_a_last_point_longer_than_the_timeout_completes_on_ranks(tmp_path):
     """A frequency job's last round leaves a rank with no point (19 points on 2 ranks here):
     it waited in a collective for the other rank's point, and a point longer than
     DFMP2_DIST_TIMEOUT failed every such job at its end, and every resume. Here the last
-    point takes 4 s more against a 2 s timeout."""
+    point takes 3 s more against a 2 s timeout."""
     script = tmp_path / "slow_point.py"
     script.write_text(SLOW_LAST_POINT)
     record = tmp_path / "freq.h5"
-    command = [python_exe(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
-               "18", "frequencies", molecule_path("water"), "--basis", "sto-3g", "--backend",
-               "torch", "--threads", "1", "--json", "-o", record]
-    job = subprocess.run(command, capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
-                         env={**environment(), "DFMP2_DIST_TIMEOUT": "2"})
-    assert job.returncode == 0, job.stderr
-    assert len(json.loads(job.stdout)["frequencies"]) == 3
+    job = on_ranks(2, "frequencies", molecule_path("water"), "--basis", "sto-3g", "--backend",
+                   "torch", "--threads", "1", "--json", "-o", record,
+                   program=[python_exe(), str(script), "18"],
+                   variables={"DFMP2_DIST_TIMEOUT": "2"})
+    assert job.code == 0, job.err
+    assert len(json.loads(job.out)["frequencies"]) == 3
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"
         assert len(h5["displacements"]["index"]) == 19

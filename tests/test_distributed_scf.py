@@ -1,8 +1,8 @@
 """The SCF on every rank (gloo, CPU): each rank builds its slice of the JK-fit tensor and its
-share of every J/K build, so 2 and 3 ranks give the single process's SCF (same cycles, same
-energies to 1e-9 Eh) for RHF, UHF with its stability check, a double hybrid, and a tensor out
-of core; a rank that dies during the SCF ends the job quickly, and its record is then
-rerun by one process.
+share of every J/K build, so 2 and 3 ranks give the single process's SCF (same cycles, one
+more or fewer for UHF, same energies to 1e-9 Eh) for RHF, UHF with its stability check, a
+double hybrid, and a tensor out of core; a rank that dies during the SCF ends the job
+quickly, and its record is then rerun by one process.
 
 Run as a script under torchrun (``python -m torch.distributed.run ... test_distributed_scf.py
 OUT``), this file builds the JK-fit tensor on every rank (Cholesky and eigen metric, slices in
@@ -172,7 +172,13 @@ def test_uhf_and_its_stability_check_on_two_ranks(tmp_path):
     assert_same_energies(ours, single)
     assert ours["stability"] == single["stability"] == "stable"
     assert abs(ours["stability_eigenvalue"] - single["stability_eigenvalue"]) <= 1e-6
-    assert scf_facts(tmp_path / "two.h5") == scf_facts(tmp_path / "one.h5")
+    # Each rank's fp32 builds sum its own slice of the fit functions, so the fp32 steps round
+    # differently from one process's; with PySCF's DIIS space of 8 for open shells, hydroxyl's
+    # fp64 tail then takes 14 cycles on two ranks and 15 in one process, to the same energy.
+    (cycles, builds, out_of_core), (cycles_one, builds_one, out_of_core_one) = (
+        scf_facts(tmp_path / "two.h5"), scf_facts(tmp_path / "one.h5"))
+    assert abs(cycles - cycles_one) <= 1 and abs(builds - builds_one) <= 1
+    assert out_of_core == out_of_core_one
 
 
 def test_a_rank_killed_during_the_scf_ends_the_job_and_one_process_reruns_it(tmp_path):
