@@ -692,3 +692,23 @@ def test_a_linear_molecule_slightly_bent_is_analysed_as_linear():
         assert found[offset].entropy == pytest.approx(found[0.0].entropy, rel=1e-6)
     bent = gto.M(atom="H 0.2 0 -1.068; C 0 0 0; N 0 0 1.172", basis="sto-3g")
     assert not harmonic(bent, hessian, np.zeros((9, 3))).linear
+
+
+def test_an_unstable_reference_is_warned_about_once_per_job(tmp_path, caplog, monkeypatch):
+    """NO2's unstable UHF gave the instability warning once per SCF: 20 times over its
+    frequency job's geometries. Here every SCF of hydroxyl's job reads as unstable: one
+    warning, each later SCF's at INFO, and a run's own SCF still warned outside the job."""
+    from dfmp2.jobs import run as run_job
+    from dfmp2.scf import reference
+
+    monkeypatch.setattr(reference, "lowest_hessian_eigenvalue", lambda mf: -0.05)
+    caplog.set_level(logging.INFO)
+    settings = _settings(tmp_path, "oh", molecule=molecule_path("hydroxyl"))
+    outcome = frequencies.run(settings)
+    unstable = [r for r in caplog.records if "internally unstable" in r.getMessage()]
+    assert [r.levelno for r in unstable].count(logging.WARNING) == 1
+    assert len(unstable) >= len(outcome.points), "every SCF was checked and logged"
+    caplog.clear()
+    run_job.run(replace(settings, task="run", output=tmp_path / "run.h5"))
+    assert [r.levelno for r in caplog.records
+            if "internally unstable" in r.getMessage()] == [logging.WARNING]

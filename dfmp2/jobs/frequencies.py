@@ -49,7 +49,7 @@ from dfmp2.records.sections import (CalculationInputs, ScfSection, read_inputs,
                                      write_rank_stages)
 from dfmp2.records.tree import (COMPLETE, FAILED, FREQUENCIES_SCHEMA, Node, read_record,
                                 schema, set_resumed, status, write_record)
-from dfmp2.scf.reference import check_scf_memory
+from dfmp2.scf.reference import check_scf_memory, instability_warned_once
 from dfmp2.system.distributed import World
 from dfmp2.system.files import StagedText, refuse_overwriting, refuse_record_files
 from dfmp2.system.memory import peak_resident_megabytes
@@ -322,8 +322,6 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
 
     show = job.settings.show_progress if world.is_root else False
     progress = Progress(len(pending), "displaced gradients", show)
-    if world.rank < len(pending):
-        evaluator.start_from(reference)
     mine: list[int] = []
     busy = 0.0
 
@@ -335,8 +333,11 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
         mine.append(index)
         return finished
 
-    compute_points(pending, evaluate, world, keep, progress,
-                   [job.env.kernel_set.accounting, job.env.scf_kernels.accounting])
+    with instability_warned_once():
+        if world.rank < len(pending):
+            evaluator.start_from(reference)
+        compute_points(pending, evaluate, world, keep, progress,
+                       [job.env.kernel_set.accounting, job.env.scf_kernels.accounting])
     if world.size > 1 and pending:
         ranks = world.gather((busy, peak_resident_megabytes(), mine),
                              "gathering every rank's points and seconds")

@@ -11,8 +11,10 @@ and conventional integrals run whole on every rank, each in its own files.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,9 @@ from dfmp2.scf.engine import (KernelDF, PrecisionLadder, ScfKernels, scf_engine_
 from dfmp2.scf.numint import SharedGridNumInt
 
 log = logging.getLogger(__name__)
+# Inside :func:`instability_warned_once`: whether its warning was given.
+_instability_warned: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "instability_warned", default=None)
 
 SCF_METHODS = ("df", "conventional")
 # Where an SCF object keeps the scratch files it gave PySCF by name.
@@ -439,11 +444,32 @@ def checked_stability(mf: scf.hf.SCF, calc: Calculation,
     eigenvalue = lowest_hessian_eigenvalue(mf)
     stability = "stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"
     if stability == "unstable":
-        log.warning("the %s reference is internally unstable (lowest orbital-Hessian "
-                    "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one "
-                    "is questionable", calc.reference_name.upper(), eigenvalue,
-                    calc.reference_name.upper())
+        _warn_unstable(calc, eigenvalue)
     return stability, eigenvalue
+
+
+@contextlib.contextmanager
+def instability_warned_once() -> Iterator[None]:
+    """Within: an unstable reference is warned about once, and logged at INFO after that. A
+    frequency job's SCFs are the same reference 0.005 Bohr apart: NO2's unstable UHF gave
+    the same warning 20 times over its points."""
+    token = _instability_warned.set([False])
+    try:
+        yield
+    finally:
+        _instability_warned.reset(token)
+
+
+def _warn_unstable(calc: Calculation, eigenvalue: float) -> None:
+    warned = _instability_warned.get()
+    level = logging.INFO if warned is not None and warned[0] else logging.WARNING
+    scope = "" if warned is None else " (said once for all of this job's geometries)"
+    log.log(level, "the %s reference is internally unstable (lowest orbital-Hessian "
+            "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one is "
+            "questionable%s", calc.reference_name.upper(), eigenvalue,
+            calc.reference_name.upper(), scope)
+    if warned is not None:
+        warned[0] = True
 
 
 def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals,
