@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -29,9 +30,13 @@ class KernelAccounting:
     holds_earlier_ledger: bool = False
     """Whether an interrupted run's ledger was absorbed: it counts what that run built too
     (a B it left in scratch), which must not be counted twice."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, kernel: str, executor: str, count: int = 1) -> None:
-        self.calls[(kernel, executor)] += count
+        # A J/K build's threads record their products at once, and += on a Counter is a
+        # read and a write that another thread may come between.
+        with self._lock:
+            self.calls[(kernel, executor)] += count
 
     def record_fallback(self, kernel: str, reason: str) -> None:
         self.fallbacks += 1

@@ -9,6 +9,7 @@ import json
 import h5py
 import numpy as np
 import pytest
+import torch
 from pyscf import df, dft, gto, scf
 
 import kernels
@@ -112,6 +113,55 @@ def test_builds_equal_the_dense_contraction_of_the_stored_pairs(fit_screen, monk
         expected_k = np.einsum("pml,ls,psn->mn", stored, density, stored)
         assert np.abs(vj[0] - expected_j).max() <= 1e-12 * np.abs(expected_j).max()
         assert np.abs(vk[0] - expected_k).max() <= 1e-12 * np.abs(expected_k).max()
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32"])
+def test_builds_dealt_to_two_threads_equal_one_products_loop(precision, monkeypatch):
+    """With two torch threads a build deals the AO functions to two threads of one BLAS
+    thread each: J and K equal those of the same build with every function's products in
+    one loop on two BLAS threads, to the bit, with the same kernel calls counted; K equals
+    the dense contraction of the stored pairs."""
+    monkeypatch.setattr(jk_tensor, "CHUNK_PAIRS", 400)
+    monkeypatch.setattr(jk, "SUMMATION_BLOCK", 64)
+    monkeypatch.setattr(jk, "SINGLE_THREAD_WORK", 0)
+    mol = pyscf_molecule("water_dimer", "cc-pvdz")
+    auxmol = df.addons.make_auxmol(mol, df.make_auxbasis(mol))
+    tensor = build_jk_tensor(mol, auxmol, kernels.load("torch", "fp64"), 2**28, None)
+    assert len(tensor.layout.chunks) > 1
+    density = np.random.default_rng(7).standard_normal((mol.nao, mol.nao))
+    density = density @ density.T
+    workers = []
+    transform = JkEngine._transform_functions
+    monkeypatch.setattr(JkEngine, "_transform_functions",
+                        lambda self, *args: workers.append(args[-1]) or transform(self, *args))
+    shares = JkEngine._function_shares
+    results = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for dealt in (False, True):
+            if not dealt:
+                monkeypatch.setattr(JkEngine, "_function_shares", lambda self, chunk_pairs: [
+                    [int(mu) for mu in chunk_pairs.functions]])
+            else:
+                monkeypatch.setattr(JkEngine, "_function_shares", shares)
+            kernel_set = kernels.load("torch", precision)
+            vj, vk = JkEngine(tensor, kernel_set, kernels.load("torch", "fp64")).build(
+                density[None], [factorize(density, 1)])
+            results.append((vj, vk, dict(kernel_set.accounting.calls)))
+    finally:
+        torch.set_num_threads(threads)
+    assert set(workers) == {0, 1}
+    (vj_loop, vk_loop, calls_loop), (vj_dealt, vk_dealt, calls_dealt) = results
+    assert np.array_equal(vj_loop, vj_dealt) and np.array_equal(vk_loop, vk_dealt)
+    assert calls_loop == calls_dealt
+    lower = np.tril_indices(mol.nao)
+    stored = np.zeros((tensor.naux, mol.nao, mol.nao))
+    stored[:, lower[0], lower[1]] = tensor.store.read_rows(0, tensor.layout.npacked).numpy().T
+    stored += stored.transpose(0, 2, 1)
+    expected_k = np.einsum("pml,ls,psn->mn", stored, density, stored)
+    tolerance = 1e-12 if precision == "fp64" else 1e-5
+    assert np.abs(vk_dealt[0] - expected_k).max() <= tolerance * np.abs(expected_k).max()
 
 
 def test_hybrid_kohn_sham_through_the_engine_matches_pyscf():

@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from dfmp2.scf.jk_tensor import FP64_BYTES, JkTensor
+from dfmp2.system.distributed import deal_pairs
 from kernels import single_threaded_ops
 from kernels.interface import KernelSet
 
@@ -212,21 +214,49 @@ class JkEngine:
     def _transform_chunk(self, index: int, rows: torch.Tensor, sides: list,
                          targets: list) -> None:
         """Every AO function's part of G from one chunk's rows (fp64, the window's fit
-        functions): its pairs gathered once where the tensor is, then for each summation
-        block of ``targets`` (its G and its columns in the window) times the factor's rows
-        of their partners; written at the function's first chunk, added at later ones. Each
-        block's product is the same whatever the window, so are its bits."""
+        functions), the functions dealt to the host's threads (:meth:`_function_shares`)."""
+        shares = self._function_shares(self.tensor.pairs.chunks[index])
+        if len(shares) == 1:
+            self._transform_functions(index, rows, sides, targets, shares[0], 0)
+            return
+        with single_threaded_ops(), ThreadPoolExecutor(max_workers=len(shares)) as pool:
+            list(pool.map(lambda worker: self._transform_functions(
+                index, rows, sides, targets, shares[worker], worker), range(len(shares))))
+
+    def _function_shares(self, chunk_pairs) -> list[list[int]]:
+        """The chunk's AO functions dealt to the threads, by number of pairs. On the host each
+        function's products are thin (nocc rows by its partners by a summation block), and
+        BLAS's two threads on one such product gained little: the half transform of a
+        (H2O)16 build took 0.42-0.48 s that way, 0.32-0.37 s with the functions dealt to two
+        threads of one BLAS thread each (docs/performance.md). A function is done by one
+        thread, in the same calls whatever the deal, so the bits do not follow it."""
+        functions = [int(mu) for mu in chunk_pairs.functions]
+        workers = torch.get_num_threads() if self.kernel_set.executor == "torch-cpu" else 1
+        if workers < 2 or len(functions) < 2 * workers:
+            return [functions]
+        starts = chunk_pairs.starts
+        shares = deal_pairs(functions, lambda mu: starts[mu + 1] - starts[mu], workers)
+        return [sorted(share) for share in shares if share]
+
+    def _transform_functions(self, index: int, rows: torch.Tensor, sides: list,
+                             targets: list, functions: list[int], worker: int) -> None:
+        """Functions' parts of G from one chunk: each one's pairs gathered once where the
+        tensor is, then for each summation block of ``targets`` (its G and its columns in the
+        window) times the factor's rows of their partners; written at the function's first
+        chunk, added at later ones. Each block's product is the same whatever the window, so
+        are its bits. ``worker`` names this thread's work arrays."""
         ks = self.kernel_set
         chunk_pairs = self.tensor.pairs.chunks[index]
         partners_on_device = self._device_partners(index)
         first = self.tensor.pairs.first_chunk
         width = rows.shape[1]
-        gathered = self._buffer(("gathered",), (self.tensor.layout.nao + 1) * width,
+        gathered = self._buffer(("gathered", worker), (self.tensor.layout.nao + 1) * width,
                                 rows.dtype, rows.device)
-        for mu in chunk_pairs.functions:
+        for mu in functions:
             a, b = chunk_pairs.starts[mu], chunk_pairs.starts[mu + 1]
             block = self._in_kernel_precision(torch.index_select(
-                rows, 0, chunk_pairs.rows[a:b], out=gathered[:(b - a) * width].view(b - a, -1)))
+                rows, 0, chunk_pairs.rows[a:b], out=gathered[:(b - a) * width].view(b - a, -1)),
+                worker)
             partners = partners_on_device[a:b]
             for slot, (_, _, left, right) in enumerate(sides):
                 for side, factor in enumerate((left, right)):
@@ -263,14 +293,15 @@ class JkEngine:
                 product = ks.gemm(g_left, g_right.reshape(nao, -1).T).to(torch.float64)
             vk[n] += sign * k_scale * product.cpu().numpy()
 
-    def _in_kernel_precision(self, block: torch.Tensor) -> torch.Tensor:
+    def _in_kernel_precision(self, block: torch.Tensor, worker: int) -> torch.Tensor:
         """One function's gathered rows in the exchange kernels' dtype and device. A
-        conversion goes into storage kept from build to build: a fresh array per function
-        would be paid again in page faults every build."""
+        conversion goes into storage kept from build to build (one per thread): a fresh
+        array per function would be paid again in page faults every build."""
         ks = self.kernel_set
         if block.dtype == ks.dtype and block.device == ks.device:
             return block
-        staging = self._buffer(("staging",), (self.tensor.layout.nao + 1) * block.shape[1])
+        staging = self._buffer(("staging", worker),
+                               (self.tensor.layout.nao + 1) * block.shape[1])
         return staging[:block.numel()].view(block.shape).copy_(block)
 
     def _buffer(self, name: tuple, numel: int, dtype: torch.dtype | None = None,
