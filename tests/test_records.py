@@ -487,6 +487,31 @@ def test_records_of_one_name_in_two_folders_keep_their_own_files_in_a_shared_scr
     assert leftovers(shared) == []
 
 
+def test_a_resume_in_another_scratch_folder_removes_the_killed_runs_files(tmp_path, run_cli):
+    """A run killed with B in --scratch s1 and resumed with --scratch s2 (a cluster's
+    per-job scratch folder) rebuilt B in s2 and left the killed run's B, the run's largest
+    file, in s1 for good. The record names s1; the completed run removes its files there."""
+    first, second = tmp_path / "s1", tmp_path / "s2"
+    first.mkdir()
+    second.mkdir()
+    record = tmp_path / "dimer.h5"
+    proc = subprocess.Popen(dfmp2_command("run", *DIMER, *OUT_OF_CORE, "--scratch", first,
+                                          "-o", record),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_pairs(proc, record, 2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [name for name in leftovers(first) if name.endswith(".b0.bin")]
+    unrelated = first / ".dimer.h5.notes.bin"
+    unrelated.write_text("not a stage of this record's runs")
+    resumed = run_cli("run", *DIMER, *OUT_OF_CORE, "--scratch", second, "-o", record)
+    assert resumed.code == 0, resumed.err
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
+    assert leftovers(first) == [unrelated.name]
+    assert leftovers(second) == []
+
+
 # --------------------------------------------------------------- failures after the SCF
 
 def test_a_signal_that_code_caught_and_turned_into_another_error_stops_the_run(

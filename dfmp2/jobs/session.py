@@ -18,7 +18,7 @@ from dfmp2.df.store import ScratchArea
 from kernels.accounting import NkiRequired
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
-from dfmp2.records.checkpoint import FRESH, PreviousRun, examine_previous
+from dfmp2.records.checkpoint import FRESH, RESUME, PreviousRun, examine_previous
 from dfmp2.records.lock import RecordInUse, RecordLock
 from dfmp2.records.ledger import write_accounting
 from dfmp2.records.sections import (CalculationInputs, ScfEngineSection, read_inputs,
@@ -60,6 +60,10 @@ class RecordSession:
         self.restored = False
         self.superseded: Path | None = None
         """The complete record this job set aside, which a failure leaves as it is."""
+        self.earlier_scratch: Path | None = None
+        """The scratch folder of the killed run this job resumes, when it is another: its
+        files of this record are left there (a finished B, rebuilt here) until this job
+        completes and removes them."""
         self.outputs: list[StagedText] = []
         """The job's text files written beside their places: in place once the record is
         complete, dropped if it never is."""
@@ -100,21 +104,33 @@ class RecordSession:
 
     def _remove_leftovers(self) -> None:
         """Every scratch file of this record's stages, and of other ranks' stages, that is
-        still there (ours are removed as they are finished with): the result is written, so
-        none is needed again. A file that cannot go is reported, and the result stands."""
-        own = f".{self._scratch_prefix}."
+        still there (ours are removed as they are finished with), here and in the scratch
+        folder of the run this one resumed: the result is written, so none is needed again.
+        A file that cannot go is reported, and the result stands."""
         stale = [path for area in self._areas for path in area.leftovers()]
-        with contextlib.suppress(OSError):
-            stale += sorted(path for path in self.env.scratch_dir.iterdir()
-                            if path.name.startswith(own) and path.name.endswith(".bin")
-                            and RANK_STAGE.fullmatch(path.name[len(own):].split(".")[0]))
-        for path in stale:
+        stale += self._files_of_stages(self.env.scratch_dir, self._scratch_prefix)
+        if self.earlier_scratch is not None:
+            stale += self._files_of_stages(self.earlier_scratch,
+                                           scratch_prefix(self.path, self.earlier_scratch))
+        for path in sorted(set(stale)):
             try:
                 refuse_unless_regular(path, "remove it by hand")
                 path.unlink(missing_ok=True)
                 log.info("removed the scratch file %s of an earlier run", path)
             except (Dfmp2Error, OSError) as exc:
                 log.warning("the scratch file %s of an earlier run is left: %s", path, exc)
+
+    def _files_of_stages(self, folder: Path, prefix: str) -> list[Path]:
+        """The files in ``folder`` of this job's stages and of rank stages, named after the
+        record by ``prefix``."""
+        own = f".{prefix}."
+        stages = {area.prefix[len(self._scratch_prefix) + 1:] for area in self._areas}
+        with contextlib.suppress(OSError):
+            return sorted(path for path in folder.iterdir()
+                          if path.name.startswith(own) and path.name.endswith(".bin")
+                          and (path.name[len(own):].split(".")[0] in stages
+                               or RANK_STAGE.fullmatch(path.name[len(own):].split(".")[0])))
+        return []
 
     def finish(self, root: Node, state: str, error: str | None = None) -> None:
         set_status(root, state, error)
@@ -178,6 +194,19 @@ class RecordSession:
             except Interrupted:
                 log.info("a signal interrupted the final record write; writing it again")
         self.finish(root, state, error)
+
+def _other_scratch(record: Node, scratch_dir: Path) -> Path | None:
+    """The scratch folder that ``record``'s run used, when it is a folder other than
+    ``scratch_dir``."""
+    earlier = read_inputs(record)
+    if earlier is None or not earlier.scratch:
+        return None
+    folder = Path(earlier.scratch)
+    with contextlib.suppress(OSError):
+        if folder.is_dir() and not folder.samefile(scratch_dir):
+            return folder
+    return None
+
 
 def scratch_prefix(record: Path, scratch_dir: Path) -> str:
     """What a record's scratch files are named after: the record's name beside it; in a
@@ -309,5 +338,7 @@ def shared_previous_run(session: RecordSession, inputs: CalculationInputs, resum
         previous = examine_previous(session.path, SCHEMA, inputs, resume, reuse_complete,
                                     same_result=same_result, unfinished_aside=reuse_complete)
         session.superseded = previous.superseded
+        if previous.action == RESUME:
+            session.earlier_scratch = _other_scratch(previous.record, session.env.scratch_dir)
     return replace(previous,
                    action=world.broadcast(previous.action, "sharing the resume decision"))
