@@ -120,7 +120,8 @@ def test_builds_dealt_to_two_threads_equal_one_products_loop(precision, monkeypa
     """With two torch threads a build deals the AO functions to two threads of one BLAS
     thread each: J and K equal those of the same build with every function's products in
     one loop on two BLAS threads, to the bit, with the same kernel calls counted; K equals
-    the dense contraction of the stored pairs."""
+    the dense contraction of the stored pairs. Two densities at once: a symmetric one and a
+    general one (two-sided factors, as the gradient's response builds)."""
     monkeypatch.setattr(jk_tensor, "CHUNK_PAIRS", 400)
     monkeypatch.setattr(jk, "SUMMATION_BLOCK", 64)
     monkeypatch.setattr(jk, "SINGLE_THREAD_WORK", 0)
@@ -128,8 +129,9 @@ def test_builds_dealt_to_two_threads_equal_one_products_loop(precision, monkeypa
     auxmol = df.addons.make_auxmol(mol, df.make_auxbasis(mol))
     tensor = build_jk_tensor(mol, auxmol, kernels.load("torch", "fp64"), 2**28, None)
     assert len(tensor.layout.chunks) > 1
-    density = np.random.default_rng(7).standard_normal((mol.nao, mol.nao))
-    density = density @ density.T
+    random = np.random.default_rng(7).standard_normal((2, mol.nao, mol.nao))
+    densities = np.stack([random[0] @ random[0].T, random[1]])
+    factors = [factorize(densities[0], 1), factorize(densities[1], 0)]
     workers = []
     transform = JkEngine._transform_functions
     monkeypatch.setattr(JkEngine, "_transform_functions",
@@ -147,7 +149,7 @@ def test_builds_dealt_to_two_threads_equal_one_products_loop(precision, monkeypa
                 monkeypatch.setattr(JkEngine, "_function_shares", shares)
             kernel_set = kernels.load("torch", precision)
             vj, vk = JkEngine(tensor, kernel_set, kernels.load("torch", "fp64")).build(
-                density[None], [factorize(density, 1)])
+                densities, factors)
             results.append((vj, vk, dict(kernel_set.accounting.calls)))
     finally:
         torch.set_num_threads(threads)
@@ -159,9 +161,10 @@ def test_builds_dealt_to_two_threads_equal_one_products_loop(precision, monkeypa
     stored = np.zeros((tensor.naux, mol.nao, mol.nao))
     stored[:, lower[0], lower[1]] = tensor.store.read_rows(0, tensor.layout.npacked).numpy().T
     stored += stored.transpose(0, 2, 1)
-    expected_k = np.einsum("pml,ls,psn->mn", stored, density, stored)
     tolerance = 1e-12 if precision == "fp64" else 1e-5
-    assert np.abs(vk_dealt[0] - expected_k).max() <= tolerance * np.abs(expected_k).max()
+    for n, density in enumerate(densities):
+        expected_k = np.einsum("pml,ls,psn->mn", stored, density, stored)
+        assert np.abs(vk_dealt[n] - expected_k).max() <= tolerance * np.abs(expected_k).max()
 
 
 def test_hybrid_kohn_sham_through_the_engine_matches_pyscf():
