@@ -126,3 +126,25 @@ def test_a_basis_file_brings_its_core_potentials(run_cli, tmp_path, monkeypatch)
         with h5py.File(name, "r") as h5:
             assert json.loads(h5["input"].attrs["ecp"]) == {"I": "./mine.nw"}
             assert h5["input"].attrs["ecp_file"].startswith("sha256:")
+
+
+def test_an_ecp_file_that_starts_with_its_ecp_line(run_cli, tmp_path, monkeypatch):
+    """PySCF finds NWChem's ECP blocks only after a line break: a file of ECP blocks alone,
+    'ECP' on its first line, was refused as having no potential for any element. The
+    refusal now says why and how to fix the file; fixed so, it runs as the library's."""
+    monkeypatch.chdir(tmp_path)
+    library = (Path(gto.basis.__file__).parent / "def2-svp.dat").read_text().splitlines()
+    start = next(i for i, line in enumerate(library) if line.strip() == "ECP")
+    blocks = "\n".join(library[start:]) + "\n"
+    (tmp_path / "first.nw").write_text(blocks)
+    (tmp_path / "second.nw").write_text("# iodine's potential\n" + blocks)
+    (tmp_path / "hi.xyz").write_text("2\nhydrogen iodide\nH 0 0 0\nI 0 0 1.609\n")
+    common = ("hi.xyz", "--basis", "def2-svp", "--backend", "torch", "--json")
+    refused = run_cli("run", *common, "--ecp", "./first.nw", "-o", "first.h5")
+    assert refused.code == 2
+    assert "starts with its ECP line" in refused.err and "comment line" in refused.err
+    assert len(refused.err.strip().splitlines()) == 1
+    fixed = run_cli("run", *common, "--ecp", "./second.nw", "-o", "second.h5")
+    library_run = run_cli("run", *common, "-o", "library.h5")
+    assert fixed.code == 0 and library_run.code == 0, fixed.err + library_run.err
+    assert abs(json.loads(fixed.out)["e_tot"] - json.loads(library_run.out)["e_tot"]) <= 1e-10

@@ -73,6 +73,17 @@ def element_ecp(name: str, symbol: str) -> list | None:
     return None
 
 
+def _starts_with_ecp_line(path: str) -> bool:
+    """Whether the file ``path`` has ``ECP`` as its first line: PySCF finds NWChem's ECP
+    blocks only after a line break, so such a file read as holding no potential at all."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline()
+    except OSError:
+        return False
+    return first.strip().upper() == "ECP"
+
+
 def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[str, str]:
     """Element -> ECP name. By default a basis brings its own core potentials (def2-* from Rb
     on, LANL2DZ, cc-pVnZ-PP ...), as PySCF does with ``ecp=basis``; ``none`` runs all-electron;
@@ -92,6 +103,10 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
         refuse_shadowed_library_name(name, "--ecp")
     chosen = {symbol: name for symbol in present if element_ecp(name, symbol)}
     if ecp is not None and not chosen:
+        if _starts_with_ecp_line(name):
+            raise InputError(f"ECP file '{ecp}' starts with its ECP line, where PySCF's "
+                             "NWChem reader does not look for it; put a comment line "
+                             "('#') before it")
         raise InputError(f"ECP '{ecp}' has no core potential for any of "
                          f"{', '.join(present)}; choose another --ecp or 'none'")
     if ecp is not None and _in_library(basis):
