@@ -118,64 +118,59 @@ def test_two_ranks_match_pyscf_on_their_orbitals(tmp_path):
     assert not list(tmp_path.glob(".two.h5.*"))
 
 
-SLOW_CHECK = """
+SLOWED = """
+import importlib
+import os
 import sys
 import time
 
-import dfmp2.jobs.run as run_job
 from dfmp2.entry import main
 
-checked = run_job.run_check
+owner = importlib.import_module({module!r})
+for part in {path!r}[:-1]:
+    owner = getattr(owner, part)
+original = getattr(owner, {path!r}[-1])
+slowed = []
 
 
-def slow_check(*args, **kwargs):
-    time.sleep(3)
-    return checked(*args, **kwargs)
+def slowed_call(*args, **kwargs):
+    if not slowed and ({condition}):
+        slowed.append(True)
+        time.sleep({seconds})
+    return original(*args, **kwargs)
 
 
-run_job.run_check = slow_check
+setattr(owner, {path!r}[-1], slowed_call)
 sys.argv[0] = "dfmp2"
 main()
 """
+
+
+def slowed_program(folder: Path, target: str, condition: str = "True",
+                   seconds: float = 3) -> list[str]:
+    """A dfmp2 program whose function ``target`` ('module:attribute.path') takes ``seconds``
+    more the first time ``condition`` (a Python expression of ``args``, ``kwargs`` and
+    ``os``) holds: a rank kept at work longer than DFMP2_DIST_TIMEOUT."""
+    module, attributes = target.split(":")
+    script = folder / "slowed.py"
+    script.write_text(SLOWED.format(module=module, path=attributes.split("."),
+                                    condition=condition, seconds=seconds))
+    return [python_exe(), str(script)]
 
 
 def test_a_check_longer_than_the_timeout_completes_on_ranks(tmp_path):
     """--check runs PySCF's DF-MP2 on rank 0 alone; the other ranks waited for it in the last
     gather, so a check longer than DFMP2_DIST_TIMEOUT failed the finished job, and every
     resume failed the same way. Here rank 0's check takes 3 s more against a 2 s timeout."""
-    script = tmp_path / "slow_check.py"
-    script.write_text(SLOW_CHECK)
     record = tmp_path / "checked.h5"
     job = on_ranks(2, "run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
                    "--threads", "1", "--check", "--json", "-o", record,
-                   program=[python_exe(), str(script)], variables={"DFMP2_DIST_TIMEOUT": "2"})
+                   program=slowed_program(tmp_path, "dfmp2.jobs.run:run_check"),
+                   variables={"DFMP2_DIST_TIMEOUT": "2"})
     assert job.code == 0, job.err
     assert json.loads(job.out)["check_passed"] is True
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete" and h5["distributed"].attrs["world_size"] == 2
-
-
-SLOW_LAST_POINT = """
-import sys
-import time
-
-import dfmp2.vib.hessian as hessian
-from dfmp2.entry import main
-
-evaluate = hessian.PointEvaluator.evaluate
-
-
-def slow_last_point(self, index, coords):
-    if index == LAST:
-        time.sleep(3)
-    return evaluate(self, index, coords)
-
-
-LAST = int(sys.argv.pop(1))
-hessian.PointEvaluator.evaluate = slow_last_point
-sys.argv[0] = "dfmp2"
-main()
-"""
 
 
 def test_a_last_point_longer_than_the_timeout_completes_on_ranks(tmp_path):
@@ -183,18 +178,38 @@ def test_a_last_point_longer_than_the_timeout_completes_on_ranks(tmp_path):
     it waited in a collective for the other rank's point, and a point longer than
     DFMP2_DIST_TIMEOUT failed every such job at its end, and every resume. Here the last
     point takes 3 s more against a 2 s timeout."""
-    script = tmp_path / "slow_point.py"
-    script.write_text(SLOW_LAST_POINT)
     record = tmp_path / "freq.h5"
     job = on_ranks(2, "frequencies", molecule_path("water"), "--basis", "sto-3g", "--backend",
                    "torch", "--threads", "1", "--json", "-o", record,
-                   program=[python_exe(), str(script), "18"],
+                   program=slowed_program(tmp_path, "dfmp2.vib.hessian:PointEvaluator.evaluate",
+                                          "args[1] == 18"),
                    variables={"DFMP2_DIST_TIMEOUT": "2"})
     assert job.code == 0, job.err
     assert len(json.loads(job.out)["frequencies"]) == 3
     with h5py.File(record, "r") as h5:
         assert h5.attrs["status"] == "complete"
         assert len(h5["displacements"]["index"]) == 19
+
+
+def test_a_block_pair_longer_than_the_timeout_completes_on_ranks(tmp_path):
+    """The ranks met after every round of block pairs in a collective: a rank with no pair
+    left (or a few rounds ahead) waited there for the others' pair, and one pair longer than
+    DFMP2_DIST_TIMEOUT failed the job, and every resume. Here rank 1's first pair takes 3 s
+    more against a 2 s timeout."""
+    args = (molecule_path("water_dimer"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "--occ-block", "2", "--json")
+    job = on_ranks(2, "run", *args, "-o", tmp_path / "two.h5",
+                   program=slowed_program(tmp_path, "dfmp2.mp2.pairs:pair_sums",
+                                          "os.environ['SLURM_PROCID'] == '1'"),
+                   variables={"DFMP2_DIST_TIMEOUT": "2"})
+    assert job.code == 0, job.err
+    single = on_ranks(1, "run", *args, "-o", tmp_path / "one.h5")
+    assert single.code == 0, single.err
+    assert abs(json.loads(job.out)["e_tot"] - json.loads(single.out)["e_tot"]) <= 1e-10
+    with h5py.File(tmp_path / "two.h5", "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        ranks = h5["distributed"].attrs
+        assert ranks["world_size"] == 2 and len(json.loads(ranks["rank1.pairs"])) > 1
 
 
 def _pairs_done(record) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dfmp2.system.board import Board
 from dfmp2.system.distributed import DIAGONAL_COST, World, deal_pairs
 from dfmp2.errors import RunFailure
 from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT
@@ -28,12 +28,8 @@ log = logging.getLogger(__name__)
 
 OccRange = tuple[int, int]
 PairKey = tuple[int, int, int, int, int]
-# A finished pair as the ranks exchange it: a flag, its key and its (direct, exchange) sums.
-PAIR_MESSAGE = 8
-# Rounds a rank may finish before the other ranks' results of the oldest one have arrived:
-# pairs of unequal cost then even out over a few rounds instead of every rank waiting for
-# the slowest at each one, and rank 0 still checkpoints each pair soon after it is done.
-ROUNDS_AHEAD = 4
+# A finished pair as the ranks post it: its key and its (direct, exchange) sums.
+PAIR_MESSAGE = 7
 
 
 @dataclass
@@ -212,11 +208,11 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
     computes. Pairs already in ``ledger`` (a resumed run) are not recomputed; each new one is
     added to it as it finishes.
 
-    With a ``world`` of several ranks, each rank computes the pairs dealt to it, and after every
-    round all ranks send what they finished to every rank, in the background: a rank goes on
-    with its next pairs while the round travels, up to ``ROUNDS_AHEAD`` rounds ahead of the
-    slowest rank, and the ledger sees every rank's pairs as they arrive. Returns the energies
-    and, per rank, its pairs and busy seconds.
+    With a ``world`` of several ranks, each rank computes the pairs dealt to it and posts
+    each one as it finishes (:class:`dfmp2.system.board.Board`): every rank's ledger takes
+    the other ranks' pairs as they arrive, and a rank whose share is done waits for the rest
+    with no deadline, so no pair, however long, runs into ``DFMP2_DIST_TIMEOUT``. Returns
+    the energies and, per rank, its pairs and busy seconds.
     """
     cases = CLOSED_SHELL_CASES if len(readers) == 1 else OPEN_SHELL_CASES
     denoms = [orbital_denominators(o, v, readers[0].dtype) for o, v in zip(e_occ, e_vir)]
@@ -228,11 +224,11 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
     assignment = [sorted(batch, key=lambda item: (item[0], item[2], item[3]))
                   for batch in deal_pairs(work, pair_cost, world.size)]
     mine = assignment[world.rank]
-    rounds = max(len(batch) for batch in assignment)
     progress = Progress(len(work), "energy blocks", show_progress if world.is_root else False)
     busy = 0.0
     row_key, row_data = None, None
-    in_flight: deque = deque()
+    board = Board(world, [len(batch) for batch in assignment], PAIR_MESSAGE,
+                  "exchanging finished block pairs")
     # One pair block's storage for every pair: a fresh 190 MB block per pair of (H2O)16 made
     # each pair's product 6% slower (page faults; 0.83 s against 0.78 s on two threads).
     widest = occ_block * max(int(v.shape[0]) for v in e_vir)
@@ -240,8 +236,8 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
                     torch.empty(widest * widest, dtype=readers[0].dtype,
                                 device=readers[0].device))
 
-    def record(pending) -> None:
-        for key, direct, exchange in _finished_pairs(pending.result()):
+    def record(results: list[np.ndarray]) -> None:
+        for key, direct, exchange in _finished_pairs(results):
             ledger.add(key, direct, exchange)
             progress.advance()
 
@@ -250,51 +246,43 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
             return readers[item[1].col_channel].columns(item[3])
 
         upcoming = pool.submit(read, mine[0]) if mine else None
-        for n in range(rounds):
-            done = None
-            if n < len(mine):
-                start = time.perf_counter()
-                index, case, block_i, block_j = mine[n]
-                b_j = upcoming.result()
-                if n + 1 < len(mine):
-                    upcoming = pool.submit(read, mine[n + 1])
-                if (case.row_channel, block_i) != row_key:
-                    row_key = (case.row_channel, block_i)
-                    row_data = (b_j if case.same_spin and block_i == block_j
-                                else readers[case.row_channel].columns(block_i))
-                d, x = pair_sums(row_data, b_j, denoms[case.row_channel],
-                                 denoms[case.col_channel], kernel_set, case, block_i, block_j,
-                                 fused, pair_storage)
-                done = (pair_key(mine[n]), d, x)
-                busy += time.perf_counter() - start
-            in_flight.append(world.start_exchange([_pair_message(done)] * world.size,
-                                                  [PAIR_MESSAGE] * world.size,
-                                                  "exchanging finished block pairs"))
-            while in_flight and (in_flight[0].ready() or len(in_flight) > ROUNDS_AHEAD):
-                record(in_flight.popleft())
-        while in_flight:
-            record(in_flight.popleft())
+        for n, item in enumerate(mine):
+            start = time.perf_counter()
+            _, case, block_i, block_j = item
+            b_j = upcoming.result()
+            if n + 1 < len(mine):
+                upcoming = pool.submit(read, mine[n + 1])
+            if (case.row_channel, block_i) != row_key:
+                row_key = (case.row_channel, block_i)
+                row_data = (b_j if case.same_spin and block_i == block_j
+                            else readers[case.row_channel].columns(block_i))
+            d, x = pair_sums(row_data, b_j, denoms[case.row_channel],
+                             denoms[case.col_channel], kernel_set, case, block_i, block_j,
+                             fused, pair_storage)
+            busy += time.perf_counter() - start
+            board.post(_pair_message(pair_key(item), d, x))
+            record(board.take())
+    while not board.done:
+        record(board.take(wait=True))
     logs = world.gather(([list(item[2]) + list(item[3]) + [item[0]] for item in mine], busy),
                         "collecting per-rank timings")
+    # Every rank has read every pair (its last take came before this gather).
+    board.close()
     log.info("energy step: %d block pairs of up to %d occupied orbitals (%d resumed)",
              len(every_pair), occ_block, len(every_pair) - len(work))
     sums = {pair_key(item): ledger.finished[pair_key(item)] for item in every_pair}
     return combine(cases, sums), dict(enumerate(logs))
 
 
-def _pair_message(done: tuple | None) -> np.ndarray:
-    """A finished pair (key, direct, exchange), or none this round, as PAIR_MESSAGE numbers
-    (the key's small integers are exact in float64)."""
-    if done is None:
-        return np.zeros(PAIR_MESSAGE)
-    key, direct, exchange = done
-    return np.array([1.0, *key, direct, exchange])
+def _pair_message(key: PairKey, direct: float, exchange: float) -> np.ndarray:
+    """A finished pair as PAIR_MESSAGE numbers (the key's small integers are exact in
+    float64)."""
+    return np.array([*key, direct, exchange], dtype=np.float64)
 
 
 def _finished_pairs(messages: list[np.ndarray]) -> list[tuple[PairKey, float, float]]:
-    """The pairs in one round's messages, in rank order."""
-    return [(tuple(int(k) for k in message[1:6]), float(message[6]), float(message[7]))
-            for message in messages if message[0] == 1.0]
+    return [(tuple(int(k) for k in message[:5]), float(message[5]), float(message[6]))
+            for message in messages]
 
 
 def pair_key(item: tuple) -> PairKey:

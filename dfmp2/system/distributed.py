@@ -201,7 +201,8 @@ class World:
     hosts: int = 1
     timeout_seconds: int = DEFAULT_TIMEOUT_SECONDS
     meetings: int = 0
-    """How many :meth:`gather_when_all_arrive` meetings this rank has been to."""
+    """How many :meth:`gather_when_all_arrive` meetings (and boards,
+    :class:`dfmp2.system.board.Board`) this rank has been to: their keys in the store."""
     peers: PeerWatch = field(default_factory=PeerWatch)
 
     @property
@@ -232,7 +233,7 @@ class World:
         if self.size == 1:
             return value
         box = [value]
-        _guard(lambda: torch_dist.broadcast_object_list(box, src=0), what)
+        guarded_call(lambda: torch_dist.broadcast_object_list(box, src=0), what)
         return box[0]
 
     def allreduce_sum(self, array: np.ndarray, what: str) -> np.ndarray:
@@ -293,35 +294,44 @@ class World:
         if self.size == 1:
             return [value]
         out = [None] * self.size
-        _guard(lambda: torch_dist.all_gather_object(out, value), what)
+        guarded_call(lambda: torch_dist.all_gather_object(out, value), what)
         return out
 
     def gather_when_all_arrive(self, value, what: str) -> list:
         """:meth:`gather` for ranks that arrive hours apart (a batch's shares, the last round
         of a frequency job's points): each rank marks its arrival in the process group's
-        store and looks every fraction of a second for the others, with no deadline (a
-        collective's timeout would end the early ranks) and its signal handlers running; a
-        rank that dies ends the job through the launcher, the store that rank 0 holds, or
-        (on this rank's machine) the look at its process every second."""
+        store and waits for the others' marks (:meth:`wait_until`), with no deadline (a
+        collective's timeout would end the early ranks)."""
         if self.size == 1:
             return [value]
         self.meetings += 1
         keys = [f"dfmp2/meeting{self.meetings}/rank{rank}" for rank in range(self.size)]
-        store = torch_dist.distributed_c10d._get_default_store()
-        _guard(lambda: store.set(keys[self.rank], "here"), what)
-        arrived = [False]
+        store = self.store()
+        guarded_call(lambda: store.set(keys[self.rank], "here"), what)
+        self.wait_until(lambda: store.check(keys), what)
+        return self.gather(value, what)
 
-        def check() -> None:
-            arrived[0] = store.check(keys)
+    def store(self):
+        """The process group's key-value store (held by rank 0's process)."""
+        return torch_dist.distributed_c10d._get_default_store()
 
+    def wait_until(self, condition, what: str) -> None:
+        """Look at ``condition()`` (typically a look at the store) until it holds, with no
+        deadline and this rank's signal handlers running: first every millisecond (ranks
+        that finish together meet at once), then a few times a second. A rank that dies ends
+        the wait through the launcher, the store that rank 0 holds (a look then fails), or,
+        on this rank's machine, the look at its process every second."""
         next_check = time.monotonic() + PEER_CHECK_SECONDS
-        # Rounds that end together (a frequency job's) meet within milliseconds; a long wait
-        # looks a few times a second.
         pause = 1e-3
+        holds = [False]
+
+        def look() -> None:
+            holds[0] = bool(condition())
+
         while True:
-            _guard(check, what)
-            if arrived[0]:
-                return self.gather(value, what)
+            guarded_call(look, what)
+            if holds[0]:
+                return
             time.sleep(pause)
             pause = min(2 * pause, ARRIVAL_POLL_SECONDS)
             if time.monotonic() >= next_check:
@@ -366,7 +376,7 @@ class PendingExchange:
 def _started(what: str, collective, *args, **kwargs):
     """The work handle of ``collective(*args, async_op=True, **kwargs)``."""
     box = []
-    _guard(lambda: box.append(collective(*args, async_op=True, **kwargs)), what)
+    guarded_call(lambda: box.append(collective(*args, async_op=True, **kwargs)), what)
     return box[0]
 
 
@@ -388,10 +398,12 @@ def _wait(work, what: str, timeout_seconds: float, peers: PeerWatch = PeerWatch(
             lost = peers.lost()
             if lost is not None:
                 raise RunFailure(f"distributed run broken while {what}: {lost}")
-    _guard(work.wait, what)
+    guarded_call(work.wait, what)
 
 
-def _guard(call, what: str) -> None:
+def guarded_call(call, what: str) -> None:
+    """``call()``; a failure of the process group (a peer gone, the store unreachable) as one
+    clear error naming ``what`` the rank was doing."""
     try:
         call()
     except RuntimeError as exc:
