@@ -107,12 +107,11 @@ class RecordSession:
         still there (ours are removed as they are finished with), here and in the scratch
         folder of the run this one resumed: the result is written, so none is needed again.
         A file that cannot go is reported, and the result stands."""
-        stale = [path for area in self._areas for path in area.leftovers()]
-        stale += self._files_of_stages(self.env.scratch_dir, self._scratch_prefix)
+        stale = self._files_of_stages(self.env.scratch_dir, self._scratch_prefix)
         if self.earlier_scratch is not None:
             stale += self._files_of_stages(self.earlier_scratch,
                                            scratch_prefix(self.path, self.earlier_scratch))
-        for path in sorted(set(stale)):
+        for path in stale:
             try:
                 refuse_unless_regular(path, "remove it by hand")
                 path.unlink(missing_ok=True)
@@ -125,11 +124,15 @@ class RecordSession:
         record by ``prefix``."""
         own = f".{prefix}."
         stages = {area.prefix[len(self._scratch_prefix) + 1:] for area in self._areas}
+
+        def of_a_stage(name: str) -> bool:
+            stage = name[len(own):].split(".")[0]
+            return stage in stages or RANK_STAGE.fullmatch(stage) is not None
+
         with contextlib.suppress(OSError):
             return sorted(path for path in folder.iterdir()
                           if path.name.startswith(own) and path.name.endswith(".bin")
-                          and (path.name[len(own):].split(".")[0] in stages
-                               or RANK_STAGE.fullmatch(path.name[len(own):].split(".")[0])))
+                          and of_a_stage(path.name))
         return []
 
     def finish(self, root: Node, state: str, error: str | None = None) -> None:

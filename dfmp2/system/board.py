@@ -94,12 +94,9 @@ class Board:
         return f"{self.prefix}/rank{rank}/{index}"
 
     def _posted(self, rank: int, index: int) -> bool:
-        box = []
-        guarded_call(lambda: box.append(self.keeper.check([self._key(rank, index)])),
-                     self.what)
-        return bool(box[0])
+        return bool(guarded_call(lambda: self.keeper.check([self._key(rank, index)]),
+                                 self.what))
 
     def _get(self, rank: int, index: int) -> np.ndarray:
-        box = []
-        guarded_call(lambda: box.append(self.keeper.get(self._key(rank, index))), self.what)
-        return np.frombuffer(box[0], dtype=np.float64).copy()
+        value = guarded_call(lambda: self.keeper.get(self._key(rank, index)), self.what)
+        return np.frombuffer(value, dtype=np.float64).copy()

@@ -323,14 +323,8 @@ class World:
         on this rank's machine, the look at its process every second."""
         next_check = time.monotonic() + PEER_CHECK_SECONDS
         pause = 1e-3
-        holds = [False]
-
-        def look() -> None:
-            holds[0] = bool(condition())
-
         while True:
-            guarded_call(look, what)
-            if holds[0]:
+            if guarded_call(condition, what):
                 return
             time.sleep(pause)
             pause = min(2 * pause, ARRIVAL_POLL_SECONDS)
@@ -375,9 +369,7 @@ class PendingExchange:
 
 def _started(what: str, collective, *args, **kwargs):
     """The work handle of ``collective(*args, async_op=True, **kwargs)``."""
-    box = []
-    guarded_call(lambda: box.append(collective(*args, async_op=True, **kwargs)), what)
-    return box[0]
+    return guarded_call(lambda: collective(*args, async_op=True, **kwargs), what)
 
 
 def _wait(work, what: str, timeout_seconds: float, peers: PeerWatch = PeerWatch()) -> None:
@@ -401,11 +393,11 @@ def _wait(work, what: str, timeout_seconds: float, peers: PeerWatch = PeerWatch(
     guarded_call(work.wait, what)
 
 
-def guarded_call(call, what: str) -> None:
-    """``call()``; a failure of the process group (a peer gone, the store unreachable) as one
-    clear error naming ``what`` the rank was doing."""
+def guarded_call(call, what: str):
+    """``call()``'s value; a failure of the process group (a peer gone, the store
+    unreachable) as one clear error naming ``what`` the rank was doing."""
     try:
-        call()
+        return call()
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RunFailure(f"distributed run broken while {what}: another rank failed or is "
