@@ -260,9 +260,38 @@ def test_nki_scf_runs_its_fp32_phase_on_nki(run_cli, tmp_path, monkeypatch):
         engine = h5["scf_engine"].attrs
         assert engine["fallbacks"] == 0
         executors = json.loads(engine["build_executors"])
-        assert executors[0] == "nki-interpreter" and executors[-1] == "torch-cpu"
+        # An fp32 build's K ran on NKI and its J (always fp64) on torch.
+        assert executors[0] == "nki-interpreter+torch-cpu" and executors[-1] == "torch-cpu"
         assert engine["calls.syrk.nki-interpreter"] >= 1
         assert engine["calls.gemm.nki-interpreter"] >= 1
+
+
+def test_a_build_whose_nki_kernels_fell_back_names_torch_as_its_executor(monkeypatch):
+    """A build's executor is where its kernel calls ran, not its kernel set's name: a K whose
+    NKI gemm and syrk fell back to torch was listed under nki-interpreter."""
+    from kernels.nki_host import gemm as gemm_host
+    from kernels.nki_host.kernel_set import NkiKernels
+
+    mol = pyscf_molecule("water", "sto-3g")
+    auxmol = df.addons.make_auxmol(mol, df.make_auxbasis(mol))
+    fp64 = kernels.load("torch", "fp64")
+    tensor = build_jk_tensor(mol, auxmol, fp64, 2**28, None)
+    density = np.eye(mol.nao) * 0.5
+    nki = NkiKernels(device=torch.device("cpu"))
+    engine = JkEngine(tensor, nki, fp64)
+    engine.build(density[None], [factorize(density, 1)])
+
+    def failing(*args):
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(gemm_host, "gemm", failing)
+    monkeypatch.setattr(gemm_host, "syrk", failing)
+    with pytest.warns(RuntimeWarning, match="falling back to torch"):
+        engine.build(density[None], [factorize(density, 1)])
+    assert nki.accounting.fallbacks > 0
+    assert [b.executor for b in engine.builds] == ["nki-interpreter+torch-cpu", "torch-cpu"]
+    assert engine.build(density[None], [], with_j=False, with_k=False) == (None, None)
+    assert engine.builds[-1].executor == "none"
 
 
 def test_screened_pairs_are_negligible_and_leave_the_energy(monkeypatch):

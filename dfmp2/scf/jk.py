@@ -132,10 +132,12 @@ class JkEngine:
         columns = sum(f.left.shape[1] * (1 if f.right is None else 2)
                       for fs in (factors if with_k else []) for f in fs)
         small = 3.0 * self.tensor.width * nao * nao * max(columns, nset) < SINGLE_THREAD_WORK
+        ledgers = {id(s.accounting): s.accounting for s in (self.kernel_set, self.coulomb_set)}
+        before = {key: ledger.snapshot()[0] for key, ledger in ledgers.items()}
         with single_threaded_ops() if small else contextlib.nullcontext():
             vj, vk = self._build(dms, factors, with_j, with_k, k_scale, columns)
         self.builds.append(JkBuild(time.perf_counter() - start, self.kernel_set.precision,
-                                   self.kernel_set.executor, columns))
+                                   _executors_since(ledgers, before), columns))
         return vj, vk
 
     def _build(self, dms: np.ndarray, factors: list[list[DensityFactor]] | None,
@@ -347,6 +349,16 @@ class JkEngine:
                 rows = window[:, s0 - w0:s1 - w0].to(dtype=js.dtype, device=js.device)
                 part = js.gemm(rows, rho[j].T).to(torch.float64)
                 vj[:, chunk.offset:chunk.offset + chunk.rows] += part.cpu().numpy().T
+
+
+def _executors_since(ledgers: dict, before: dict) -> str:
+    """Where a build's kernel calls ran, from the ledgers' counts: ``+``-joined executors
+    (an NKI build's K on ``nki-interpreter`` and its fp64 J on ``torch-cpu``; a K that fell
+    back shows its torch executor), ``none`` for a build that called no kernel."""
+    ran = {executor for key, ledger in ledgers.items()
+           for (kernel, executor), n in ledger.snapshot()[0].items()
+           if n > before[key].get((kernel, executor), 0)}
+    return "+".join(sorted(ran)) or "none"
 
 
 def _symmetric_from_lower(lower: np.ndarray) -> np.ndarray:
