@@ -24,7 +24,7 @@ from dfmp2.errors import RunFailure
 from dfmp2.input.calculation import CalculationRequest, define_calculation
 from dfmp2.input.functionals import NAMED
 from dfmp2.input.xyz import read_xyz
-from dfmp2.scf.reference import ScfOptions, lowest_hessian_eigenvalue, run_scf
+from dfmp2.scf.reference import ScfOptions, lowest_hessian_mode, run_scf
 from test_gradient import central_difference, converged_scf
 
 from conftest import WATER_RECORD_ARGS, molecule_path
@@ -145,7 +145,9 @@ def test_the_stability_search_finds_a_mode_outside_its_unit_start_vectors(tmp_pa
     dense = np.column_stack([2.0 * hop(column).real for column in np.eye(hdiag.size)])
     lowest = np.linalg.eigvalsh(0.5 * (dense + dense.T))[0]
     assert lowest < -1e-2
-    assert lowest_hessian_eigenvalue(mf) == pytest.approx(lowest, abs=1e-6)
+    eigenvalue, mode = lowest_hessian_mode(mf)
+    assert eigenvalue == pytest.approx(lowest, abs=1e-6)
+    assert np.linalg.norm(dense @ mode - lowest * mode) <= 1e-3
     assert result.section.stability == "unstable"
 
 

@@ -102,6 +102,10 @@ CALCULATION_OPTIONS = (
     click.option("--stability", is_flag=True,
                  help="Check a closed-shell SCF's internal stability too (open shells always "
                       "are); an unstable reference is reported with a warning."),
+    click.option("--follow-instability", is_flag=True,
+                 help="When the SCF's reference is internally unstable, rotate its orbitals "
+                      "along the instability and converge again, until stable (at most 3 "
+                      "times); implies --stability."),
     VERBOSE,
 )
 

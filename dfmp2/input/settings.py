@@ -85,6 +85,9 @@ class RunSettings:
     allow_unconverged: bool = False
     stability: bool = False
     """Check a closed-shell reference's internal stability (open shells always are)."""
+    follow_instability: bool = False
+    """Converge an unstable reference again from its orbitals rotated along the instability,
+    until stable (implies ``stability``)."""
     check: bool = False
     output: Path | None = None
     threads: int | None = None

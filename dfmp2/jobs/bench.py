@@ -62,7 +62,8 @@ def pyscf_side(settings: RunSettings) -> dict:
     calc = _define(settings)
     preamble.apply_threads(settings.threads)
     start = time.perf_counter()
-    reference = run_scf(calc, ScfOptions(engine="pyscf"))
+    reference = run_scf(calc, ScfOptions(engine="pyscf",
+                                         follow_instability=settings.follow_instability))
     scf_done = time.perf_counter()
     energies = pyscf_dfmp2_energy(reference.mf, calc.nfrozen, calc.auxbasis.spec)
     end = time.perf_counter()

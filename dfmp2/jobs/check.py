@@ -65,12 +65,13 @@ class RecipeEnergies:
     seconds: float
 
 
-def pyscf_recipe(calc: Calculation, label: str) -> RecipeEnergies:
+def pyscf_recipe(calc: Calculation, label: str,
+                 follow_instability: bool = False) -> RecipeEnergies:
     """PySCF's SCF for ``calc`` (its own J/K with the same JK-fit basis, the same functional and
-    grid), then its DF-MP2 with the same auxiliary basis and frozen core, plus the dispersion
-    energy the library gave the calculation."""
+    grid; its instabilities followed as ours were), then its DF-MP2 with the same auxiliary
+    basis and frozen core, plus the dispersion energy the library gave the calculation."""
     start = time.perf_counter()
-    reference = run_scf(calc, ScfOptions(engine="pyscf"))
+    reference = run_scf(calc, ScfOptions(engine="pyscf", follow_instability=follow_instability))
     if not reference.converged:
         raise RunFailure(f"PySCF's SCF for {label} did not converge")
     energies = pyscf_dfmp2_energy(reference.mf, calc.nfrozen, calc.auxbasis.spec)
@@ -81,12 +82,12 @@ def pyscf_recipe(calc: Calculation, label: str) -> RecipeEnergies:
 
 
 def run_check(calc: Calculation, outcome: CalculationOutcome, precision: str,
-              node: Node) -> bool:
+              node: Node, follow_instability: bool = False) -> bool:
     """``--check``: PySCF's DF-MP2 on the same orbitals, auxiliary basis and frozen core; for
     a double hybrid, PySCF's whole recipe (its own Kohn-Sham SCF with the same functional
     and grid, its DF-MP2, scaled), compared on the total energy too."""
     if calc.functional is not None:
-        return _check_recipe(calc, outcome, precision, node)
+        return _check_recipe(calc, outcome, precision, node, follow_instability)
     reference = pyscf_dfmp2_energy(outcome.scf.mf, calc.nfrozen, calc.auxbasis.spec)
     tolerance = TOLERANCE[precision]
     delta = outcome.mp2.energies.e_corr - reference.e_corr
@@ -99,8 +100,8 @@ def run_check(calc: Calculation, outcome: CalculationOutcome, precision: str,
 
 
 def _check_recipe(calc: Calculation, outcome: CalculationOutcome, precision: str,
-                  node: Node) -> bool:
-    recipe = pyscf_recipe(calc, "the check")
+                  node: Node, follow_instability: bool) -> bool:
+    recipe = pyscf_recipe(calc, "the check", follow_instability)
     energies = outcome.mp2.energies
     e_tot = calc.functional.total(outcome.scf.e_tot, energies.e_os, energies.e_ss, calc.e_disp)
     tolerance = TOLERANCE[precision]

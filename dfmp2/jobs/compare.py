@@ -32,7 +32,8 @@ DEFINING_FIELDS = {"xyz": "geometry", "basis": "basis", "basis_file": "basis",
                    "charge": "charge", "spin": "spin", "ghost_atoms": "ghost atoms",
                    "scf": "scf", "jk_auxbasis": "jk-auxbasis", "reference": "reference",
                    "frozen": "frozen", "xc_functional": "xc", "xc_os": "xc scales",
-                   "xc_ss": "xc scales", "grid_level": "grid", "dispersion": "dispersion"}
+                   "xc_ss": "xc scales", "grid_level": "grid", "dispersion": "dispersion",
+                   "follow_instability": "follow-instability"}
 
 
 # Angstrom: QCSchema keeps coordinates to 1e-8 Bohr; a geometry moved less is the same one.
@@ -104,7 +105,7 @@ def pyscf_row(path: Path, root: Node) -> Row:
                          "recomputed with PySCF; compare it with another record instead")
     geometry, request = request_from_inputs(inputs)
     calc = define_calculation(geometry, request)
-    recipe = pyscf_recipe(calc, str(path))
+    recipe = pyscf_recipe(calc, str(path), inputs.follow_instability)
     return Row(f"pyscf ({path.name})", inputs.basis, calc.auxbasis.name, recipe.e_scf,
                recipe.mp2.e_corr, recipe.e_tot, kernels="pyscf")
 

@@ -33,7 +33,7 @@ from dfmp2.records.report import heading
 from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, read_record, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
-from dfmp2.records.sections import CalculationInputs, read_inputs, write_timings
+from dfmp2.records.sections import CalculationInputs, ScfSection, read_inputs, write_timings
 from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
@@ -81,23 +81,36 @@ def job_scf(job: Job, calc: Calculation, scratch: ScratchArea,
     return run_scf(calc, ScfOptions(settings.scf_engine, env.scf_kernels, env.budget, scratch,
                                     keep_integrals=keep_integrals,
                                     initial_density=initial_density,
-                                    stability=settings.stability))
+                                    stability=settings.stability,
+                                    follow_instability=settings.follow_instability))
 
 
 def scf_and_gradient(job: Job, calc: Calculation, scratch: ScratchArea,
-                     initial_density: np.ndarray | None,
-                     where: str) -> tuple[ScfResult, GradientResult]:
+                     initial_density: np.ndarray | None, where: str,
+                     start: ScfSection | None = None) -> tuple[ScfResult, GradientResult]:
     """Our SCF of ``calc`` from ``initial_density``, then the relaxed gradient of the job's
-    method on it; an SCF that does not converge fails the run, naming ``where``. The SCF's
-    JK-fit integrals are released either way: the gradient was their last use."""
+    method on it; an SCF that does not converge fails the run, naming ``where`` (and, when
+    the SCF that made ``initial_density``, ``start``, was unstable, the likely cause). The
+    SCF's JK-fit integrals are released either way: the gradient was their last use."""
     reference = job_scf(job, calc, scratch, initial_density, keep_integrals=True)
     try:
         if not reference.converged:
-            raise RunFailure(f"the SCF did not converge at {where}")
+            raise RunFailure(f"the SCF did not converge at {where}{unstable_start(start)}")
         result = differentiate(calc, job.settings, job.env, reference.mf, scratch)
     finally:
         release_integrals(reference.mf)
     return reference, result
+
+
+def unstable_start(start: ScfSection | None) -> str:
+    """Why an SCF started from an unstable reference's density may not converge, and the
+    remedy; empty when ``start`` was not unstable."""
+    if start is None or start.stability != "unstable":
+        return ""
+    return (f", started from an internally unstable {start.reference.upper()} reference "
+            f"(lowest orbital-Hessian eigenvalue {start.stability_eigenvalue:.4g}) that "
+            "falls toward its lower solution nearby; rerun with --follow-instability to "
+            "work on that solution")
 
 
 class AnalyticEvaluator:
@@ -107,13 +120,14 @@ class AnalyticEvaluator:
     def __init__(self, job: Job, scratch: ScratchArea) -> None:
         self.job, self.scratch = job, scratch
         self.density: np.ndarray | None = None
+        self.start: ScfSection | None = None
 
     def __call__(self, geometry: Geometry) -> Evaluation:
         settings = self.job.settings
         calc = self.job.calculation(settings.charge, settings.spin, geometry=geometry)
         reference, result = scf_and_gradient(self.job, calc, self.scratch, self.density,
-                                             "an optimisation step")
-        self.density = reference.mf.make_rdm1()
+                                             "an optimisation step", self.start)
+        self.density, self.start = reference.mf.make_rdm1(), reference.section
         return result.e_tot, result.gradient
 
 

@@ -195,6 +195,7 @@ def run_inputs(calc: Calculation, settings: RunSettings, env: Environment) -> Ca
                    task=settings.task, method=settings.method,
                    scs_os=settings.scs_os, scs_ss=settings.scs_ss,
                    allow_unconverged=settings.allow_unconverged, check=settings.check,
+                   follow_instability=settings.follow_instability,
                    memory_bytes=env.budget, threads=env.threads, scratch=str(env.scratch_dir))
 
 

@@ -77,7 +77,8 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
                 # once it took longer than DFMP2_DIST_TIMEOUT (and every resume again).
                 record_rank_stages(ctx)
                 if settings.check and world.is_root:
-                    passed = run_check(calc, outcome, env.kernel_set.precision, root)
+                    passed = run_check(calc, outcome, env.kernel_set.precision, root,
+                                       settings.follow_instability)
             session.complete(root)
             return 0 if passed else 1
 

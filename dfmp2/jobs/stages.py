@@ -75,7 +75,8 @@ def obtain_reference(ctx: RunContext, keep_integrals: bool = False) -> ScfResult
     rank ends with a PySCF object whose orbitals are rank 0's."""
     world, settings = ctx.env.world, ctx.settings
     options = ScfOptions(settings.scf_engine, ctx.env.scf_kernels, ctx.env.budget, ctx.scratch,
-                         keep_integrals, stability=settings.stability, world=world)
+                         keep_integrals, stability=settings.stability,
+                         follow_instability=settings.follow_instability, world=world)
     stored, problem = None, None
     if world.is_root and ctx.previous is not None:
         stored = read_scf(ctx.previous)

@@ -105,7 +105,13 @@ def summary(root: Node) -> str:
     if scf is not None and scf.stability == "unstable":
         lines.append(f"  Warning: the {scf.reference.upper()} reference is internally unstable "
                      f"(lowest orbital-Hessian eigenvalue {scf.stability_eigenvalue:.4g}); a "
-                     "lower SCF solution exists and MP2 on this one is questionable")
+                     "lower SCF solution exists and MP2 on this one is questionable"
+                     + ("" if scf.instabilities_followed else
+                        "; --follow-instability converges to it"))
+    if scf is not None and scf.instabilities_followed:
+        lines.append(f"  Note: the SCF followed {scf.instabilities_followed} "
+                     f"instabilit{'y' if scf.instabilities_followed == 1 else 'ies'} down to "
+                     f"this {scf.stability} solution (--follow-instability)")
     if scf is not None and scf.settled:
         lines.append(f"  Note: the SCF settled at an orbital gradient of "
                      f"{scf.orbital_gradient:.1e}, where it stalled short of its threshold")
@@ -181,6 +187,7 @@ def json_summary(root: Node, path: str) -> dict:
                # JSON has no NaN: an unchecked reference has no eigenvalue.
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
                                         else scf.stability_eigenvalue),
+               "instabilities_followed": scf.instabilities_followed,
                # What was computed, beside its energies (e_scs is of these scales).
                "scs_os": energies.scs_os_scale, "scs_ss": energies.scs_ss_scale}
     inputs = read_inputs(root)

@@ -103,7 +103,7 @@ class CalculationInputs(Section):
         "charge", "spin",
         "ghost_atoms", "scf", "scf_engine", "jk_auxbasis", "jk_auxbasis_file", "reference",
         "frozen", "backend", "precision", "fused_energy", "task", "method", "xc_functional",
-        "grid_level")
+        "grid_level", "follow_instability")
     # The scales and the dispersion term are applied after the SCF and the MP2 pair sums, so
     # an interrupted energy's checkpoint holds for any. A checkpoint of the method's own
     # energies and gradients (optimisation steps, displaced points) holds only for the same.
@@ -157,6 +157,8 @@ class CalculationInputs(Section):
     dispersion_method: str = ""
     """The functional whose damping parameters dftd3/dftd4 supplied."""
     allow_unconverged: bool = False
+    follow_instability: bool = False
+    """Whether an unstable SCF was followed to a lower solution (``--follow-instability``)."""
     check: bool = False
     memory_bytes: int = 0
     threads: int = 0
@@ -195,6 +197,9 @@ class ScfSection(Section):
     """The norm of the orbital gradient at the SCF's last cycle (NaN in older records)."""
     settled: bool = False
     """Whether the SCF ended where it stalled, short of the orbital gradient it aimed at."""
+    instabilities_followed: int = 0
+    """How many times the SCF's orbitals were rotated along an instability and converged
+    again (``--follow-instability``)."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 from pyscf import df, dft, gto, lib, scf
 from pyscf.lib.diis import INCORE_SIZE as DIIS_INCORE_SIZE
 from pyscf.soscf import newton_ah
@@ -95,6 +96,10 @@ UNSTABLE_BELOW = -1e-5
 STABILITY_TOL = 1e-6
 STABILITY_START_VECTORS = 6
 STABILITY_SEED = 7
+# Rotations along an instability before an SCF that is still unstable is reported as such.
+# One was enough for NO2's UHF at its experimental geometry in 6-31G and cc-pVDZ (the SCF
+# from the rotated orbitals fell to PySCF's lower, stable solution in about 30 cycles).
+FOLLOW_LIMIT = 3
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,9 @@ class ScfOptions:
     """Start from this density instead of PySCF's guess (an optimisation's previous step)."""
     stability: bool = False
     """Check a closed-shell reference's internal stability too (open shells always are)."""
+    follow_instability: bool = False
+    """Rotate an unstable reference's orbitals along its instability and converge again
+    (at most :data:`FOLLOW_LIMIT` times); implies ``stability``."""
     world: World = field(default_factory=World)
     """The ranks that all run this SCF (our engine's J/K builds are then collective)."""
 
@@ -285,6 +293,10 @@ class TightConvergence:
         self.settled = False
         """Whether the SCF ended short of the gradient aimed at."""
 
+    def restart(self) -> None:
+        """Forget the cycles of an earlier convergence of the same SCF object."""
+        self.held, self.settled = [], False
+
     def __call__(self, envs: dict) -> bool:
         if self._tight(envs):
             return True
@@ -309,7 +321,8 @@ class TightConvergence:
 
 
 def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
-    """Converge the reference; running out of memory or disk inside PySCF is a RunFailure."""
+    """Converge the reference (and, with ``follow_instability``, follow its instabilities);
+    running out of memory or disk inside PySCF is a RunFailure."""
     mf = new_scf(calc, options)
     tight = None
     settle_at = settling_threshold(calc)
@@ -319,48 +332,69 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
                                  settle_at)
         mf.check_convergence = tight
     cycles, gradient = 0, float("nan")
+    earlier_cycles = 0
 
     def count_cycle(envs: dict) -> None:
         nonlocal cycles, gradient
-        cycles = int(envs.get("cycle", cycles)) + 1
+        cycles = earlier_cycles + int(envs.get("cycle", 0)) + 1
         gradient = float(envs.get("norm_gorb", gradient))
 
     mf.callback = count_cycle
     def blas():
         return torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext()
 
-    try:
-        with blas():
-            e_tot = mf.kernel(dm0=options.initial_density)
-    except OSError as exc:
-        release_integrals(mf)
-        raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
-                         f"{exc.strerror or exc}") from None
-    except BaseException as exc:
-        release_integrals(mf)
-        if out_of_memory(exc):
-            raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis "
-                             "functions); raise --memory if the machine has more, or use a "
-                             "smaller basis") from None
-        raise
-    finally:
-        _unpin(mf, "diis")
+    def converge(density: np.ndarray | None) -> float:
+        if tight is not None:
+            tight.restart()
+        try:
+            with blas():
+                return mf.kernel(dm0=density)
+        except OSError as exc:
+            release_integrals(mf)
+            raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
+                             f"{exc.strerror or exc}") from None
+        except BaseException as exc:
+            release_integrals(mf)
+            if out_of_memory(exc):
+                raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis "
+                                 "functions); raise --memory if the machine has more, or use "
+                                 "a smaller basis") from None
+            raise
+        finally:
+            _unpin(mf, "diis")
+
+    e_tot = converge(options.initial_density)
     with_df = getattr(mf, "with_df", None)
     if isinstance(with_df, KernelDF):
         with_df.end_scf()
+    with blas():
+        stability, eigenvalue, mode = stability_of(mf, calc, options)
+    followed = 0
+    while stability == "unstable" and options.follow_instability and followed < FOLLOW_LIMIT:
+        log.info("following the instability (orbital-Hessian eigenvalue %.4g) from E = "
+                 "%.10f Eh", eigenvalue, e_tot)
+        earlier_cycles = cycles
+        lower = converge(mf.make_rdm1(rotated_orbitals(mf, mode), mf.mo_occ))
+        followed += 1
+        if not lower < e_tot:
+            log.info("the SCF from the rotated orbitals came back to E = %.10f Eh", lower)
+        e_tot = lower
+        with blas():
+            stability, eigenvalue, mode = stability_of(mf, calc, options)
+    if stability == "unstable":
+        _warn_unstable(calc, eigenvalue, followed)
     log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", calc.reference_name,
              calc.scf_method, e_tot, cycles, mf.converged)
     if tight is not None and tight.settled:
         log.info("the SCF settled at an orbital gradient of %.1e, where it stalled short of "
                  "the %.0e asked of these orbitals", gradient, mf.conv_tol_grad)
-    with blas():
-        stability, eigenvalue = checked_stability(mf, calc, options)
     engine = scf_engine_section(with_df) if isinstance(with_df, KernelDF) else None
     section = ScfSection(float(e_tot), bool(mf.converged), cycles, calc.scf_method,
                          calc.reference_name, calc.jk_name(), engine_name(calc, options),
                          *grid_facts(mf), stability=stability, stability_eigenvalue=eigenvalue,
                          orbital_gradient=gradient,
-                         settled=bool(tight is not None and tight.settled))
+                         settled=bool(tight is not None and tight.settled),
+                         instabilities_followed=followed)
     orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
                               np.asarray(mf.mo_coeff))
     if not options.keep_integrals:
@@ -368,10 +402,11 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     return ScfResult(section, orbitals, mf, engine)
 
 
-def lowest_hessian_eigenvalue(mf: scf.hf.SCF) -> float:
+def lowest_hessian_mode(mf: scf.hf.SCF) -> tuple[float, np.ndarray]:
     """The lowest eigenvalue of the converged ``mf``'s orbital Hessian for real internal
-    rotations, in PySCF's normalisation (pyscf.scf.stability's rhf_internal, uhf_internal):
-    PySCF's Hessian operator, by Davidson."""
+    rotations, in PySCF's normalisation (pyscf.scf.stability's rhf_internal, uhf_internal),
+    and its unit eigenvector (the rotation, in PySCF's packing of the occupied-virtual
+    pairs, alpha's before beta's): PySCF's Hessian operator, by Davidson."""
     unrestricted = np.asarray(mf.mo_coeff).ndim == 3
     generate = newton_ah.gen_g_hop_uhf if unrestricted else newton_ah.gen_g_hop_rhf
     _, hop, hdiag = generate(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
@@ -393,9 +428,25 @@ def lowest_hessian_eigenvalue(mf: scf.hf.SCF) -> float:
         starts.append(start)
     starts.append(1.0 / np.where(np.abs(hdiag) < 1e-8, 1e-8, hdiag))
     starts.append(np.random.default_rng(STABILITY_SEED).standard_normal(hdiag.shape))
-    eigenvalue, _ = lib.davidson(lambda x: 2.0 * hop(x).real, starts, precondition,
-                                 tol=STABILITY_TOL, nroots=1, verbose=0)
-    return float(eigenvalue)
+    eigenvalue, vector = lib.davidson(lambda x: 2.0 * hop(x).real, starts, precondition,
+                                      tol=STABILITY_TOL, nroots=1, verbose=0)
+    vector = np.asarray(vector, dtype=float)
+    return float(eigenvalue), vector / np.linalg.norm(vector)
+
+
+def rotated_orbitals(mf: scf.hf.SCF, mode: np.ndarray) -> np.ndarray:
+    """``mf``'s orbitals turned by the unitary exp(kappa) of the rotation ``mode`` (a
+    :func:`lowest_hessian_mode` vector): each channel's antisymmetric occupied-virtual
+    generator, as PySCF's stability analysis steps along an instability."""
+    coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
+    channels = (coeff, occ) if coeff.ndim == 3 else (coeff[None], occ[None])
+    turned, offset = [], 0
+    for c, o in zip(*channels):
+        size = int(np.count_nonzero(o == 0)) * int(np.count_nonzero(o > 0))
+        generator = scf.hf.unpack_uniq_var(mode[offset:offset + size], o)
+        turned.append(c @ scipy.linalg.expm(generator))
+        offset += size
+    return np.stack(turned) if coeff.ndim == 3 else turned[0]
 
 
 def engine_name(calc: Calculation, options: ScfOptions) -> str:
@@ -435,14 +486,22 @@ def orbital_problem(mol: gto.Mole, orbitals: StoredOrbitals) -> str | None:
     return None
 
 
+def stability_of(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions
+                 ) -> tuple[str, float, np.ndarray | None]:
+    """(``stable``/``unstable``/``not checked``, the lowest orbital-Hessian eigenvalue, its
+    rotation) of the converged ``mf``: checked for open shells, and for closed shells when
+    asked (``stability`` or ``follow_instability``)."""
+    asked = calc.reference == "uhf" or options.stability or options.follow_instability
+    if not (mf.converged and asked):
+        return "not checked", float("nan"), None
+    eigenvalue, mode = lowest_hessian_mode(mf)
+    return ("stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"), eigenvalue, mode
+
+
 def checked_stability(mf: scf.hf.SCF, calc: Calculation,
                       options: ScfOptions) -> tuple[str, float]:
-    """(``stable``/``unstable``/``not checked``, the lowest orbital-Hessian eigenvalue) of the
-    converged ``mf``: checked for open shells, and for closed shells when asked."""
-    if not (mf.converged and (calc.reference == "uhf" or options.stability)):
-        return "not checked", float("nan")
-    eigenvalue = lowest_hessian_eigenvalue(mf)
-    stability = "stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"
+    """:func:`stability_of` without the rotation, warning of an unstable reference."""
+    stability, eigenvalue, _ = stability_of(mf, calc, options)
     if stability == "unstable":
         _warn_unstable(calc, eigenvalue)
     return stability, eigenvalue
@@ -460,14 +519,16 @@ def instability_warned_once() -> Iterator[None]:
         _instability_warned.reset(token)
 
 
-def _warn_unstable(calc: Calculation, eigenvalue: float) -> None:
+def _warn_unstable(calc: Calculation, eigenvalue: float, followed: int = 0) -> None:
     warned = _instability_warned.get()
     level = logging.INFO if warned is not None and warned[0] else logging.WARNING
     scope = "" if warned is None else " (said once for all of this job's geometries)"
+    name = calc.reference_name.upper()
+    remedy = (f" (still so after following {followed} instabilities)" if followed else
+              "; --follow-instability converges to it")
     log.log(level, "the %s reference is internally unstable (lowest orbital-Hessian "
             "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one is "
-            "questionable%s", calc.reference_name.upper(), eigenvalue,
-            calc.reference_name.upper(), scope)
+            "questionable%s%s", name, eigenvalue, name, remedy, scope)
     if warned is not None:
         warned[0] = True
 

@@ -23,7 +23,7 @@ from dfmp2.jobs.preamble import Job
 from dfmp2.jobs.stages import double_hybrid_section, method_name, mp2_section
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.records.frequencies_section import Point, ReferenceSections
-from dfmp2.records.sections import GradientSection
+from dfmp2.records.sections import GradientSection, ScfSection
 from dfmp2.scf.reference import ScfResult
 from dfmp2.system.distributed import World
 from dfmp2.system.progress import Progress
@@ -77,6 +77,7 @@ class PointEvaluator:
     def __init__(self, job: Job, scratch: ScratchArea) -> None:
         self.job, self.scratch = job, scratch
         self.density: np.ndarray | None = None
+        self.start: ScfSection | None = None
 
     def _calculation(self, coords: np.ndarray) -> Calculation:
         settings = self.job.settings
@@ -90,13 +91,13 @@ class PointEvaluator:
                       keep_integrals=False)
         if not scf.converged:
             raise RunFailure("the SCF did not converge at the input geometry")
-        self.density = scf.mf.make_rdm1()
+        self.density, self.start = scf.mf.make_rdm1(), scf.section
 
     def evaluate(self, index: int, coords: np.ndarray) -> Finished:
         settings = self.job.settings
         calc = self._calculation(coords)
         scf, result = scf_and_gradient(self.job, calc, self.scratch, self.density,
-                                       _where(index))
+                                       _where(index), self.start)
         if not np.all(np.isfinite(result.gradient)):
             raise RunFailure(f"the {method_name(calc, settings)} gradient overflowed to "
                              f"non-finite numbers at {_where(index)}")

@@ -1,0 +1,101 @@
+"""--follow-instability: an unstable reference's orbitals rotated along the instability and
+converged again, to PySCF's lower solution; and the remedy named where an SCF near an
+unstable reference fails to converge."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+from pyscf import df, gto, scf
+
+from dfmp2.scf.reference import lowest_hessian_mode, rotated_orbitals
+
+# NO2 at its experimental geometry (Angstrom): its UHF in 6-31G is unstable (-0.049).
+NO2 = "3\nmultiplicity=2 NO2\nN 0 0 0\nO 0 1.1008 0.4639\nO 0 -1.1008 0.4639\n"
+
+
+@pytest.fixture
+def no2(tmp_path):
+    path = tmp_path / "no2.xyz"
+    path.write_text(NO2)
+    return path
+
+
+def pyscf_followed_uhf() -> tuple[float, float]:
+    """PySCF's density-fitted UHF of NO2/6-31G, and its energy after PySCF's own stability
+    analysis has been followed (its rotated orbitals, converged again) until stable."""
+    mol = gto.M(atom="N 0 0 0; O 0 1.1008 0.4639; O 0 -1.1008 0.4639", basis="6-31g",
+                spin=1, verbose=0)
+    mf = scf.UHF(mol).density_fit(auxbasis=df.make_auxbasis(mol))
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-7
+    first = mf.kernel()
+    for _ in range(3):
+        orbitals, _, stable, _ = mf.stability(return_status=True)
+        if stable:
+            return first, mf.e_tot
+        mf.kernel(dm0=mf.make_rdm1(orbitals, mf.mo_occ))
+    raise AssertionError("PySCF's UHF stayed unstable")
+
+
+def test_an_unstable_uhf_is_followed_to_pyscfs_lower_solution(no2, run_cli, tmp_path, caplog):
+    unstable_energy, stable_energy = pyscf_followed_uhf()
+    assert stable_energy < unstable_energy - 1e-3
+    plain = run_cli("run", no2, "--basis", "6-31g", "--json", "-o", tmp_path / "plain.h5")
+    assert plain.code == 0, plain.err
+    assert "--follow-instability converges to it" in caplog.text
+    summary = json.loads(plain.out)
+    assert summary["stability"] == "unstable" and summary["instabilities_followed"] == 0
+    assert summary["e_scf"] == pytest.approx(unstable_energy, abs=1e-9)
+
+    caplog.clear()
+    record = tmp_path / "followed.h5"
+    followed = run_cli("run", no2, "--basis", "6-31g", "--follow-instability", "--json",
+                       "-o", record)
+    assert followed.code == 0, followed.err
+    summary = json.loads(followed.out)
+    assert summary["stability"] == "stable" and summary["stability_eigenvalue"] > 0
+    assert summary["instabilities_followed"] == 1
+    assert "internally unstable" not in caplog.text
+    assert summary["e_scf"] == pytest.approx(stable_energy, abs=1e-9)
+    with h5py.File(record, "r") as h5:
+        assert h5["scf"].attrs["instabilities_followed"] == 1
+        assert bool(h5["input"].attrs["follow_instability"])
+    assert "followed 1 instability down to this stable solution" in run_cli("show", record).out
+    # PySCF recomputed from the record follows too: its own SCF left it 2.4 mEh higher. The
+    # solution's soft mode leaves both SCFs near a 5e-8 orbital gradient, and E_corr, linear
+    # in the orbitals' error, agrees to about 1e-7 Eh.
+    compared = run_cli("compare", record, "--reference", "pyscf", "--json")
+    assert compared.code == 0, compared.err
+    assert abs(json.loads(compared.out)[0]["delta_e_tot"]) < 1e-6
+
+
+def test_frequencies_near_an_unstable_reference_name_the_remedy(no2, run_cli, tmp_path):
+    """Each displaced SCF starts from the unstable reference's density and falls toward the
+    lower solution: NO2's did not converge, and the error said only that."""
+    result = run_cli("frequencies", no2, "--basis", "6-31g", "-o", tmp_path / "f.h5")
+    assert result.code == 1
+    assert "did not converge at displaced geometry" in result.err
+    assert "internally unstable UHF reference" in result.err
+    assert "rerun with --follow-instability" in result.err
+
+
+@pytest.mark.parametrize("spin", [0, 1])
+def test_orbitals_rotated_along_a_mode_stay_orthonormal_and_lower_the_energy(spin):
+    """The rotation is exp of an antisymmetric occupied-virtual generator in each channel:
+    the orbitals stay orthonormal, and a small step along the lowest mode changes the energy
+    by half the eigenvalue times the step squared (PySCF's Hessian normalisation)."""
+    mol = gto.M(atom="N 0 0 0; O 0 1.1008 0.4639; O 0 -1.1008 0.4639", basis="sto-3g",
+                charge=-1 if spin == 0 else 0, spin=spin, verbose=0)
+    mf = (scf.UHF(mol) if spin else scf.RHF(mol)).density_fit()
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-8
+    energy = mf.kernel()
+    eigenvalue, mode = lowest_hessian_mode(mf)
+    overlap = mol.intor_symmetric("int1e_ovlp")
+    step = 1e-3
+    turned = rotated_orbitals(mf, step * mode)
+    for c in (turned if spin else [turned]):
+        assert np.abs(c.T @ overlap @ c - np.eye(c.shape[1])).max() < 1e-12
+    moved = mf.energy_tot(mf.make_rdm1(turned, mf.mo_occ))
+    assert moved - energy == pytest.approx(0.5 * eigenvalue * step**2, rel=2e-2)
