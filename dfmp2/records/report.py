@@ -115,6 +115,12 @@ def summary(root: Node) -> str:
     if scf is not None and scf.settled:
         lines.append(f"  Note: the SCF settled at an orbital gradient of "
                      f"{scf.orbital_gradient:.1e}, where it stalled short of its threshold")
+        if "gradient" in root.groups:
+            # NO2's followed UHF in 6-31G settles at 5.5e-8: its MP2 gradient differs from
+            # central differences by 1.6e-5 Eh/Bohr, against 5e-7 on a converged SCF.
+            lines.append("  Note: an analytic gradient assumes a stationary SCF, so this one "
+                         "is less accurate than usual (NO2's: 1.6e-5 Eh/Bohr at an orbital "
+                         "gradient of 5.5e-8); check it against central differences")
     lines.append("")
     energies = Mp2Section.read(root)
     for label, value in _energy_rows(scf, energies, double_hybrid):
