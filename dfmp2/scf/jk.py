@@ -133,7 +133,7 @@ class JkEngine:
                       for fs in (factors if with_k else []) for f in fs)
         small = 3.0 * self.tensor.width * nao * nao * max(columns, nset) < SINGLE_THREAD_WORK
         ledgers = {id(s.accounting): s.accounting for s in (self.kernel_set, self.coulomb_set)}
-        before = {key: ledger.snapshot()[0] for key, ledger in ledgers.items()}
+        before = {key: ledger.snapshot() for key, ledger in ledgers.items()}
         with single_threaded_ops() if small else contextlib.nullcontext():
             vj, vk = self._build(dms, factors, with_j, with_k, k_scale, columns)
         self.builds.append(JkBuild(time.perf_counter() - start, self.kernel_set.precision,
@@ -356,8 +356,7 @@ def _executors_since(ledgers: dict, before: dict) -> str:
     (an NKI build's K on ``nki-interpreter`` and its fp64 J on ``torch-cpu``; a K that fell
     back shows its torch executor), ``none`` for a build that called no kernel."""
     ran = {executor for key, ledger in ledgers.items()
-           for (kernel, executor), n in ledger.snapshot()[0].items()
-           if n > before[key].get((kernel, executor), 0)}
+           for _, executor in ledger.since(before[key])[0]}
     return "+".join(sorted(ran)) or "none"
 
 

@@ -376,11 +376,14 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
         earlier_cycles = cycles
         lower = converge(mf.make_rdm1(rotated_orbitals(mf, mode), mf.mo_occ))
         followed += 1
-        if not lower < e_tot:
-            log.info("the SCF from the rotated orbitals came back to E = %.10f Eh", lower)
+        came_back = not lower < e_tot
         e_tot = lower
         with blas():
             stability, eigenvalue, mode = stability_of(mf, calc, options)
+        if came_back:
+            # The same start would come back again: another rotation is wasted work.
+            log.info("the SCF from the rotated orbitals came back to E = %.10f Eh", lower)
+            break
     if stability == "unstable":
         _warn_unstable(calc, eigenvalue, followed)
     log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", calc.reference_name,
