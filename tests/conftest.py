@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 from pathlib import Path
+
+# A pytest-xdist worker shares the cores with another worker: one thread for it and for the
+# runs it starts (dfmp2 takes OMP_NUM_THREADS as its default), so that two workers do not
+# spin four OpenMP threads on two cores (see single_thread below). Set before torch and
+# PySCF load their OpenMP runtimes.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import h5py
 import pytest

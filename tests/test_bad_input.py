@@ -321,6 +321,40 @@ def test_more_threads_than_cores_run_on_the_cores_with_a_warning(run_cli, tmp_pa
         assert json.loads(result.out)["e_corr"] < 0
 
 
+def test_openmp_threads_set_the_default_thread_count(run_cli, tmp_path, monkeypatch):
+    """Without --threads a run took every core whatever OMP_NUM_THREADS said: two ranks
+    under torchrun (which sets it to 1 for each) ran two threads each on two cores."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--json",
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    with h5py.File(tmp_path / "w.h5", "r") as h5:
+        assert h5["input"].attrs["threads"] == 1
+
+
+@pytest.mark.parametrize("variable, expected", [
+    (None, 8), ("3", 3), ("3,2", 3), (" 2 ", 2), ("16", 8), ("0", 8), ("two", 8), ("\u00b2", 8)])
+def test_the_default_thread_count_follows_openmp_within_the_cores(monkeypatch, variable,
+                                                                   expected):
+    import torch
+    from pyscf import lib
+
+    from dfmp2.jobs.preamble import apply_threads
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    if variable is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", variable)
+    before = torch.get_num_threads(), lib.num_threads()
+    try:
+        assert apply_threads(None) == expected
+        assert apply_threads(5) == 5
+    finally:
+        torch.set_num_threads(before[0])
+        lib.num_threads(before[1])
+
+
 def test_more_memory_than_the_machine_has_runs_with_a_warning(run_cli, tmp_path, caplog):
     """A budget beyond the installed memory was taken without a word; plans made for it can
     exhaust the machine's memory, which ends the run without a message of its own."""

@@ -77,11 +77,14 @@ def check_output_path(path: Path, resume: bool = False) -> None:
 
 
 def apply_threads(threads: int | None) -> int:
-    """Use ``threads`` (default: every core available to us) in torch and PySCF alike, at
-    most one per core: more only wait for each other, and a count such as 100000 made
-    OpenMP fail to allocate its pool and end the process."""
+    """Use ``threads`` in torch and PySCF alike, at most one per core: more only wait for
+    each other, and a count such as 100000 made OpenMP fail to allocate its pool and end the
+    process. Without ``threads``: OMP_NUM_THREADS when it is set (a job script's share of a
+    node; torchrun sets 1 for each of several ranks), else every core available to us.
+    Before, every core was taken whatever OMP_NUM_THREADS said: two ranks on two cores ran
+    two threads each."""
     cores = len(os.sched_getaffinity(0))
-    count = threads if threads else cores
+    count = threads if threads else min(cores, openmp_threads() or cores)
     if count < 1:
         raise InputError("--threads must be at least 1")
     if count > cores:
@@ -91,6 +94,13 @@ def apply_threads(threads: int | None) -> int:
     torch.set_num_threads(count)
     pyscf.lib.num_threads(count)
     return count
+
+
+def openmp_threads(environ=os.environ) -> int | None:
+    """The outermost thread count of OMP_NUM_THREADS, None when it is unset or unusable
+    (the entry point warns of the latter)."""
+    first = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isascii() and first.isdigit() and int(first) > 0 else None
 
 
 def versions() -> dict[str, str]:
