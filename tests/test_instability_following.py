@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 from pyscf import df, gto, scf
+from pyscf.gto.mole import param
 
 from dfmp2.scf.reference import lowest_hessian_mode, rotated_orbitals
 
@@ -69,6 +70,30 @@ def test_an_unstable_uhf_is_followed_to_pyscfs_lower_solution(no2, run_cli, tmp_
     compared = run_cli("compare", record, "--reference", "pyscf", "--json")
     assert compared.code == 0, compared.err
     assert abs(json.loads(compared.out)[0]["delta_e_tot"]) < 1e-6
+
+
+def test_qcschema_keywords_check_and_follow_the_instability():
+    """The QCSchema harness took no keyword for --stability or --follow-instability: an
+    unstable NO2 came back from QCEngine as the higher solution with nothing to reach the
+    lower one."""
+    import qcengine
+
+    import dfmp2.qcengine  # noqa: F401  (registers the harness)
+
+    _, stable_energy = pyscf_followed_uhf()
+    molecule = {"symbols": ["N", "O", "O"], "molecular_multiplicity": 2,
+                "geometry": (np.array([[0, 0, 0], [0, 1.1008, 0.4639], [0, -1.1008, 0.4639]])
+                             / param.BOHR).ravel().tolist(),
+                "fix_com": True, "fix_orientation": True}
+    result = qcengine.compute({"molecule": molecule, "driver": "energy",
+                               "model": {"method": "mp2", "basis": "6-31g"},
+                               "keywords": {"follow_instability": True}}, "dfmp2",
+                              return_version=2)
+    assert result.success, getattr(result, "error", None)
+    # QCElemental keeps the geometry to 1e-8 Bohr, which moves the energy by about 1e-9 Eh.
+    assert result.properties.scf_total_energy == pytest.approx(stable_energy, abs=1e-8)
+    assert result.extras["dfmp2"]["instabilities_followed"] == 1
+    assert result.extras["dfmp2"]["stability"] == "stable"
 
 
 def test_frequencies_near_an_unstable_reference_name_the_remedy(no2, run_cli, tmp_path):

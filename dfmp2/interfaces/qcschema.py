@@ -51,6 +51,8 @@ KEYWORDS: dict[str, tuple[str, type]] = {
     "scs_os": ("scs_os", float), "scs_ss": ("scs_ss", float),
     "mp2_os": ("mp2_os", float), "mp2_ss": ("mp2_ss", float), "grid": ("grid", int),
     "nki_mode": ("nki_mode", str), "require_nki": ("require_nki", bool),
+    "allow_unconverged": ("allow_unconverged", bool), "stability": ("stability", bool),
+    "follow_instability": ("follow_instability", bool),
 }
 # Command-line options given by the AtomicInput itself, not by a keyword.
 SPECIFICATION_NAMES = {"charge": "molecule.molecular_charge",
