@@ -72,6 +72,29 @@ def test_an_unstable_uhf_is_followed_to_pyscfs_lower_solution(no2, run_cli, tmp_
     assert abs(json.loads(compared.out)[0]["delta_e_tot"]) < 1e-6
 
 
+def test_a_sextet_manganese_atom_is_followed_from_an_excited_state_to_its_ground_state(
+        run_cli, tmp_path, caplog):
+    """Mn (3d5 4s2, sextet) in def2-SVP: the minimal-basis guess that dfmp2 and PySCF start
+    from converges to a UHF state 0.14 Eh above the ground state, which PySCF reaches from
+    its superposition of atomic densities. The run warns; following reaches it."""
+    mol = gto.M(atom="Mn 0 0 0", basis="def2-svp", spin=5, verbose=0)
+    mf = scf.UHF(mol).density_fit()
+    mf.conv_tol, mf.conv_tol_grad, mf.init_guess = 1e-12, 1e-7, "atom"
+    ground = mf.kernel()
+    xyz = tmp_path / "mn.xyz"
+    xyz.write_text("1\nMn atom\nMn 0 0 0\n")
+    args = ("run", xyz, "--basis", "def2-svp", "--spin", "5", "--json")
+    plain = run_cli(*args, "-o", tmp_path / "plain.h5")
+    assert plain.code == 0, plain.err
+    assert "internally unstable" in caplog.text
+    assert json.loads(plain.out)["e_scf"] > ground + 0.1
+    followed = run_cli(*args, "--follow-instability", "-o", tmp_path / "followed.h5")
+    assert followed.code == 0, followed.err
+    summary = json.loads(followed.out)
+    assert summary["stability"] == "stable" and summary["instabilities_followed"] >= 1
+    assert summary["e_scf"] == pytest.approx(ground, abs=1e-9)
+
+
 def test_qcschema_keywords_check_and_follow_the_instability():
     """The QCSchema harness took no keyword for --stability or --follow-instability: an
     unstable NO2 came back from QCEngine as the higher solution with nothing to reach the
