@@ -49,6 +49,9 @@ def _raise_interrupted(signum: int, frame) -> None:
         # Raised inside Thread.start, it would break the new thread's bookkeeping.
         threads.defer(interrupts.raise_if_requested)
         return
+    if interrupts.holding():
+        interrupts.hold(stop)
+        return
     raise stop
 
 

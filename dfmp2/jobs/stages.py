@@ -38,6 +38,7 @@ from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release
                                  restored_scf, run_scf)
 from dfmp2.system.memory import peak_resident_megabytes
 from dfmp2.system.files import StagedText
+from dfmp2.system.interrupts import written_whole
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +235,7 @@ def mp2_stage(ctx: RunContext, scf_result: ScfResult) -> mp2.Mp2Result:
     return result
 
 
+@written_whole
 def write_mp2_result(ctx: RunContext, scf_result: ScfResult, result: mp2.Mp2Result) -> None:
     node, plan = ctx.node, result.plan
     write_timings(node, ctx.timings)
@@ -353,6 +355,7 @@ def record_rank_stages(ctx: RunContext) -> None:
         write_scf_ledger(ctx.node, env.scf_kernels)
 
 
+@written_whole
 def write_energies(ctx: RunContext, scf_result: ScfResult, energies: Mp2Energies,
                    e_scf: float) -> None:
     """The MP2 energies of a gradient or density into the context's node, and with ``--xc``

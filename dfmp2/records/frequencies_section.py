@@ -26,6 +26,7 @@ from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Sec
 from dfmp2.records.tree import Node
 from dfmp2.vib.analysis import Thermochemistry
 from dfmp2.vib.symmetry import SYMMETRY_TOLERANCE_BOHR
+from dfmp2.system.interrupts import written_whole
 
 ANALYSIS_DATASETS = ("hessian", "frequencies", "ir_intensities", "normal_modes",
                      "reduced_masses", "force_constants", "dipole_derivatives")
@@ -98,6 +99,7 @@ class FrequenciesSection(Section):
     """max |dE/dR| at the input geometry (Eh/Bohr)."""
     molden: str = ""
 
+    @written_whole
     def write(self, node: Node) -> None:
         """The fields as attributes, the thermochemistry's among them in its place."""
         attrs = {}
@@ -120,6 +122,7 @@ class FrequenciesSection(Section):
         return super().read(Node(groups={cls.group_name: nested}))
 
 
+@written_whole
 def write_points(node: Node, section: DisplacementSection, points: list[Point]) -> None:
     """``/displacements`` with ``points`` in index order."""
     section.write(node)
@@ -151,6 +154,7 @@ def read_points(node: Node | None) -> tuple[DisplacementSection, list[Point]] | 
                      for i, c, e, g, d in zip(index, coords, energies, gradients, dipoles)]
 
 
+@written_whole
 def write_reference(node: Node, reference: ReferenceSections) -> None:
     write_scf(node, reference.scf, reference.orbitals)
     reference.mp2.write(node)
@@ -163,6 +167,7 @@ def has_reference(node: Node | None) -> bool:
     return node is not None and GradientSection.group_name in node.groups
 
 
+@written_whole
 def copy_reference(source: Node, target: Node) -> None:
     """The input geometry's calculation of another record of the same inputs (an interrupted
     run's, a shard's) into ``target``."""
@@ -172,6 +177,7 @@ def copy_reference(source: Node, target: Node) -> None:
             target.groups[name] = source.groups[name]
 
 
+@written_whole
 def write_frequencies(node: Node, section: FrequenciesSection,
                       arrays: dict[str, np.ndarray]) -> None:
     section.write(node)

@@ -13,6 +13,7 @@ import numpy as np
 
 from dfmp2.records.sections import Mp2Section, ScfSection, Section, finite_numbers
 from dfmp2.records.tree import Node
+from dfmp2.system.interrupts import written_whole
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class OptimizationSection(Section):
     xyz_path: str
 
 
+@written_whole
 def write_steps(node: Node, steps: Steps) -> None:
     node.group(OptimizationSection.group_name).datasets.update(dataclasses.asdict(steps))
 
@@ -60,6 +62,7 @@ def read_steps(node: Node | None) -> Steps | None:
     return Steps(coords, energies, gradients)
 
 
+@written_whole
 def write_optimization(node: Node, section: OptimizationSection) -> None:
     section.write(node)
 
@@ -87,6 +90,7 @@ class InteractionInputs(Section):
     frozen_core: bool
 
 
+@written_whole
 def write_interaction(root: Node, energies: dict[str, tuple[float, float]],
                       kcal_per_hartree: float) -> None:
     """``/interaction``: for each kind (scf, mp2, scs, sos) the counterpoise-corrected and
@@ -112,6 +116,7 @@ def interaction_value(values: dict[str, float], kind: str, corrected: bool,
     return values[f"e_int_{kind}_{'cp' if corrected else 'nocp'}{'_kcal' if kcal else ''}"]
 
 
+@written_whole
 def write_bench(root: Node, summary: dict[str, Any], runs: dict[str, np.ndarray],
                 stage_timings: list[dict[str, float]]) -> None:
     root.group("bench").attrs.update(summary)

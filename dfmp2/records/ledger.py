@@ -11,6 +11,7 @@ import numpy as np
 from dfmp2.records.sections import Section, from_attr
 from dfmp2.errors import InputError
 from dfmp2.records.tree import FOREIGN_RECORD, Node
+from dfmp2.system.interrupts import written_whole
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class BackendFacts(Section):
     fused_energy: bool
 
 
+@written_whole
 def write_kernel_ledger(node: Node, calls: dict[tuple[str, str], int], fallbacks: int,
                         fallback_reasons: list[str], report: dict[str, Any],
                         group_name: str = BackendFacts.group_name) -> None:
@@ -40,6 +42,7 @@ def write_kernel_ledger(node: Node, calls: dict[tuple[str, str], int], fallbacks
     group.attrs.update(report)
 
 
+@written_whole
 def write_accounting(node: Node, accounting, report: dict[str, Any],
                      group_name: str = BackendFacts.group_name) -> None:
     """A :class:`kernels.accounting.KernelAccounting`'s calls and fallbacks, with the kernel

@@ -17,6 +17,7 @@ import numpy as np
 
 from dfmp2.records.sections import Section
 from dfmp2.records.tree import Node
+from dfmp2.system.interrupts import written_whole
 
 # PySCF's e Bohr -> Debye (pyscf.data.nist.AU2DEBYE), written here so that a record can be
 # read without PySCF.
@@ -107,6 +108,7 @@ def _read_values(group: Node) -> DensityProperties:
                                 for item in dataclasses.fields(DensityProperties)})
 
 
+@written_whole
 def write_properties(node: Node, section: PropertiesSection, mp2: DensityProperties,
                      scf: DensityProperties, densities: list[np.ndarray]) -> None:
     section.write(node)

@@ -17,6 +17,7 @@ import numpy as np
 from dfmp2.errors import InputError
 from dfmp2.records.tree import FOREIGN_RECORD, Node
 from dfmp2.system.files import printable
+from dfmp2.system.interrupts import written_whole
 
 
 class Section:
@@ -24,6 +25,7 @@ class Section:
 
     group_name: ClassVar[str]
 
+    @written_whole
     def write(self, node: Node) -> None:
         """The fields as attributes; an optional field left at None is not written."""
         node.group(self.group_name).attrs.update(
@@ -209,6 +211,7 @@ class StoredOrbitals:
     mo_coeff: np.ndarray
 
 
+@written_whole
 def write_scf(node: Node, section: ScfSection, orbitals: StoredOrbitals) -> None:
     section.write(node)
     node.group(ScfSection.group_name).datasets.update(dataclasses.asdict(orbitals))
@@ -347,6 +350,7 @@ class GradientSection(Section):
     """||A z - L|| of the Z-vector solution."""
 
 
+@written_whole
 def write_gradient(node: Node, section: GradientSection, gradient: np.ndarray) -> None:
     section.write(node)
     node.group(GradientSection.group_name).datasets["gradient"] = np.asarray(gradient)
@@ -378,6 +382,7 @@ class CheckSection(Section):
     delta_e_tot: float | None = None
 
 
+@written_whole
 def write_timings(node: Node, seconds: dict[str, float]) -> None:
     """``/timings``: seconds per stage (``scf``, ``mp2``, ``total`` and finer stages)."""
     node.group("timings").attrs.update(seconds)
@@ -400,6 +405,7 @@ class Checkpoint:
 PAIR_KEY_LENGTH = 5
 
 
+@written_whole
 def write_checkpoint(node: Node, checkpoint: Checkpoint) -> None:
     group = node.group("checkpoint")
     if checkpoint.occ_block is not None:
@@ -426,6 +432,7 @@ def read_checkpoint(node: Node) -> Checkpoint | None:
                        for key, s in zip(keys, sums)})
 
 
+@written_whole
 def write_rank_stages(node: Node, world_size: int, backend: str,
                       stages: list[dict[str, float]], peaks_mb: list[float],
                       points: list[list[int]] | None = None) -> None:
@@ -442,6 +449,7 @@ def write_rank_stages(node: Node, world_size: int, backend: str,
             group.attrs[f"rank{rank}.points"] = json.dumps(points[rank])
 
 
+@written_whole
 def write_distributed(node: Node, world_size: int, backend: str,
                       ranks: dict[int, tuple[list, float]]) -> None:
     """``/distributed``: each rank's block pairs and busy seconds."""

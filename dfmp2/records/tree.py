@@ -28,6 +28,7 @@ import numpy as np
 
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.system.files import FILE, disk_reason, existing_kind, printable, shown
+from dfmp2.system.interrupts import written_whole
 
 SCHEMA = "dfmp2.run/1"
 
@@ -276,6 +277,7 @@ def created(root: Node) -> str | None:
     return _text(root, "created")
 
 
+@written_whole
 def set_status(root: Node, value: str, error_text: str | None = None) -> None:
     root.attrs["status"] = value
     if error_text:
@@ -284,5 +286,6 @@ def set_status(root: Node, value: str, error_text: str | None = None) -> None:
         root.attrs.pop("error", None)
 
 
+@written_whole
 def set_resumed(node: Node, resumed: bool) -> None:
     node.attrs["resumed"] = resumed

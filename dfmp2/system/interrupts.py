@@ -5,19 +5,30 @@ Python code runs when the signal lands. If that is a weakref callback or a final
 prints "Exception ignored in ..." and goes on, and the run would finish as if never asked to
 stop. So the handler also keeps the request here, and every checkpoint of a run raises it
 again (:func:`raise_if_requested`).
+
+A change of the record made in several steps (a checkpoint's pairs and their sums) must not
+be cut between them: the stopping run saves the record as it is, and a checkpoint of 12
+pairs and 11 sums could not be resumed. Such changes are written under :func:`written_whole`:
+a signal that lands inside is held and raised when the change is complete.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from dfmp2.errors import Interrupted
 
 STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _requested: Interrupted | None = None
+# How many written_whole changes the main thread is inside, and a stop that landed in one.
+_depth = 0
+_held: Interrupted | None = None
+Writer = TypeVar("Writer", bound=Callable)
 
 
 def request(stop: Interrupted) -> Interrupted:
@@ -29,8 +40,49 @@ def request(stop: Interrupted) -> Interrupted:
 
 def clear() -> None:
     """Forget any earlier request (a new command in the same process)."""
-    global _requested
-    _requested = None
+    global _requested, _held
+    _requested = _held = None
+
+
+def holding() -> bool:
+    """Whether the main thread is inside a :func:`written_whole` change."""
+    return _depth > 0
+
+
+def hold(stop: Interrupted) -> None:
+    """Keep ``stop`` to raise when the change under way is complete."""
+    global _held
+    _held = stop
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """The body runs to its end even if a stop is requested meanwhile; the stop is raised
+    after it. Only the main thread receives signals, so elsewhere this does nothing."""
+    global _depth, _held
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        # Taken even when the body failed: guarded() then finds the request itself.
+        stop = _held if _depth == 0 else None
+        if stop is not None:
+            _held = None
+    if stop is not None:
+        raise stop
+
+
+def written_whole(writer: Writer) -> Writer:
+    """``writer`` (a change of the record in memory) under :func:`signals_held`."""
+    @functools.wraps(writer)
+    def whole(*args, **kwargs):
+        with signals_held():
+            return writer(*args, **kwargs)
+    return whole
 
 
 def pending() -> bool:
