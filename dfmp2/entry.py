@@ -32,14 +32,20 @@ def _stop(signum: int, frame) -> None:
     os._exit(128 + signum)
 
 
+def openmp_thread_counts(value: str) -> list[int] | None:
+    """The thread counts of an OMP_NUM_THREADS value, one per nesting level; None when
+    OpenMP would reject it."""
+    if not OPENMP_THREADS.fullmatch(value):
+        return None
+    counts = [int(count) for count in value.split(",")]
+    return counts if all(0 < count < 2**63 for count in counts) else None
+
+
 def drop_invalid_openmp_threads(environ=os.environ) -> str | None:
     """Remove an OMP_NUM_THREADS that the OpenMP runtime would reject (and then ignore), and
     return the warning that says so; None when it is absent or valid."""
     value = environ.get("OMP_NUM_THREADS")
-    if value is None:
-        return None
-    if OPENMP_THREADS.fullmatch(value) and all(
-            0 < int(count) < 2**63 for count in value.split(",")):
+    if value is None or openmp_thread_counts(value) is not None:
         return None
     del environ["OMP_NUM_THREADS"]
     return (f"OMP_NUM_THREADS={value!r} is not a positive number of threads and is ignored; "

@@ -25,6 +25,7 @@ import torch
 import dfmp2
 import kernels
 from kernels.nki.launcher import NkiUnavailable
+from dfmp2.entry import openmp_thread_counts
 from dfmp2.errors import InputError
 from dfmp2.grad import kernel as gradient
 from dfmp2.input.calculation import Calculation, CalculationRequest, define_calculation
@@ -97,10 +98,10 @@ def apply_threads(threads: int | None) -> int:
 
 
 def openmp_threads(environ=os.environ) -> int | None:
-    """The outermost thread count of OMP_NUM_THREADS, None when it is unset or unusable
-    (the entry point warns of the latter)."""
-    first = environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    return int(first) if first.isascii() and first.isdigit() and int(first) > 0 else None
+    """The outermost thread count of OMP_NUM_THREADS, None when it is unset or one OpenMP
+    would reject (the entry point warns of the latter)."""
+    counts = openmp_thread_counts(environ.get("OMP_NUM_THREADS", ""))
+    return counts[0] if counts else None
 
 
 def versions() -> dict[str, str]:
