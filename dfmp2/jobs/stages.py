@@ -132,8 +132,11 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
     if ctx.saver is not None and ctx.env.world.is_root:
         ctx.saver.save()
     if not scf_result.converged:
+        section = scf_result.section
         if not ctx.settings.allow_unconverged:
-            raise RunFailure(f"the SCF did not converge in {scf_result.section.cycles} cycles; "
+            saddle = (" (it stalled on an unstable solution, from which --follow-instability "
+                      "goes on to a lower one)" if section.stability == "unstable" else "")
+            raise RunFailure(f"the SCF did not converge in {section.cycles} cycles{saddle}; "
                              "rerun with --allow-unconverged to accept it")
         log.warning("the SCF did not converge (orbital gradient %.1e after %d cycles): the "
                     "energies that follow are of an unconverged reference",

@@ -91,6 +91,15 @@ BYTES_PER_MB = 10**6
 # PySCF's own line between stable and unstable (pyscf.scf.stability): an orbital-Hessian
 # eigenvalue below it means a lower SCF solution exists.
 UNSTABLE_BELOW = -1e-5
+# An SCF that ran out of cycles with its energy changing by less than this in each of its
+# last STALL_CYCLES cycles stalled near a stationary point, and its orbital Hessian says
+# whether that point is a saddle. A sextet Mn atom in def2-SVP stalls so on a saddle 0.14 Eh
+# above the ground state (Hessian eigenvalue -0.127), its energy steady to 1e-9 Eh from cycle
+# 30 on while DIIS takes its orbital gradient anywhere from 1e-7 to 2e-3 (PySCF's DIIS ends
+# at 5.7e-6, its second-order solver at 3.5e-7): no minimiser converges there, and following
+# the instability does.
+STALLED_ENERGY_CHANGE = 1e-8
+STALL_CYCLES = 5
 # Davidson's eigenvalue convergence, its start vectors among the rotations of the lowest
 # diagonal Hessian elements, and the seed of one more that reaches every symmetry block.
 STABILITY_TOL = 1e-6
@@ -333,17 +342,25 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
         mf.check_convergence = tight
     cycles, gradient = 0, float("nan")
     earlier_cycles = 0
+    changes: list[float] = []
 
     def count_cycle(envs: dict) -> None:
         nonlocal cycles, gradient
         cycles = earlier_cycles + int(envs.get("cycle", 0)) + 1
         gradient = float(envs.get("norm_gorb", gradient))
+        if "e_tot" in envs and "last_hf_e" in envs:
+            changes.append(abs(float(envs["e_tot"]) - float(envs["last_hf_e"])))
+
+    def stalled() -> bool:
+        last = changes[-STALL_CYCLES:]
+        return len(last) == STALL_CYCLES and max(last) < STALLED_ENERGY_CHANGE
 
     mf.callback = count_cycle
     def blas():
         return torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext()
 
     def converge(density: np.ndarray | None) -> float:
+        changes.clear()
         if tight is not None:
             tight.restart()
         try:
@@ -368,7 +385,7 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     if isinstance(with_df, KernelDF):
         with_df.end_scf()
     with blas():
-        stability, eigenvalue, mode = stability_of(mf, calc, options)
+        stability, eigenvalue, mode = stability_of(mf, calc, options, stalled())
     followed = 0
     while stability == "unstable" and options.follow_instability and followed < FOLLOW_LIMIT:
         log.info("following the instability (orbital-Hessian eigenvalue %.4g) from E = "
@@ -379,7 +396,7 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
         came_back = not lower < e_tot
         e_tot = lower
         with blas():
-            stability, eigenvalue, mode = stability_of(mf, calc, options)
+            stability, eigenvalue, mode = stability_of(mf, calc, options, stalled())
         if came_back:
             # The same start would come back again: another rotation is wasted work.
             log.info("the SCF from the rotated orbitals came back to E = %.10f Eh", lower)
@@ -489,13 +506,13 @@ def orbital_problem(mol: gto.Mole, orbitals: StoredOrbitals) -> str | None:
     return None
 
 
-def stability_of(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions
-                 ) -> tuple[str, float, np.ndarray | None]:
+def stability_of(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions,
+                 stalled: bool = False) -> tuple[str, float, np.ndarray | None]:
     """(``stable``/``unstable``/``not checked``, the lowest orbital-Hessian eigenvalue, its
-    rotation) of the converged ``mf``: checked for open shells, and for closed shells when
-    asked (``stability`` or ``follow_instability``)."""
+    rotation) of ``mf``, converged or ``stalled`` near a stationary point: checked for open
+    shells, and for closed shells when asked (``stability`` or ``follow_instability``)."""
     asked = calc.reference == "uhf" or options.stability or options.follow_instability
-    if not (mf.converged and asked):
+    if not ((mf.converged or stalled) and asked):
         return "not checked", float("nan"), None
     eigenvalue, mode = lowest_hessian_mode(mf)
     return ("stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"), eigenvalue, mode
