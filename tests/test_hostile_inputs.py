@@ -282,15 +282,21 @@ def test_unstable_uhf_gradient_is_converged_and_flagged(corpus, run_cli, caplog)
                      "-o", "no2.h5")
     assert result.code == 0, result.err
     assert "internally unstable" in caplog.text
-    # Its SCF never reaches the 1e-8 orbital gradient asked of a gradient's orbitals: it
-    # settles below 1e-7 where it stalls, where it used to fail after 100 cycles.
+    # Near this saddle the SCF may stall short of the 1e-8 orbital gradient asked of a
+    # gradient's orbitals, where it used to fail after 100 cycles: it then settles below
+    # 1e-7 and says so. Whether it stalls follows the J/K builds' rounding (it settles at a
+    # few 1e-8 here, and converged in 51 cycles with the JK tensor's rows in another order);
+    # the settling itself is tested in tests/test_scf_ladder.py.
     settled = re.search(r"the SCF settled at an orbital gradient of ([0-9.e+-]+), where it "
                         r"stalled", caplog.text)
-    assert settled and 1e-8 <= float(settled.group(1)) < 1e-7
     summary = json.loads(result.out)
     assert summary["stability"] == "unstable" and summary["stability_eigenvalue"] < -1e-3
-    assert summary["scf_settled"] and float(settled.group(1)) == pytest.approx(
-        summary["orbital_gradient"], rel=0.1)
+    if summary["scf_settled"]:
+        assert settled and 1e-8 <= float(settled.group(1)) < 1e-7
+        assert float(settled.group(1)) == pytest.approx(summary["orbital_gradient"], rel=0.1)
+    else:
+        assert summary["scf_converged"] and summary["orbital_gradient"] < 1e-8
+        assert not settled
     with h5py.File(corpus / "no2.h5", "r") as record:
         gradient = record["gradient"]
         assert gradient.attrs["response_residual"] <= 1e-9
