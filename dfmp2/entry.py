@@ -2,9 +2,9 @@
 
 Importing the command line brings in torch and PySCF, about two seconds in which the
 command's own signal handling is not yet installed. This module imports nothing heavy, and
-guards that import, so that a Ctrl-C or a SIGTERM in those seconds ends the program with one
-line and status 130 or 143, as it does later, instead of a KeyboardInterrupt traceback from
-deep inside an import or a silent death by the signal.
+guards that import, so that a Ctrl-C, a SIGTERM or a SIGHUP in those seconds ends the
+program with one line and status 130, 143 or 129, as it does later, instead of a
+KeyboardInterrupt traceback from deep inside an import or a silent death by the signal.
 
 It also reads the environment variables those imports read before they do: each copy of
 libgomp (torch's and PySCF's) would print its own complaint about an OMP_NUM_THREADS it
@@ -17,6 +17,8 @@ import os
 import re
 import signal
 import sys
+
+from dfmp2.system.interrupts import handled_signals
 
 EXIT_SIGINT = 128 + signal.SIGINT
 # What libgomp accepts: positive thread counts, one per nesting level, separated by commas.
@@ -91,8 +93,7 @@ def main() -> None:
     for invalid in (drop_invalid_openmp_threads(), drop_invalid_pyscf_memory()):
         if invalid is not None:
             print(f"dfmp2: WARNING: {invalid}", file=sys.stderr)
-    previous = {signum: signal.signal(signum, _stop)
-                for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = {signum: signal.signal(signum, _stop) for signum in handled_signals()}
     try:
         from dfmp2.cli import main as run_command_line
     finally:

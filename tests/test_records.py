@@ -321,6 +321,36 @@ def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path, run_cli):
     assert leftovers(tmp_path) == []
 
 
+def test_a_hangup_stops_the_run_as_sigterm_does_unless_it_was_started_ignoring_it(tmp_path):
+    """The terminal or SSH session of a run started in it closes (SIGHUP): the run used to die
+    there, leaving a record marked running and its scratch files. It now saves what is
+    finished and says so, as on SIGTERM; under nohup (SIGHUP ignored) it runs on."""
+    record = tmp_path / "dimer.h5"
+    args = (*DIMER, *OUT_OF_CORE, "-o", record)
+    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    _wait_for_pairs(proc, record, 3, stop=True)
+    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert "terminated by signal SIGHUP" in one_error_line(err)
+    assert read_record(record).attrs["status"] == "interrupted"
+    assert leftovers(tmp_path) == []
+
+    ignored = tmp_path / "nohup.h5"
+    proc = subprocess.Popen(dfmp2_command("run", *DIMER, "-o", ignored), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    _wait_for_pairs(proc, ignored, 3, stop=True)
+    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=TIMEOUT_SECONDS)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["status"] == "complete"
+    assert read_record(ignored).attrs["status"] == "complete"
+
+
 # Python reports the callback's ignored exception, which is what this test provokes.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_signal_swallowed_where_it_landed_stops_the_run_at_its_next_checkpoint(tmp_path):

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     with contextlib.suppress(AttributeError, ValueError):
         sys.stdout.reconfigure(errors="backslashreplace")
     os.environ.setdefault(NKI_PLATFORM_ENV, "trn1")
-    handled = (signal.SIGTERM, signal.SIGINT)
+    handled = interrupts.handled_signals()
     interrupts.clear()
     in_main_thread = threading.current_thread() is threading.main_thread()
     if in_main_thread:

@@ -94,10 +94,10 @@ UNSTABLE_BELOW = -1e-5
 # An SCF that ran out of cycles with its energy changing by less than this in each of its
 # last STALL_CYCLES cycles stalled near a stationary point, and its orbital Hessian says
 # whether that point is a saddle. A sextet Mn atom in def2-SVP stalls so on a saddle 0.14 Eh
-# above the ground state (Hessian eigenvalue -0.127), its energy steady to 1e-9 Eh from cycle
-# 30 on while DIIS takes its orbital gradient anywhere from 1e-7 to 2e-3 (PySCF's DIIS ends
-# at 5.7e-6, its second-order solver at 3.5e-7): no minimiser converges there, and following
-# the instability does.
+# above the ground state (Hessian eigenvalue -0.127): its energy changes by 4e-9 Eh or less
+# a cycle in cycles 11 to 25 and 1e-10 or less from cycle 44 on, while DIIS takes its gradient
+# anywhere from 1e-7 to 1e-3 (PySCF's DIIS ends at 5.7e-6, its second-order solver at
+# 3.5e-7): no minimiser converges there, and following the instability does.
 STALLED_ENERGY_CHANGE = 1e-8
 STALL_CYCLES = 5
 # Davidson's eigenvalue convergence, its start vectors among the rotations of the lowest

@@ -22,7 +22,9 @@ from typing import TypeVar
 
 from dfmp2.errors import Interrupted
 
-STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP (the terminal or SSH session of a run started in it closed) stops a run as SIGTERM
+# does, saving what is finished, unless the run was started ignoring it (nohup).
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _requested: Interrupted | None = None
 # How many written_whole changes the main thread is inside, and a stop that landed in one.
@@ -102,16 +104,22 @@ def raise_if_requested() -> None:
         raise stop
 
 
+def handled_signals() -> list[int]:
+    """The stopping signals this process takes: all but a SIGHUP it was started ignoring."""
+    return [signum for signum in STOPPING_SIGNALS
+            if signum != signal.SIGHUP or signal.getsignal(signum) != signal.SIG_IGN]
+
+
 @contextlib.contextmanager
 def ending_at_once() -> Iterator[None]:
-    """SIGTERM and SIGINT end the process at once, as by default, while C++ code that holds
+    """The stopping signals end the process at once, as by default, while C++ code that holds
     off Python's handlers runs before anything needs saving (joining the process group: a
     rank waiting there for a killed peer kept torchrun's SIGTERM waiting for the join's
     timeout, then said the finished work was in a record it had not begun)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    handlers = {signum: signal.signal(signum, signal.SIG_DFL) for signum in STOPPING_SIGNALS}
+    handlers = {signum: signal.signal(signum, signal.SIG_DFL) for signum in handled_signals()}
     try:
         yield
     finally:
