@@ -1,16 +1,22 @@
 """UHF DF-MP2 against PySCF's DFUMP2 (each from its own SCF), and SCS/SOS arithmetic."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import h5py
 import pytest
 from pyscf import df, scf
 from pyscf.data import elements
 from pyscf.mp import dfump2
 
 from conftest import molecule_path, pyscf_molecule
-from dfmp2.jobs.run import run
+from dfmp2.input.calculation import CalculationRequest, define_calculation
 from dfmp2.input.settings import RunSettings
+from dfmp2.input.xyz import read_xyz
+from dfmp2.jobs.run import run
+from dfmp2.records.sections import read_scf
+from dfmp2.scf.reference import ScfOptions, restored_scf
 
 OPEN_SHELL = [("hydroxyl", 1), ("methyl", 1), ("amino", 1), ("oxygen", 2), ("methylene", 2)]
 
@@ -161,10 +167,12 @@ def test_an_open_shell_energy_is_converged_past_its_soft_modes(run_cli, tmp_path
     assert abs(json.loads(result.out)["e_corr"] - pt.e_corr) <= 1e-8
 
 
-def test_the_cn_radical_converges_on_our_engine(run_cli, tmp_path):
+def test_the_cn_radical_converges_on_our_engine(run_cli, tmp_path, caplog):
     """With DIIS keeping 12 Fock matrices the CN radical (cc-pVDZ, 1.172 Angstrom) stalled
     47 mEh above its minimum for 100 cycles and the run failed, where PySCF's DF-UHF with its
-    8 converges (and with 12 stalls the same way): open shells keep PySCF's 8."""
+    8 converges (and with 12 stalls the same way): open shells keep PySCF's 8. Its UHF is
+    heavily spin-contaminated (<S^2> 1.15 for a doublet): the run warns, records and reports
+    it."""
     from pyscf import gto
     molecule = tmp_path / "cn.xyz"
     molecule.write_text("2\nCN radical\nC 0 0 0\nN 0 0 1.172\n")
@@ -176,4 +184,49 @@ def test_the_cn_radical_converges_on_our_engine(run_cli, tmp_path):
     result = run_cli("run", molecule, "--spin", "1", "--basis", "cc-pvdz", "--threads", "1",
                      "--backend", "torch", "--json", "-o", tmp_path / "cn.h5")
     assert result.code == 0, result.err
-    assert abs(json.loads(result.out)["e_scf"] - mf.e_tot) <= 1e-9
+    summary = json.loads(result.out)
+    assert abs(summary["e_scf"] - mf.e_tot) <= 1e-9
+    assert abs(summary["s2"] - mf.spin_square()[0]) <= 1e-6 and summary["s2"] > 1.1
+    assert "the UHF reference is spin-contaminated: <S^2> = 1.15" in caplog.text
+    shown = run_cli("show", tmp_path / "cn.h5")
+    assert "Warning: the UHF reference is spin-contaminated (<S^2> 1.15" in shown.out
+
+
+def test_every_run_records_the_spin_square_of_its_reference(tmp_path, caplog):
+    """<S^2> of the stored reference is PySCF's of the same orbitals: 0 for a closed shell,
+    0.7536 for hydroxyl's UHF, whose 0.0036 above S(S+1) is no contamination to warn of."""
+    for name, spin in (("water", 0), ("hydroxyl", 1)):
+        outcome = run(RunSettings(molecule=molecule_path(name), backend="torch",
+                                  output=tmp_path / f"{name}.h5", show_progress=False))
+        group = outcome.record.groups["scf"]
+        mol = pyscf_molecule(name, "cc-pvdz", spin=spin)
+        occupations, coefficients = group.datasets["mo_occ"], group.datasets["mo_coeff"]
+        if spin:
+            occupied = [coefficients[n][:, occupations[n] > 0] for n in range(2)]
+            expected = scf.uhf.spin_square(occupied, mol.intor("int1e_ovlp"))[0]
+            assert 0.7501 < expected < 0.76
+        else:
+            expected = 0.0
+        assert group.attrs["s2"] == pytest.approx(expected, abs=1e-12)
+    assert "spin-contaminated" not in caplog.text
+
+
+def test_the_reference_of_an_older_record_gets_its_spin_square_when_resumed(tmp_path,
+                                                                           run_cli):
+    """A record written before <S^2> was recorded (no ``s2``): the run resuming from its
+    orbitals computes it, and its report leaves it out meanwhile."""
+    record = tmp_path / "oh.h5"
+    outcome = run(RunSettings(molecule=molecule_path("hydroxyl"), backend="torch",
+                              output=record, show_progress=False))
+    section, orbitals = read_scf(outcome.record)
+    with h5py.File(record, "r+") as h5:
+        del h5["scf"].attrs["s2"]
+    shown = run_cli("show", record)
+    assert shown.code == 0, shown.err
+    assert "E(SCF)" in shown.out
+    assert "<S^2>" not in shown.out
+    calc = define_calculation(read_xyz(molecule_path("hydroxyl")), CalculationRequest())
+    older = dataclasses.replace(section, s2=float("nan"))
+    restored = restored_scf(calc, older, orbitals, ScfOptions("pyscf"))
+    assert restored.section.s2 == section.s2 > 0.75
+

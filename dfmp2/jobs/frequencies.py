@@ -49,7 +49,7 @@ from dfmp2.records.sections import (CalculationInputs, ScfSection, read_inputs,
                                      write_rank_stages)
 from dfmp2.records.tree import (COMPLETE, FAILED, FREQUENCIES_SCHEMA, Node, read_record,
                                 schema, set_resumed, status, write_record)
-from dfmp2.scf.reference import check_scf_memory, instability_warned_once
+from dfmp2.scf.reference import check_scf_memory, reference_warned_once
 from dfmp2.system.distributed import World
 from dfmp2.system.files import StagedText, refuse_overwriting, refuse_record_files
 from dfmp2.system.memory import peak_resident_megabytes
@@ -333,7 +333,7 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
         mine.append(index)
         return finished
 
-    with instability_warned_once():
+    with reference_warned_once():
         if world.rank < len(pending):
             evaluator.start_from(reference)
         compute_points(pending, evaluate, world, keep, progress,

@@ -14,6 +14,7 @@ from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
 from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status
+from dfmp2.scf.spin import exact_spin_square, spin_contaminated
 from dfmp2.system.files import printable
 
 TIMING_ORDER = ("scf", "metric", "integrals", "transform", "fit", "energy", "mp2", "gradient",
@@ -77,6 +78,10 @@ def summary(root: Node) -> str:
     if sizes is not None:
         lines.append(f"  sizes    nao {sizes.nao}  naux {sizes.naux}  nocc {sizes.nocc}  "
                      f"nvir {sizes.nvir}  nfrozen {sizes.nfrozen}")
+    scf = ScfSection.read(root)
+    if scf is not None and inputs is not None and scf.reference == "uhf" and not math.isnan(
+            scf.s2):
+        lines.append(f"  <S^2>    {scf.s2:.4f} (S(S+1) = {exact_spin_square(inputs.spin):.4f})")
     distributed = root.groups.get("distributed")
     if distributed is not None:
         lines.append(f"  ranks    {distributed.attrs.get('world_size')} "
@@ -95,7 +100,6 @@ def summary(root: Node) -> str:
                          f"{ledger.estimate.get('overlapped_seconds', float('nan')):.3e} s")
     if error(root):
         lines.append(f"  error    {printable(error(root), one_line=True)}")
-    scf = ScfSection.read(root)
     if scf is not None and not scf.converged:
         # An older record has no orbital gradient (NaN).
         gradient = ("" if math.isnan(scf.orbital_gradient)
@@ -108,6 +112,10 @@ def summary(root: Node) -> str:
                      "lower SCF solution exists and MP2 on this one is questionable"
                      + ("" if scf.instabilities_followed else
                         "; --follow-instability converges to it"))
+    if scf is not None and inputs is not None and spin_contaminated(scf.s2, inputs.spin):
+        lines.append(f"  Warning: the {scf.reference.upper()} reference is spin-contaminated "
+                     f"(<S^2> {scf.s2:.4f} against S(S+1) = "
+                     f"{exact_spin_square(inputs.spin):.4f}); MP2 on it is questionable")
     if scf is not None and scf.instabilities_followed:
         lines.append(f"  Note: the SCF followed {scf.instabilities_followed} "
                      f"instabilit{'y' if scf.instabilities_followed == 1 else 'ies'} down to "
@@ -194,6 +202,8 @@ def json_summary(root: Node, path: str) -> dict:
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
                                         else scf.stability_eigenvalue),
                "instabilities_followed": scf.instabilities_followed,
+               # JSON has no NaN: an older record has no <S^2>.
+               "s2": None if np.isnan(scf.s2) else scf.s2,
                # What was computed, beside its energies (e_scs is of these scales).
                "scs_os": energies.scs_os_scale, "scs_ss": energies.scs_ss_scale}
     inputs = read_inputs(root)

@@ -202,6 +202,9 @@ class ScfSection(Section):
     instabilities_followed: int = 0
     """How many times the SCF's orbitals were rotated along an instability and converged
     again (``--follow-instability``)."""
+    s2: float = float("nan")
+    """<S^2> of the reference determinant (0 for a closed-shell restricted one; NaN in older
+    records)."""
 
 
 @dataclass(frozen=True)

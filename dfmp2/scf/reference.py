@@ -37,11 +37,12 @@ from dfmp2.records.sections import ScfEngineSection, ScfSection, StoredOrbitals
 from dfmp2.scf.engine import (KernelDF, PrecisionLadder, ScfKernels, scf_engine_section,
                               use_kernel_engine)
 from dfmp2.scf.numint import SharedGridNumInt
+from dfmp2.scf.spin import exact_spin_square, spin_contaminated, spin_square
 
 log = logging.getLogger(__name__)
-# Inside :func:`instability_warned_once`: whether its warning was given.
-_instability_warned: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
-    "instability_warned", default=None)
+# Inside :func:`reference_warned_once`: the kinds of warning given.
+_reference_warned: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar(
+    "reference_warned", default=None)
 
 SCF_METHODS = ("df", "conventional")
 # Where an SCF object keeps the scratch files it gave PySCF by name.
@@ -403,6 +404,10 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
             break
     if stability == "unstable":
         _warn_unstable(calc, eigenvalue, followed)
+    orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
+                              np.asarray(mf.mo_coeff))
+    s2 = spin_square(calc.mol, orbitals)
+    _warn_if_contaminated(calc, s2)
     log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", calc.reference_name,
              calc.scf_method, e_tot, cycles, mf.converged)
     if tight is not None and tight.settled:
@@ -414,9 +419,7 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
                          *grid_facts(mf), stability=stability, stability_eigenvalue=eigenvalue,
                          orbital_gradient=gradient,
                          settled=bool(tight is not None and tight.settled),
-                         instabilities_followed=followed)
-    orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
-                              np.asarray(mf.mo_coeff))
+                         instabilities_followed=followed, s2=s2)
     if not options.keep_integrals:
         release_integrals(mf)
     return ScfResult(section, orbitals, mf, engine)
@@ -528,29 +531,44 @@ def checked_stability(mf: scf.hf.SCF, calc: Calculation,
 
 
 @contextlib.contextmanager
-def instability_warned_once() -> Iterator[None]:
-    """Within: an unstable reference is warned about once, and logged at INFO after that. A
-    frequency job's SCFs are the same reference 0.005 Bohr apart: NO2's unstable UHF gave
-    the same warning 20 times over its points."""
-    token = _instability_warned.set([False])
+def reference_warned_once() -> Iterator[None]:
+    """Within: an unstable or spin-contaminated reference is warned about once, and logged at
+    INFO after that. A frequency job's SCFs are the same reference 0.005 Bohr apart: NO2's
+    unstable UHF gave the same warning 20 times over its points."""
+    token = _reference_warned.set(set())
     try:
         yield
     finally:
-        _instability_warned.reset(token)
+        _reference_warned.reset(token)
 
 
 def _warn_unstable(calc: Calculation, eigenvalue: float, followed: int = 0) -> None:
-    warned = _instability_warned.get()
-    level = logging.INFO if warned is not None and warned[0] else logging.WARNING
-    scope = "" if warned is None else " (said once for all of this job's geometries)"
     name = calc.reference_name.upper()
     remedy = (f" (still so after following {followed} instabilities)" if followed else
               "; --follow-instability converges to it")
-    log.log(level, "the %s reference is internally unstable (lowest orbital-Hessian "
-            "eigenvalue %.4g): a lower %s solution exists, and MP2 on this one is "
-            "questionable%s%s", name, eigenvalue, name, remedy, scope)
+    _warn_once_per_job("unstable", "the %s reference is internally unstable (lowest "
+                       "orbital-Hessian eigenvalue %.4g): a lower %s solution exists, and MP2 "
+                       "on this one is questionable%s", name, eigenvalue, name, remedy)
+
+
+def _warn_if_contaminated(calc: Calculation, s2: float) -> None:
+    spin = calc.mol.spin
+    if spin_contaminated(s2, spin):
+        _warn_once_per_job("contaminated", "the %s reference is spin-contaminated: <S^2> = "
+                           "%.4f against S(S+1) = %.4f, so higher spin states are mixed into "
+                           "it and MP2 on it is questionable", calc.reference_name.upper(),
+                           s2, exact_spin_square(spin))
+
+
+def _warn_once_per_job(kind: str, message: str, *args) -> None:
+    """A warning about the reference; inside :func:`reference_warned_once`, once of each
+    ``kind`` for the job (later ones at INFO)."""
+    warned = _reference_warned.get()
+    level = logging.INFO if warned is not None and kind in warned else logging.WARNING
+    scope = "" if warned is None else " (said once for all of this job's geometries)"
+    log.log(level, message + "%s", *args, scope)
     if warned is not None:
-        warned[0] = True
+        warned.add(kind)
 
 
 def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbitals,
@@ -558,7 +576,8 @@ def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbital
     """The SCF of an interrupted run, as a PySCF object carrying its orbitals (whose J/K, if
     ever asked for, come from ``options.engine``; our engine then builds in fp64). Its
     stability is checked now when asked and the interrupted run did not (``--stability``
-    given only to the resuming run was dropped without a word)."""
+    given only to the resuming run was dropped without a word), and its <S^2> computed when
+    its record is older than it."""
     mf = new_scf(calc, options, converging=False)
     mf.mo_coeff = orbitals.mo_coeff
     mf.mo_energy = orbitals.mo_energy
@@ -570,4 +589,7 @@ def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbital
             stability, eigenvalue = checked_stability(mf, calc, options)
         section = dataclasses.replace(section, stability=stability,
                                       stability_eigenvalue=eigenvalue)
+    if np.isnan(section.s2):
+        section = dataclasses.replace(section, s2=spin_square(calc.mol, orbitals))
+    _warn_if_contaminated(calc, section.s2)
     return ScfResult(section, orbitals, mf)
