@@ -478,9 +478,10 @@ def test_points_taken_from_a_record_bring_their_kernels(run_cli, tmp_path):
             "--threads", "1", "-o", record, "--json")
     first = json.loads(run_cli(*args).out)
     assert first["executors"] == ["torch-cpu"] and first["fallbacks"] == 0
-    # The reference's stability, as run's --json has it (a closed shell's is checked only
-    # with --stability).
+    # The reference's stability and <S^2>, as run's --json has them (a closed shell's
+    # stability is checked only with --stability).
     assert (first["stability"], first["stability_eigenvalue"]) == ("not checked", None)
+    assert first["s2"] == 0.0
     again = json.loads(run_cli(*args, "--temperature", "400").out)
     assert again["executors"] == ["torch-cpu"]
     with h5py.File(record, "r+") as h5:

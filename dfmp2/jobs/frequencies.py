@@ -418,12 +418,13 @@ def json_summary(outcome: FrequencyOutcome) -> dict:
                "precision": None if ledger is None else ledger.precision,
                "executors": executors_of(outcome.record),
                "fallbacks": fallbacks_of(outcome.record)}
-    # The input geometry's SCF: an unstable reference makes every point's numbers
-    # questionable, and a script reading the JSON had no way to tell.
+    # The input geometry's SCF: an unstable or spin-contaminated reference makes every
+    # point's numbers questionable, and a script reading the JSON had no way to tell.
     scf = ScfSection.read(outcome.record)
     if scf is not None:
         summary.update({"stability": scf.stability, "stability_eigenvalue": (
-            None if np.isnan(scf.stability_eigenvalue) else scf.stability_eigenvalue)})
+            None if np.isnan(scf.stability_eigenvalue) else scf.stability_eigenvalue),
+            "s2": None if np.isnan(scf.s2) else scf.s2})
     if outcome.vibrations is None:
         k, n = outcome.options.shard
         return {**summary, "shard": f"{k}/{n}", "points": outcome.points}
