@@ -188,6 +188,24 @@ def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock(tmp_path, run_cl
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK])
+def test_a_file_system_without_locks_is_one_line_and_leaves_no_lock(tmp_path, run_cli,
+                                                                    monkeypatch, code):
+    """Lustre mounted with noflock refuses flock with ENOSYS, NFS without its lock daemon with
+    ENOLCK: the run ended in a traceback."""
+    from dfmp2.records import lock
+
+    def unsupported(fd: int, operation: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(lock.fcntl, "flock", unsupported)
+    result = run_cli("run", *QUICK, "-o", tmp_path / "w.h5")
+    assert result.code == 1, result.err
+    line = one_error_line(result.err)
+    assert os.strerror(code) in line and "does not support file locks" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------------ long names
 
 @pytest.mark.skipif(os.pathconf("/tmp", "PC_NAME_MAX") != 255, reason="NAME_MAX is not 255")

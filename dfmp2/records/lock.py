@@ -59,6 +59,16 @@ class RecordLock:
                 raise RecordInUse(f"{self.record} is in use by another dfmp2 run"
                                   f"{f' (process {holder})' if holder else ''}; wait for it to "
                                   "finish or choose another -o") from None
+            except OSError as exc:
+                # A file system mounted without locks (Lustre's noflock: ENOSYS; NFS without
+                # its lock daemon: ENOLCK). Running unlocked could let two runs write one
+                # record, so the run stops here, with the lock file it made removed.
+                self.path.unlink(missing_ok=True)
+                os.close(fd)
+                raise RunFailure(f"cannot lock {self.path} ({exc.strerror or exc}): its file "
+                                 "system does not support file locks; put the record on one "
+                                 "that does with -o (a local disk, or a mount with locking "
+                                 "on)") from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
