@@ -87,7 +87,8 @@ CALCULATION_OPTIONS = (
                  help="Form (ia|jb) tiles and reduce them in one kernel, never storing the "
                       "block."),
     click.option("--memory", type=MemorySize(), default=None,
-                 help="Memory budget, e.g. 4GB (default: 60% of available RAM)."),
+                 help="Memory budget, e.g. 4GB (default: 60% of available RAM, within "
+                      "the job's memory limit)."),
     click.option("--scf", "scf_method", type=click.Choice(SCF_METHODS), default="df",
                  show_default=True, help="Density-fitted (JK-fit) or conventional SCF."),
     click.option("--scf-engine", type=click.Choice(ENGINES), default="kernels",

@@ -9,6 +9,7 @@ import re
 import resource
 
 from dfmp2.errors import InputError
+from dfmp2.system.memory_limits import address_space_headroom, cgroup_headroom
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +67,19 @@ def checked_size(size: int, text: str | None = None) -> int:
 
 
 def available_bytes() -> int:
-    """Memory the system can give us now (MemAvailable), or total RAM if unknown."""
+    """Memory this process can have now: the system's (MemAvailable, or total RAM if
+    unknown), within what its control group's limit and ``ulimit -v`` leave it."""
+    free = physical_bytes()
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
     except OSError:
         pass
-    return physical_bytes()
+    group = cgroup_headroom()
+    rooms = [free, address_space_headroom(), None if group is None else group[0]]
+    return min(room for room in rooms if room is not None)
 
 
 def memory_budget(memory: int | None) -> int:
@@ -82,10 +87,16 @@ def memory_budget(memory: int | None) -> int:
     available now."""
     if memory is not None:
         installed = physical_bytes()
+        group = cgroup_headroom()
         if checked_size(memory) > installed:
             log.warning("--memory %s is more than the %s of memory this machine has: plans made "
                         "for it can exhaust memory (the run is then killed); give at most what "
                         "the machine has", format_size(memory), format_size(installed))
+        elif group is not None and memory > group[1]:
+            log.warning("--memory %s is more than the %s memory limit of this job (its control "
+                        "group's): plans made for it can exceed the limit, and the job is then "
+                        "killed with nothing saved; give at most the limit",
+                        format_size(memory), format_size(group[1]))
         return memory
     return int(available_bytes() * DEFAULT_FRACTION_OF_AVAILABLE)
 
