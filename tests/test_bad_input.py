@@ -310,8 +310,8 @@ def test_a_slurm_batch_scripts_own_shell_runs_one_process(run_cli, tmp_path, mon
 def test_more_threads_than_cores_run_on_the_cores_with_a_warning(run_cli, tmp_path, caplog):
     """--threads 100000 made OpenMP fail to allocate its pool ('libgomp: Out of memory'),
     ending the process with status 1 and no record."""
-    import os
-    cores = len(os.sched_getaffinity(0))
+    from dfmp2.jobs.preamble import usable_cores
+    cores = usable_cores()
     result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--threads", "100000",
                      "--json", "-o", tmp_path / "w.h5")
     assert result.code == 0, result.err
@@ -342,6 +342,7 @@ def test_the_default_thread_count_follows_openmp_within_the_cores(monkeypatch, v
     from dfmp2.jobs.preamble import apply_threads
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr("dfmp2.jobs.preamble.cpu_quota_cores", lambda: None)
     if variable is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:

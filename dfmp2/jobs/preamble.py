@@ -42,6 +42,7 @@ from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
 from dfmp2.system.files import (FILE, check_name_length, create_folder, existing_kind,
                                 link_refusal)
+from dfmp2.system.limits import cpu_quota_cores
 from dfmp2.system.memory import memory_budget
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,10 @@ def apply_threads(threads: int | None) -> int:
     process. Without ``threads``: OMP_NUM_THREADS when it is set (a job script's share of a
     node; torchrun sets 1 for each of several ranks), else every core available to us.
     Before, every core was taken whatever OMP_NUM_THREADS said: two ranks on two cores ran
-    two threads each."""
-    cores = len(os.sched_getaffinity(0))
+    two threads each. The cores available are those of the CPU affinity mask, at most the
+    whole CPUs of a control group's CPU quota (a container's limit, which the mask does not
+    show: more threads than it allows are throttled)."""
+    cores = usable_cores()
     count = threads if threads else min(cores, openmp_threads() or cores)
     if count < 1:
         raise InputError("--threads must be at least 1")
@@ -95,6 +98,13 @@ def apply_threads(threads: int | None) -> int:
     torch.set_num_threads(count)
     pyscf.lib.num_threads(count)
     return count
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask's, within its CPU quota."""
+    cores = len(os.sched_getaffinity(0))
+    quota = cpu_quota_cores()
+    return cores if quota is None else min(cores, quota)
 
 
 def openmp_threads(environ=os.environ) -> int | None:

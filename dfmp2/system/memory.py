@@ -9,7 +9,7 @@ import re
 import resource
 
 from dfmp2.errors import InputError
-from dfmp2.system.memory_limits import address_space_headroom, cgroup_headroom
+from dfmp2.system.limits import address_space_headroom, cgroup_headroom
 
 log = logging.getLogger(__name__)
 
