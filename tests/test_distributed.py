@@ -307,6 +307,12 @@ def test_batch_under_torchrun_spreads_molecules(tmp_path):
     assert (out / "summary-shard-0-of-2.csv").exists()
     assert (out / "summary-shard-1-of-2.csv").exists()
     assert len(list(out.glob("*.h5"))) == 3
+    # The two ranks of this node share its default budget (each took all of it).
+    from dfmp2.system.memory import memory_budget
+    node_budget = memory_budget(None)
+    for record in out.glob("*.h5"):
+        with h5py.File(record, "r") as h5:
+            assert 0.4 * node_budget < h5["input"].attrs["memory_bytes"] < 0.55 * node_budget
 
 
 def test_a_failed_molecule_on_one_rank_does_not_stop_the_others(tmp_path):
@@ -560,6 +566,26 @@ def test_ranks_agree_on_the_budget_and_refuse_other_calculations(tmp_path):
                           "molecule or options differ); start every rank with the same "
                           "command and the same files"]
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_a_default_budget_is_shared_by_the_ranks_of_a_node(tmp_path):
+    """Each rank took 60% of the node's free memory as its own default budget: two ranks on
+    one node planned 120% of it (32 on a trn1 node, 1920%). The ranks of a node now share
+    it; a --memory stays each rank's own."""
+    from dfmp2.system.memory import memory_budget
+
+    args = ["run", molecule_path("water"), "--basis", "sto-3g", "--threads", "1", "--json"]
+    node_budget = memory_budget(None)
+    ranks = _two_tasks(tmp_path, [[*args, "-o", tmp_path / "d.h5"]] * 2)
+    assert [r.returncode for r in ranks] == [0, 0], ranks[1].stderr
+    with h5py.File(tmp_path / "d.h5", "r") as h5:
+        shared = h5["input"].attrs["memory_bytes"]
+    # Free memory moves a little while the ranks start.
+    assert 0.4 * node_budget < shared < 0.55 * node_budget
+    ranks = _two_tasks(tmp_path, [[*args, "--memory", "1GB", "-o", tmp_path / "m.h5"]] * 2)
+    assert [r.returncode for r in ranks] == [0, 0], ranks[1].stderr
+    with h5py.File(tmp_path / "m.h5", "r") as h5:
+        assert h5["input"].attrs["memory_bytes"] == 10**9
 
 
 def test_ranks_given_one_molecule_by_two_paths_agree(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from dfmp2.jobs import batch, bench, compare, manifest
 from dfmp2.jobs.bench import MAX_REPEATS
 from dfmp2.records.tree import interpreting, read_record
 from dfmp2.system import distributed
+from dfmp2.system.memory import memory_budget
 
 
 @cli.command("batch")
@@ -53,6 +54,10 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
     # otherwise make a batch that runs only its share and looks complete.
     world = distributed.init_world(launch)
     shard_k_n = batch.parse_shard(shard, os.environ, world.rank, world.size)
+    if world.size > 1 and options.get("memory") is None:
+        # The default budget is the node's: its ranks, each running its own molecules,
+        # share it (each took all of it, so two ranks on a node planned 120% of its memory).
+        options["memory"] = memory_budget(None) // world.ranks_on_this_node()
     base = RunSettings(molecule=Path(), command=obj["command"], **options,
                        **environment_settings())
     try:

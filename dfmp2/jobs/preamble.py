@@ -263,11 +263,14 @@ def agree_across_ranks(settings: RunSettings, geometry: Geometry, env: Environme
     and give every rank the smallest budget. Each rank measured its own default budget (free
     memory now), and the blocks that follow from it must be the same on every rank: ranks of
     other budgets, or of another copy of the molecule, ended in a traceback of collectives
-    that no longer matched."""
+    that no longer matched. A default budget is the node's: it is shared by the ranks on the
+    node (each took all of it, so 32 ranks on a trn1 node planned 32 times its memory); a
+    ``--memory`` is the rank's own."""
     world = env.world
     if world.size == 1:
         return
-    everyone = world.gather((_calculation_fingerprint(settings, geometry), env.budget),
+    budget = env.budget // world.ranks_on_this_node() if settings.memory is None else env.budget
+    everyone = world.gather((_calculation_fingerprint(settings, geometry), budget),
                             "checking that every rank runs the same calculation")
     differing = [rank for rank, (fingerprint, _) in enumerate(everyone)
                  if fingerprint != everyone[0][0]]

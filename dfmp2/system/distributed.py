@@ -297,6 +297,11 @@ class World:
         guarded_call(lambda: torch_dist.all_gather_object(out, value), what)
         return out
 
+    def ranks_on_this_node(self) -> int:
+        """How many ranks share this rank's host (by host name), itself included."""
+        hosts = self.gather(socket.gethostname(), "counting the ranks on each node")
+        return hosts.count(hosts[self.rank])
+
     def gather_when_all_arrive(self, value, what: str) -> list:
         """:meth:`gather` for ranks that arrive hours apart (a batch's shares, the last round
         of a frequency job's points): each rank marks its arrival in the process group's
