@@ -192,6 +192,29 @@ def test_the_cn_radical_converges_on_our_engine(run_cli, tmp_path, caplog):
     assert "Warning: the UHF reference is spin-contaminated (<S^2> 1.15" in shown.out
 
 
+def test_a_wandering_scf_is_taken_to_a_minimum_by_the_second_order_solver(run_cli, tmp_path,
+                                                                          caplog):
+    """The CN radical in 6-31G: DIIS wanders (PySCF's too: neither converges in 100 cycles,
+    and they end 5 mEh apart) and the run failed. The second-order solver now takes the
+    last orbitals into a minimum's basin and DIIS converges there, to the energy PySCF's
+    second-order solver reaches from its guess, 40 mEh below either DIIS."""
+    from pyscf import gto
+    mol = gto.M(atom="C 0 0 0; N 0 0 1.172", basis="6-31g", spin=1, verbose=0)
+    newton = scf.UHF(mol).density_fit().newton()
+    newton.conv_tol, newton.conv_tol_grad = 1e-12, 1e-7
+    newton.kernel()
+    assert newton.converged
+    molecule = tmp_path / "cn.xyz"
+    molecule.write_text("2\nCN radical\nC 0 0 0\nN 0 0 1.172\n")
+    result = run_cli("run", molecule, "--spin", "1", "--basis", "6-31g", "--backend", "torch",
+                     "--json", "-o", tmp_path / "cn.h5")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["scf_converged"] and abs(summary["e_scf"] - newton.e_tot) <= 1e-9
+    assert "going on with the second-order solver" in caplog.text
+    assert summary["stability"] == "stable"
+
+
 def test_every_run_records_the_spin_square_of_its_reference(tmp_path, caplog):
     """<S^2> of the stored reference is PySCF's of the same orbitals: 0 for a closed shell,
     0.7536 for hydroxyl's UHF, whose 0.0036 above S(S+1) is no contamination to warn of."""

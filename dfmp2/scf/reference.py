@@ -106,6 +106,15 @@ STALL_CYCLES = 5
 STABILITY_TOL = 1e-6
 STABILITY_START_VECTORS = 6
 STABILITY_SEED = 7
+# When DIIS ran out of cycles without stalling, the second-order solver (PySCF's
+# co-iterative augmented Hessian, each iteration a few J/K builds) takes the orbitals into
+# the basin of a minimum, to this orbital gradient and energy change, in at most this many
+# iterations; DIIS then converges from there. DIIS wanders on the CN radical in 6-31G
+# (PySCF's too: neither converges in 100 cycles), where the second-order solver reaches
+# |g| 3e-7 in 6 iterations, 40 mEh below either, but then stops short of 1e-7.
+SECOND_ORDER_GRADIENT = 1e-4
+SECOND_ORDER_ENERGY = 1e-6
+SECOND_ORDER_CYCLES = 50
 # Rotations along an instability before an SCF that is still unstable is reported as such.
 # One was enough for NO2's UHF at its experimental geometry in 6-31G and cc-pVDZ (the SCF
 # from the rotated orbitals fell to PySCF's lower, stable solution in about 30 cycles).
@@ -385,6 +394,17 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     with_df = getattr(mf, "with_df", None)
     if isinstance(with_df, KernelDF):
         with_df.end_scf()
+    # Only an SCF from the guess: one started from another geometry's density (a displaced
+    # point of a frequency job, an optimisation's step) must stay on that density's state,
+    # where the second-order solver could take it to another minimum.
+    if (not mf.converged and not stalled() and calc.functional is None
+            and options.initial_density is None):
+        with blas():
+            basin = second_order_basin(mf)
+        if basin is not None:
+            coefficients, occupations, iterations = basin
+            earlier_cycles = cycles + iterations
+            e_tot = converge(mf.make_rdm1(coefficients, occupations))
     with blas():
         stability, eigenvalue, mode = stability_of(mf, calc, options, stalled())
     followed = 0
@@ -423,6 +443,30 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     if not options.keep_integrals:
         release_integrals(mf)
     return ScfResult(section, orbitals, mf, engine)
+
+
+def second_order_basin(mf: scf.hf.SCF) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """After DIIS ran out of cycles while its energy still moved (a wandering SCF; one that
+    stalled is left to the stability check): PySCF's second-order solver from ``mf``'s last
+    orbitals into the basin of a minimum (:data:`SECOND_ORDER_GRADIENT`). Its orbitals and
+    iterations, from which DIIS converges to the SCF's own thresholds; None when it does not
+    get there."""
+    log.warning("the SCF did not converge in %d cycles of DIIS; going on with the "
+                "second-order solver", mf.max_cycle)
+    solver = mf.newton()
+    # PySCF's own test at the basin's thresholds: the precision ladder's reads DIIS's cycle.
+    solver.check_convergence = None
+    solver.conv_tol, solver.conv_tol_grad = SECOND_ORDER_ENERGY, SECOND_ORDER_GRADIENT
+    solver.max_cycle = SECOND_ORDER_CYCLES
+    solver.verbose = 0
+    iterations = [0]
+    solver.callback = lambda envs: iterations.append(int(envs.get("imacro", 0)) + 1)
+    solver.kernel(mf.mo_coeff, mf.mo_occ)
+    if not solver.converged:
+        return None
+    log.info("the second-order solver reached an orbital gradient below %.0e in %d "
+             "iterations; DIIS goes on from there", SECOND_ORDER_GRADIENT, max(iterations))
+    return solver.mo_coeff, solver.mo_occ, max(iterations)
 
 
 def lowest_hessian_mode(mf: scf.hf.SCF) -> tuple[float, np.ndarray]:
