@@ -459,14 +459,14 @@ def second_order_basin(mf: scf.hf.SCF) -> tuple[np.ndarray, np.ndarray, int] | N
     solver.conv_tol, solver.conv_tol_grad = SECOND_ORDER_ENERGY, SECOND_ORDER_GRADIENT
     solver.max_cycle = SECOND_ORDER_CYCLES
     solver.verbose = 0
-    iterations = [0]
-    solver.callback = lambda envs: iterations.append(int(envs.get("imacro", 0)) + 1)
+    done = {"iterations": 0}
+    solver.callback = lambda envs: done.update(iterations=int(envs.get("imacro", 0)) + 1)
     solver.kernel(mf.mo_coeff, mf.mo_occ)
     if not solver.converged:
         return None
     log.info("the second-order solver reached an orbital gradient below %.0e in %d "
-             "iterations; DIIS goes on from there", SECOND_ORDER_GRADIENT, max(iterations))
-    return solver.mo_coeff, solver.mo_occ, max(iterations)
+             "iterations; DIIS goes on from there", SECOND_ORDER_GRADIENT, done["iterations"])
+    return solver.mo_coeff, solver.mo_occ, done["iterations"]
 
 
 def lowest_hessian_mode(mf: scf.hf.SCF) -> tuple[float, np.ndarray]:

@@ -43,13 +43,10 @@ def _number(path: Path) -> int | None:
 
 
 def _stat(path: Path, key: str) -> int:
-    try:
-        for line in path.read_text(encoding="ascii").splitlines():
-            name, _, value = line.partition(" ")
-            if name == key and value.strip().isdigit():
-                return int(value)
-    except (OSError, UnicodeDecodeError):
-        pass
+    for line in _text(path).splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
     return 0
 
 
