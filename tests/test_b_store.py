@@ -31,3 +31,43 @@ def test_file_and_memory_stores_read_the_same_windows(tmp_path, monkeypatch):
         memory.close()
         scratch.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_keeps_some_rows_in_place_and_gives_the_rest_back(tmp_path, monkeypatch):
+    """The JK-fit tensor drops its screened pairs' rows once it is built: both stores then
+    hold exactly the kept rows in their order, the file is shorter, and the memory of the
+    dropped rows is back with the system (a store moves rows in several steps here)."""
+    monkeypatch.setattr(b_store, "SCRATCH_CHUNK_BYTES", 3 * 8 * 40)
+    monkeypatch.setattr(b_store, "KEEP_ROWS_BYTES", 5 * 8 * 1024)
+    rng = np.random.default_rng(8)
+    values = torch.from_numpy(rng.standard_normal((40, 11)))
+    rows = np.flatnonzero(rng.random(40) < 0.6)
+    rows = rows[rows > 0]
+    memory = open_store(40, 11, None)
+    scratch = open_store(40, 11, tmp_path / "t.bin")
+    assert scratch.chunk_cols == 3
+    try:
+        for store in (memory, scratch):
+            store.write_rows(0, 40, values)
+            store.keep_rows(rows)
+            assert store.shape == (len(rows), 11)
+            assert torch.equal(store.read_rows(0, len(rows)), values[rows])
+            assert torch.equal(store.read_rows(1, 4, 2, 9), values[rows[1:4], 2:9])
+        assert (tmp_path / "t.bin").stat().st_size == b_store.HEADER_BYTES + 8 * len(rows) * 11
+    finally:
+        memory.close()
+        scratch.close()
+
+    rss_kib = _anonymous_rss_kib()
+    large = open_store(4096, 1024, None)
+    large.write_rows(0, 4096, torch.ones((4096, 1024), dtype=torch.float64))
+    assert _anonymous_rss_kib() - rss_kib > 30_000
+    large.keep_rows(np.arange(0, 4096, 8))
+    assert _anonymous_rss_kib() - rss_kib < 6_000
+    assert torch.equal(large.read_rows(0, 512), torch.ones((512, 1024), dtype=torch.float64))
+    large.close()
+
+
+def _anonymous_rss_kib() -> int:
+    with open("/proc/self/status", encoding="ascii") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))

@@ -4,6 +4,7 @@ unstable reference fails to converge."""
 from __future__ import annotations
 
 import json
+import re
 
 import h5py
 import numpy as np
@@ -86,9 +87,10 @@ def test_a_sextet_manganese_atom_is_followed_from_an_excited_state_to_its_ground
     mf = scf.UHF(mol).density_fit()
     mf.conv_tol, mf.conv_tol_grad, mf.init_guess = 1e-12, 1e-7, "atom"
     ground = mf.kernel()
-    # Cycles 11 to 25 hold the gradient near 1e-5 and change the energy by 4e-9 Eh or less
-    # (measured on one and two threads, with this code and the code before it): stopped at
-    # 25 cycles, the run has stalled there on every host, short of any convergence.
+    # Cycles 11 to 25 hold the gradient near 1e-5, short of any convergence (measured on one
+    # and two threads, with three summation orders). Where the energy still moved by more
+    # than the stall's 1e-8 Eh in the last cycles, the second-order solver takes over and
+    # DIIS stalls at the same saddle again (53 cycles in all), so the count is not asserted.
     monkeypatch.setattr(reference, "MAX_CYCLE", 25)
     xyz = tmp_path / "mn.xyz"
     xyz.write_text("1\nMn atom\nMn 0 0 0\n")
@@ -96,8 +98,9 @@ def test_a_sextet_manganese_atom_is_followed_from_an_excited_state_to_its_ground
     plain = run_cli(*args, "-o", tmp_path / "plain.h5")
     assert plain.code == 1
     assert "internally unstable" in caplog.text
-    assert ("did not converge in 25 cycles (it stalled on an unstable solution, from which "
-            "--follow-instability goes on to a lower one)") in plain.err, plain.err
+    assert re.search(r"did not converge in \d+ cycles \(it stalled on an unstable solution, "
+                     r"from which --follow-instability goes on to a lower one\)", plain.err), \
+        plain.err
     with h5py.File(tmp_path / "plain.h5", "r") as record:
         stalled = record["scf"].attrs
         assert stalled["stability"] == "unstable" and not stalled["converged"]

@@ -31,6 +31,23 @@ def pyscf_df_scf(name: str, spin: int = 0, basis: str = "cc-pvdz"):
     return mf
 
 
+def packed_rows(tensor) -> np.ndarray:
+    """The stored tensor as PySCF's whole packed triangle (npacked, naux), zero at the pairs
+    that it does not store."""
+    packed = np.zeros((tensor.layout.npacked, tensor.width))
+    packed[tensor.pairs.stored] = tensor.store.read_rows(0, len(tensor.pairs.stored)).numpy()
+    return packed
+
+
+def square_tensor(tensor) -> np.ndarray:
+    """B_P = X_P + X_P^T of the stored tensor, (naux, nao, nao)."""
+    nao = tensor.layout.nao
+    lower = np.tril_indices(nao)
+    square = np.zeros((tensor.width, nao, nao))
+    square[:, lower[0], lower[1]] = packed_rows(tensor).T
+    return square + square.transpose(0, 2, 1)
+
+
 def run_json(run_cli, *args) -> dict:
     result = run_cli("run", *args, "--backend", "torch", "--json")
     assert result.code == 0, result.err
@@ -100,10 +117,7 @@ def test_builds_equal_the_dense_contraction_of_the_stored_pairs(fit_screen, monk
     tensor = build_jk_tensor(mol, auxmol, fp64, 2**28, None)
     assert len(tensor.layout.chunks) > 3
     assert (len(tensor.pairs.unpaired) > 0) == (fit_screen == 1.0)
-    lower = np.tril_indices(mol.nao)
-    stored = np.zeros((tensor.naux, mol.nao, mol.nao))
-    stored[:, lower[0], lower[1]] = tensor.store.read_rows(0, tensor.layout.npacked).numpy().T
-    stored += stored.transpose(0, 2, 1)
+    stored = square_tensor(tensor)
     assert tensor.naux > 3 * jk.SUMMATION_BLOCK
     random = np.random.default_rng(5).standard_normal((mol.nao, mol.nao))
     for density, hermi in ((random @ random.T, 1), (random, 0)):
@@ -157,10 +171,7 @@ def test_builds_dealt_to_two_threads_equal_one_products_loop(precision, monkeypa
     (vj_loop, vk_loop, calls_loop), (vj_dealt, vk_dealt, calls_dealt) = results
     assert np.array_equal(vj_loop, vj_dealt) and np.array_equal(vk_loop, vk_dealt)
     assert calls_loop == calls_dealt
-    lower = np.tril_indices(mol.nao)
-    stored = np.zeros((tensor.naux, mol.nao, mol.nao))
-    stored[:, lower[0], lower[1]] = tensor.store.read_rows(0, tensor.layout.npacked).numpy().T
-    stored += stored.transpose(0, 2, 1)
+    stored = square_tensor(tensor)
     tolerance = 1e-12 if precision == "fp64" else 1e-5
     for n, density in enumerate(densities):
         expected_k = np.einsum("pml,ls,psn->mn", stored, density, stored)
@@ -296,20 +307,21 @@ def test_a_build_whose_nki_kernels_fell_back_names_torch_as_its_executor(monkeyp
 
 def test_screened_pairs_are_negligible_and_leave_the_energy(monkeypatch):
     """Pairs whose fitted row is below FIT_SCREEN (bounded so before the fit, or found so
-    after it) are zero in the tensor and left out of the builds (issue 21): PySCF's fitted
-    row of each is below it, every other row is PySCF's, and E(SCF) moves by far less than
-    the 1e-10 Eh the issue allows."""
+    after it) are not stored and are left out of the builds (issue 21): PySCF's fitted row
+    of each is below it, every other row is PySCF's, and E(SCF) moves by far less than the
+    1e-10 Eh the issue allows."""
     mol = gto.M(atom="O 0 0 0; H 0 0.76 0.59; H 0 -0.76 0.59; O 9 0 0; H 9 0.76 0.59; "
                      "H 9 -0.76 0.59", basis="cc-pvdz", verbose=0)
     spec = df.make_auxbasis(mol)
     auxmol = df.addons.make_auxmol(mol, spec)
     tensor = build_jk_tensor(mol, auxmol, kernels.load("torch", "fp64"), 2**28, None)
-    ours = tensor.store.read_rows(0, tensor.layout.npacked).numpy().copy()
+    ours = packed_rows(tensor)
     diagonal = np.cumsum(np.arange(1, mol.nao + 1)) - 1
     ours[diagonal] *= 2
     reference = df.incore.cholesky_eri(mol, auxmol=auxmol).T
     screened = ~ours.any(axis=1)
     assert screened.sum() == tensor.screened_pairs > 0.3 * len(ours)
+    assert tensor.store.shape == (len(ours) - tensor.screened_pairs, tensor.naux)
     assert np.linalg.norm(reference[screened], axis=1).max() < jk_tensor.FIT_SCREEN
     assert np.abs(ours[~screened] - reference[~screened]).max() < 1e-12
     energies = []

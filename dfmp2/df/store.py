@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import mmap
 import os
 from pathlib import Path
 
@@ -30,6 +31,8 @@ SIGNATURE = "orbital_signature"
 # The header's record of the kernel calls that built a finished B.
 KERNEL_CALLS = "kernel_calls"
 REMEDY = "choose another -o or --scratch"
+# Rows moved at once when a store keeps only some of its rows.
+KEEP_ROWS_BYTES = 32 * 2**20
 
 
 class ScratchError(RunFailure):
@@ -109,13 +112,20 @@ class PinnedFile:
 
 
 class InMemoryB:
-    """B as one fp64 torch tensor (zero-filled when asked: a layout with padding)."""
+    """B as one fp64 torch tensor in an anonymous private mapping of its own: its pages are
+    zero until written, and those of rows that :meth:`keep_rows` drops go back to the system
+    (memory from the allocator could not be given back in part)."""
 
     location = "memory"
 
-    def __init__(self, naux: int, ncols: int, zeroed: bool = False) -> None:
-        allocate = torch.zeros if zeroed else torch.empty
-        self.data = allocate((naux, ncols), dtype=torch.float64)
+    def __init__(self, naux: int, ncols: int) -> None:
+        self._mapping = None
+        if naux * ncols == 0:
+            self.data = torch.zeros((naux, ncols), dtype=torch.float64)
+            return
+        self._mapping = mmap.mmap(-1, FP64_BYTES * naux * ncols,
+                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.data = torch.frombuffer(self._mapping, dtype=torch.float64).view(naux, ncols)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -137,11 +147,28 @@ class InMemoryB:
         if not values.is_set_to(target):
             target.copy_(values)
 
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Only ``rows`` (ascending) stay, moved up in place in their order; the memory of
+        the others goes back to the system."""
+        ncols = self.data.shape[1]
+        step = max(1, KEEP_ROWS_BYTES // (FP64_BYTES * max(1, ncols)))
+        for k0 in range(0, len(rows), step):
+            # Each row moves to a row at or above it, so the rows still to move are intact;
+            # the index copies the rows before they are written.
+            moving = rows[k0:k0 + step]
+            self.data[k0:k0 + len(moving)] = self.data[torch.from_numpy(moving)]
+        self.data = self.data[:len(rows)]
+        if self._mapping is not None and hasattr(self._mapping, "madvise"):
+            start = -(-FP64_BYTES * len(rows) * ncols // mmap.PAGESIZE) * mmap.PAGESIZE
+            if start < len(self._mapping):
+                self._mapping.madvise(mmap.MADV_DONTNEED, start, len(self._mapping) - start)
+
     def mark_complete(self, signature: str, kernel_calls: dict | None = None) -> None:
         """Nothing to keep: an in-memory B does not outlive the run."""
 
     def close(self) -> None:
         self.data = torch.empty(0)
+        self._mapping = None
 
 
 class ScratchB:
@@ -283,6 +310,25 @@ class ScratchB:
     def read_columns(self, c0: int, c1: int) -> torch.Tensor:
         return self.read_rows(0, self.naux, c0, c1)
 
+    def keep_rows(self, rows: np.ndarray) -> None:
+        """Only ``rows`` (ascending) stay, in place, and the file shrinks to them. Each column
+        chunk keeps its columns with fewer rows, so it moves to an offset at or before its
+        own and ends before the next chunk starts: every chunk is read before anything is
+        written over it."""
+        index = torch.from_numpy(rows)
+        kept = len(rows)
+        for start, width, _, _ in self._chunks(0, self.ncols):
+            block = self.read_rows(0, self.naux, start, start + width)[index]
+            self._pwrite(np.ascontiguousarray(block.numpy()),
+                         HEADER_BYTES + FP64_BYTES * kept * start)
+        self.naux = kept
+        self.header["shape"] = [kept, self.ncols]
+        self._write_header()
+        try:
+            os.ftruncate(self.fd, HEADER_BYTES + FP64_BYTES * kept * self.ncols)
+        except OSError as exc:
+            raise _disk_error(self.path, exc) from None
+
     def _read_chunk(self, start: int, width: int) -> np.ndarray:
         data = self._pread(FP64_BYTES * self.naux * width, self._offset(start))
         return np.frombuffer(data, dtype=np.float64).reshape(self.naux, width).copy()
@@ -365,9 +411,9 @@ def _read_header(fd: int) -> dict | None:
     return header if isinstance(header, dict) and header.get("format") == FORMAT else None
 
 
-def open_store(naux: int, ncols: int, path: Path | None, zeroed: bool = False):
-    """B in the scratch file ``path`` (whose unwritten parts read as zero), or in memory when
-    there is none (zero-filled only when ``zeroed``)."""
+def open_store(naux: int, ncols: int, path: Path | None):
+    """B in the scratch file ``path``, or in memory when there is none; either reads as zero
+    where it was not written."""
     if path is not None:
         return ScratchB.create(path, naux, ncols)
-    return InMemoryB(naux, ncols, zeroed)
+    return InMemoryB(naux, ncols)

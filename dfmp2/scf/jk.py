@@ -15,7 +15,7 @@ their partners, a matrix product whose inner size is mu's number of partners, on
 summation block (below) of the fit functions taken at once (gathered once for all). Then
 K = G G^T by a symmetric rank-k update. Per build that is 2 naux nocc (2 n_pairs) + naux
 nao^2 nocc multiply-adds, where n_pairs is the number of significant pairs (at most
-nao (nao + 1) / 2).
+nao (nao + 1) / 2), the rows that the tensor stores.
 
 Summation order. The fit index P is cut into fixed blocks of SUMMATION_BLOCK functions; each
 block's rho, J part and K part (G G^T of that block, in the kernel set's precision) are
@@ -145,11 +145,12 @@ class JkEngine:
                ) -> tuple[np.ndarray | None, np.ndarray | None]:
         nset, nao, _ = dms.shape
         ks, js = self.kernel_set, self.coulomb_set
-        lower = np.tril_indices(nao)
-        vj = np.zeros((nset, self.tensor.layout.npacked)) if with_j else None
+        pairs = self.tensor.pairs
+        vj = np.zeros((nset, len(pairs.stored))) if with_j else None
         vk = np.zeros((nset, nao, nao)) if with_k else None
-        density = torch.as_tensor((dms + dms.transpose(0, 2, 1))[:, lower[0], lower[1]],
-                                  dtype=js.dtype, device=js.device) if with_j else None
+        density = torch.as_tensor(
+            (dms + dms.transpose(0, 2, 1))[:, pairs.stored_mu, pairs.stored_nu],
+            dtype=js.dtype, device=js.device) if with_j else None
         sides = [(n, f.sign, torch.as_tensor(f.left, dtype=ks.dtype, device=ks.device),
                   None if f.right is None else
                   torch.as_tensor(f.right, dtype=ks.dtype, device=ks.device))
@@ -172,7 +173,7 @@ class JkEngine:
                     vk[n] = _symmetric_from_lower(vk[n])
         if with_j:
             square = np.zeros((nset, nao, nao))
-            square[:, lower[0], lower[1]] = vj
+            square[:, pairs.stored_mu, pairs.stored_nu] = vj
             vj = square + square.transpose(0, 2, 1)
         return vj, vk
 
@@ -185,22 +186,22 @@ class JkEngine:
         itemsize = torch.tensor([], dtype=self.kernel_set.dtype).element_size()
         per_aux = itemsize * 2 * nao * columns
         if self.tensor.store.location != "memory":
-            per_aux += FP64_BYTES * max(chunk.rows for chunk in self.tensor.layout.chunks)
+            per_aux += FP64_BYTES * max(len(chunk.stored) for chunk in self.tensor.pairs.chunks)
         span = SUMMATION_BLOCK * max(1, self.work_bytes // (per_aux * SUMMATION_BLOCK))
         return [(w0, min(width, w0 + span)) for w0 in range(0, width, span)]
 
     def _half_transform(self, w0: int, w1: int, sums: list[tuple[int, int]],
                         density: torch.Tensor | None, sides: list, halves: list,
                         rho: list[torch.Tensor]) -> None:
-        """Each summation block's G (and, with ``density`` = D + D^T on the packed pairs,
+        """Each summation block's G (and, with ``density`` = D + D^T on the stored pairs,
         its fitted density rho) from the tensor's window [w0, w1), chunk by chunk."""
         js = self.coulomb_set
         pairs = self.tensor.pairs
-        for index, chunk in enumerate(self.tensor.layout.chunks):
-            window = self.tensor.chunk(chunk, w0, w1)
+        for index, chunk in enumerate(pairs.chunks):
+            window = self.tensor.chunk(index, w0, w1)
             if density is not None:
                 for j, (s0, s1) in enumerate(sums):
-                    rho[j] += js.gemm(density[:, chunk.offset:chunk.offset + chunk.rows],
+                    rho[j] += js.gemm(density[:, chunk.stored.start:chunk.stored.stop],
                                       window[:, s0 - w0:s1 - w0].to(dtype=js.dtype,
                                                                     device=js.device))
             if sides:
@@ -340,15 +341,15 @@ class JkEngine:
 
     def _coulomb(self, rho: list[torch.Tensor], w0: int, w1: int,
                  sums: list[tuple[int, int]], vj: np.ndarray) -> None:
-        """vj[:, pair] += sum_P X_P[pair] rho_P over the packed pairs, one summation block
+        """vj[:, pair] += sum_P X_P[pair] rho_P over the stored pairs, one summation block
         after the other."""
         js = self.coulomb_set
-        for chunk in self.tensor.layout.chunks:
-            window = self.tensor.chunk(chunk, w0, w1)
+        for index, chunk in enumerate(self.tensor.pairs.chunks):
+            window = self.tensor.chunk(index, w0, w1)
             for j, (s0, s1) in enumerate(sums):
                 rows = window[:, s0 - w0:s1 - w0].to(dtype=js.dtype, device=js.device)
                 part = js.gemm(rows, rho[j].T).to(torch.float64)
-                vj[:, chunk.offset:chunk.offset + chunk.rows] += part.cpu().numpy().T
+                vj[:, chunk.stored.start:chunk.stored.stop] += part.cpu().numpy().T
 
 
 def _executors_since(ledgers: dict, before: dict) -> str:

@@ -11,7 +11,8 @@ rank sends, to every other, the columns of its fitted rows that the other keeps
 (all-to-all). Each rank ends with all the rows of its slice. The exchange moves the packed
 pairs once, (R - 1) / R of them per rank, and never O(tensor) through one rank. Which pairs
 are significant is decided by the rank that fits them; one sum over the ranks at the end
-(a number per pair) gives every rank the same list.
+(a number per pair) gives every rank the same list, and each drops the other pairs' rows
+from its store in place (a scratch file shrinks; memory goes back to the system).
 
 The units follow only the sizes, never the number of ranks or the budget, so every world
 size fits the same rows in the same groups: one process and any number of ranks hold the
@@ -103,16 +104,18 @@ def build_jk_tensor(mol: gto.Mole, auxmol: gto.Mole, kernel_set, budget: int,
         t3 = clock()
         if in_flight is not None:
             _place_round(local, *in_flight, len(columns))
+        kept = world.allreduce_sum(kept, "sharing the JK-fit tensor's significant pairs") > 0
+        local.keep_rows(np.flatnonzero(kept))
         exchanging += clock() - t3
     except BaseException:
         local.close()
         raise
     timings.update({"jk_integrals_and_fit": computing, "jk_placing_and_exchange": exchanging})
-    kept = world.allreduce_sum(kept, "sharing the JK-fit tensor's significant pairs") > 0
     tensor = JkTensor(layout, local, metric, kept, columns if world.size > 1 else None)
-    log.info("JK tensor: %d AO pairs x %d fit functions (%s; %d pairs screened), %.2f GB %s",
-             layout.npacked, naux, metric.kind, tensor.screened_pairs,
-             FP64_BYTES * layout.npacked * len(columns) / 1e9, _where(local, world, columns))
+    log.info("JK tensor: %d of %d AO pairs x %d fit functions (%s; the others screened), "
+             "%.2f GB %s", np.count_nonzero(kept), layout.npacked, naux, metric.kind,
+             FP64_BYTES * np.count_nonzero(kept) * len(columns) / 1e9,
+             _where(local, world, columns))
     return tensor
 
 
