@@ -601,3 +601,35 @@ def test_ranks_given_one_molecule_by_two_paths_agree(tmp_path, monkeypatch):
                     for path, output in ((Path("w.xyz"), Path("w.h5")),
                                          (tmp_path / "w.xyz", tmp_path / "w.h5"))}
     assert len(fingerprints) == 1
+
+
+def test_an_input_error_under_torchrun_is_one_line(tmp_path):
+    """Every rank read the same arguments and printed the same error, and the rank that
+    torchrun stopped then added "SIGTERM while starting": a later rank of a node now leaves
+    input errors and interruptions to the node's first rank."""
+    for args in ((tmp_path / "missing.xyz",),
+                 (molecule_path("water"), "--basis", "no-such-basis")):
+        proc = subprocess.run(torchrun(2, *args), capture_output=True, text=True,
+                              timeout=JOB_TIMEOUT_SECONDS, env=environment())
+        assert proc.returncode != 0
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1, proc.stderr
+        assert "missing.xyz" in errors[0] or "no-such-basis" in errors[0]
+
+
+@pytest.mark.parametrize("variables, code, printed", [
+    ({"LOCAL_RANK": "1"}, 2, False), ({"SLURM_LOCALID": "3"}, 143, False),
+    ({"LOCAL_RANK": "1"}, 1, True), ({"LOCAL_RANK": "0", "SLURM_LOCALID": "0"}, 2, True),
+    ({"LOCAL_RANK": "x"}, 2, True), ({}, 130, True)])
+def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
+        variables, code, printed, monkeypatch, capsys):
+    from dfmp2 import cli
+
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as stopped:
+        cli._fail("the same on every rank", code)
+    assert stopped.value.code == code
+    assert ("Error: the same on every rank" in capsys.readouterr().err) == printed

@@ -75,6 +75,27 @@ class _PrintableFormatter(logging.Formatter):
         return printable(super().format(record))
 
 
+def _fail(message: str, exit_code: int) -> None:
+    """Exit with ``exit_code`` after one ``Error:`` line, which a later rank of a node leaves
+    to the node's first rank when it would repeat it: the ranks of a node read the same
+    arguments, files and environment and get the same signals, so an input error (status 2)
+    or an interruption (128 + N) is the same line on each; a failure of this rank alone
+    (status 1) is always printed."""
+    if not (_later_rank_of_its_node(os.environ) and (exit_code == 2 or exit_code > 128)):
+        click.echo(f"Error: {printable(message, one_line=True)}", err=True)
+    sys.exit(exit_code)
+
+
+def _later_rank_of_its_node(environ) -> bool:
+    """Whether the launcher started this process as a rank other than the first of its node
+    (torchrun's LOCAL_RANK, srun's SLURM_LOCALID)."""
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        with contextlib.suppress(ValueError):
+            if int(environ.get(name, "0").strip()) > 0:
+                return True
+    return False
+
+
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
     """Entry point: one ``Error:`` line and status 2 for bad usage or input, 1 for failures,
     128 + N after signal N."""
@@ -103,22 +124,18 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         code = cli.main(args=args, prog_name=prog_name or "dfmp2", standalone_mode=False,
                         obj={"command": shlex.join(["dfmp2", *args])})
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("Error: interrupted", err=True)
-        sys.exit(EXIT_SIGINT)
+        _fail("interrupted", EXIT_SIGINT)
     except click.ClickException as exc:
-        click.echo(f"Error: {printable(exc.format_message(), one_line=True)}", err=True)
-        sys.exit(exc.exit_code)
+        _fail(exc.format_message(), exc.exit_code)
     except Dfmp2Error as exc:
-        click.echo(f"Error: {printable(str(exc), one_line=True)}", err=True)
-        sys.exit(exc.exit_code)
+        _fail(str(exc), exc.exit_code)
     except Exception:
         # A signal's exception caught where it landed by code that then failed in another
         # way (PySCF's basis loader tries other names): the command was stopped, not broken.
         stop = interrupts.requested()
         if stop is None:
             raise
-        click.echo(f"Error: {printable(str(stop), one_line=True)}", err=True)
-        sys.exit(stop.exit_code)
+        _fail(str(stop), stop.exit_code)
     finally:
         sys.unraisablehook = previous_hook
         # After the command, this process only exits: a signal then would land in torch's
