@@ -23,15 +23,33 @@ from dfmp2.system.interrupts import handled_signals
 EXIT_SIGINT = 128 + signal.SIGINT
 # What libgomp accepts: positive thread counts, one per nesting level, separated by commas.
 OPENMP_THREADS = re.compile(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*")
+# A process's rank on its node: torchrun's, then srun's.
+TORCHRUN_LOCAL_RANK = "LOCAL_RANK"
+LOCAL_RANKS = (TORCHRUN_LOCAL_RANK, "SLURM_LOCALID")
 
 
 def _stop(signum: int, frame) -> None:
     """A signal while the command line is being imported: nothing has run, so the program
     ends here. Raising instead, at whatever bytecode the signal landed on, could leave numpy
-    half-imported, and the next access recursed into a 46-line RecursionError, exit 1."""
-    sys.stderr.write(f"Error: {signal.Signals(signum).name} while starting; nothing was run\n")
-    sys.stderr.flush()
+    half-imported, and the next access recursed into a 46-line RecursionError, exit 1. A
+    later rank of a node ends without a line: the node's first rank got the signal too."""
+    if not later_rank_of_its_node(os.environ):
+        sys.stderr.write(f"Error: {signal.Signals(signum).name} while starting; nothing was "
+                         "run\n")
+        sys.stderr.flush()
     os._exit(128 + signum)
+
+
+def later_rank_of_its_node(environ, names: tuple[str, ...] = LOCAL_RANKS) -> bool:
+    """Whether a launcher started this process as a rank other than the first of its node
+    (by default torchrun's LOCAL_RANK or srun's SLURM_LOCALID)."""
+    for name in names:
+        try:
+            if int(environ.get(name, "0").strip()) > 0:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 def openmp_thread_counts(value: str) -> list[int] | None:

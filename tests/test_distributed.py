@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -618,18 +619,45 @@ def test_an_input_error_under_torchrun_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("variables, code, printed", [
-    ({"LOCAL_RANK": "1"}, 2, False), ({"SLURM_LOCALID": "3"}, 143, False),
-    ({"LOCAL_RANK": "1"}, 1, True), ({"LOCAL_RANK": "0", "SLURM_LOCALID": "0"}, 2, True),
-    ({"LOCAL_RANK": "x"}, 2, True), ({}, 130, True)])
+    ({"LOCAL_RANK": "1"}, 2, True), ({"SLURM_LOCALID": "3"}, 143, False),
+    ({"SLURM_LOCALID": "1"}, 2, True),
+    ({"LOCAL_RANK": "1"}, 1, True), ({"LOCAL_RANK": "0", "SLURM_LOCALID": "0"}, 143, True),
+    ({"LOCAL_RANK": "x"}, 130, True), ({}, 2, True)])
 def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
         variables, code, printed, monkeypatch, capsys):
+    """An interruption reaches every rank: a later one exits without a line. A later
+    torchrun rank prints its own input error after the grace in which the first rank would
+    have ended the job (here nobody does, and the grace is cut to 0.5 s); srun's ranks, and
+    every rank's own failure, print at once."""
     from dfmp2 import cli
 
+    monkeypatch.setattr(cli, "FIRST_RANK_GRACE_SECONDS", 0.5)
     for name in ("LOCAL_RANK", "SLURM_LOCALID"):
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
+    started = time.monotonic()
     with pytest.raises(SystemExit) as stopped:
         cli._fail("the same on every rank", code)
+    waited = time.monotonic() - started
     assert stopped.value.code == code
     assert ("Error: the same on every rank" in capsys.readouterr().err) == printed
+    assert (waited >= 0.5) == (variables.get("LOCAL_RANK") == "1" and code == 2)
+
+
+def test_a_later_rank_stopped_during_its_grace_exits_without_a_line(monkeypatch):
+    """The first rank failed alike and the launcher stops the later one while it waits: it
+    ends by the signal, quietly."""
+    from dfmp2 import cli
+
+    monkeypatch.setattr(cli, "FIRST_RANK_GRACE_SECONDS", 30.0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    started = time.monotonic()
+    try:
+        result = run_in_process("run", molecule_path("water"), "--basis", "no-such-basis")
+    finally:
+        timer.cancel()
+    assert result.code == 128 + signal.SIGTERM and time.monotonic() - started < 20
+    assert "Error:" not in result.err

@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 
 import click
 
@@ -28,13 +29,17 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 from dfmp2.cli import calculate, frequencies, manage, properties  # noqa: F401
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import NKI_PLATFORM_ENV
-from dfmp2.entry import EXIT_SIGINT
+from dfmp2.entry import EXIT_SIGINT, TORCHRUN_LOCAL_RANK, later_rank_of_its_node
 from dfmp2.errors import Dfmp2Error, Interrupted
 from dfmp2.system import interrupts
 from dfmp2.system.files import printable
 from kernels import threads
 
 __all__ = ["main", "cli"]
+
+# How long a later rank of a node waits, after an input error, for the node's first rank to
+# fail alike and the launcher to stop the job (imports and argument checks take 2-4 s a rank).
+FIRST_RANK_GRACE_SECONDS = 20.0
 
 
 def _raise_interrupted(signum: int, frame) -> None:
@@ -77,23 +82,22 @@ class _PrintableFormatter(logging.Formatter):
 
 def _fail(message: str, exit_code: int) -> None:
     """Exit with ``exit_code`` after one ``Error:`` line, which a later rank of a node leaves
-    to the node's first rank when it would repeat it: the ranks of a node read the same
-    arguments, files and environment and get the same signals, so an input error (status 2)
-    or an interruption (128 + N) is the same line on each; a failure of this rank alone
-    (status 1) is always printed."""
-    if not (_later_rank_of_its_node(os.environ) and (exit_code == 2 or exit_code > 128)):
-        click.echo(f"Error: {printable(message, one_line=True)}", err=True)
+    to the node's first rank when that rank says the same: the ranks of a node read the same
+    arguments, files and environment and get the same signals. An interruption (128 + N)
+    reaches the first rank too, so a later rank just exits. After an input error (status 2)
+    a later rank of torchrun's waits FIRST_RANK_GRACE_SECONDS: the first rank, failing alike,
+    ends the job meanwhile (torchrun then stops the others, and this rank exits quietly); a
+    rank still running after it failed alone, and prints its error. (srun lets the other
+    tasks run on, so its ranks print at once.) Any other failure is printed at once."""
+    if exit_code > 128 and later_rank_of_its_node(os.environ):
+        sys.exit(exit_code)
+    if exit_code == 2 and later_rank_of_its_node(os.environ, (TORCHRUN_LOCAL_RANK,)):
+        try:
+            time.sleep(FIRST_RANK_GRACE_SECONDS)
+        except Interrupted as stop:
+            sys.exit(stop.exit_code)
+    click.echo(f"Error: {printable(message, one_line=True)}", err=True)
     sys.exit(exit_code)
-
-
-def _later_rank_of_its_node(environ) -> bool:
-    """Whether the launcher started this process as a rank other than the first of its node
-    (torchrun's LOCAL_RANK, srun's SLURM_LOCALID)."""
-    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
-        with contextlib.suppress(ValueError):
-            if int(environ.get(name, "0").strip()) > 0:
-                return True
-    return False
 
 
 def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:

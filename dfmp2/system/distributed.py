@@ -204,6 +204,9 @@ class World:
     """How many :meth:`gather_when_all_arrive` meetings (and boards,
     :class:`dfmp2.system.board.Board`) this rank has been to: their keys in the store."""
     peers: PeerWatch = field(default_factory=PeerWatch)
+    key_store: object = None
+    """The launch's key-value store (a ``torch.distributed.TCPStore`` held by rank 0's
+    process), which the process group shares; None in a world of one."""
 
     @property
     def is_root(self) -> bool:
@@ -317,8 +320,9 @@ class World:
         return self.gather(value, what)
 
     def store(self):
-        """The process group's key-value store (held by rank 0's process)."""
-        return torch_dist.distributed_c10d._get_default_store()
+        """The launch's key-value store (held by rank 0's process); our keys start with
+        ``dfmp2/``, apart from the process group's own."""
+        return self.key_store
 
     def wait_until(self, condition, what: str) -> None:
         """Look at ``condition()`` (typically a look at the store) until it holds, with no
@@ -417,12 +421,14 @@ def init_world(launch: Launch) -> World:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     log.debug("joining the process group of %d ranks at %s:%s", launch.size,
               launch.master_addr, launch.master_port)
+    timeout = dt.timedelta(seconds=launch.timeout_seconds)
     with interrupts.ending_at_once(), _joined_within(launch):
         try:
-            torch_dist.init_process_group(
-                backend=backend, init_method=f"tcp://{launch.master_addr}:{launch.master_port}",
-                rank=launch.rank, world_size=launch.size,
-                timeout=dt.timedelta(seconds=launch.timeout_seconds))
+            key_store = torch_dist.TCPStore(launch.master_addr, int(launch.master_port),
+                                            launch.size, is_master=launch.rank == 0,
+                                            timeout=timeout)
+            torch_dist.init_process_group(backend=backend, store=key_store, rank=launch.rank,
+                                          world_size=launch.size, timeout=timeout)
         except (RuntimeError, ValueError) as exc:
             # torch's message goes on with the C++ stack of where it was raised.
             reason = (str(exc).strip().splitlines()[0] if str(exc).strip()
@@ -430,7 +436,7 @@ def init_world(launch: Launch) -> World:
             raise RunFailure(f"cannot join the distributed job ({reason}); launch with "
                              "torchrun or srun, with MASTER_ADDR/MASTER_PORT reachable") from None
         world = World(launch.size, torch_dist.get_rank(), backend,
-                      timeout_seconds=launch.timeout_seconds)
+                      timeout_seconds=launch.timeout_seconds, key_store=key_store)
         own = _process_state(os.getpid())
         places = world.gather((_machine(), os.getpid(), None if own is None else own[1]),
                               "meeting the other ranks")
