@@ -3,6 +3,7 @@ window of rows and columns, including windows that cut through its column chunks
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from dfmp2.df import store as b_store
@@ -71,3 +72,21 @@ def test_a_store_keeps_some_rows_in_place_and_gives_the_rest_back(tmp_path, monk
 def _anonymous_rss_kib() -> int:
     with open("/proc/self/status", encoding="ascii") as status:
         return next(int(line.split()[1]) for line in status if line.startswith("RssAnon:"))
+
+
+def test_a_store_the_system_cannot_map_is_out_of_memory(monkeypatch):
+    """The in-memory store maps its own pages; a refused mapping (ENOMEM, where the system
+    does not overcommit) reads as an allocator's failure, which a run reports as out of
+    memory, not as a traceback."""
+    import errno
+    import mmap
+
+    from dfmp2.system.memory import out_of_memory
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refused)
+    with pytest.raises(MemoryError) as failure:
+        open_store(1000, 1000, None)
+    assert out_of_memory(failure.value)

@@ -7,6 +7,7 @@ the file, and a failed file is removed.
 """
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import logging
@@ -123,8 +124,15 @@ class InMemoryB:
         if naux * ncols == 0:
             self.data = torch.zeros((naux, ncols), dtype=torch.float64)
             return
-        self._mapping = mmap.mmap(-1, FP64_BYTES * naux * ncols,
-                                  flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            self._mapping = mmap.mmap(-1, FP64_BYTES * naux * ncols,
+                                      flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                raise
+            # As an allocator's failure reads, so that the run says it ran out of memory.
+            raise MemoryError(f"cannot map {FP64_BYTES * naux * ncols} bytes for a "
+                              f"{naux} x {ncols} tensor") from None
         self.data = torch.frombuffer(self._mapping, dtype=torch.float64).view(naux, ncols)
 
     @property
