@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         _fail(str(stop), stop.exit_code)
     finally:
         sys.unraisablehook = previous_hook
+        # The command has answered any signal: a caller that goes on (a test, a notebook)
+        # must not find the request in its next run that does not start here.
+        interrupts.clear()
         # After the command, this process only exits: a signal then would land in torch's
         # exit callbacks (a KeyboardInterrupt traceback), or end by the signal a command that
         # finished and printed its result, which a job script would take for a stopped one.
