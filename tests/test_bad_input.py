@@ -397,6 +397,10 @@ def test_scale_factors_of_no_ordinary_size_are_refused(args, run_cli, tmp_path):
     ("optimize", ["--scs-os", "1.1"], "and this computes MP2; add --method scs-mp2"),
     ("properties", ["--xc", "b2plyp", "--scs-os", "2"],
      "--scs-os scales SCS-MP2, not the double hybrid --xc b2plyp"),
+    ("run", ["--xc", "b2plyp", "--scs-os", "1.5", "--scs-ss", "0.2"],
+     "--scs-os and --scs-ss scale SCS-MP2, not the double hybrid --xc b2plyp; drop them"),
+    ("interaction", ["--split", "1", "--xc", "dsd-pbep86", "--scs-ss", "0.5"],
+     "--scs-ss scales SCS-MP2, not the double hybrid --xc dsd-pbep86"),
 ])
 def test_scales_a_method_does_not_use_are_refused(command, args, message, run_cli, tmp_path):
     """An MP2 (or SOS-MP2, or double-hybrid) gradient, density or Hessian ignored
@@ -406,6 +410,27 @@ def test_scales_a_method_does_not_use_are_refused(command, args, message, run_cl
     assert result.code == 2
     _assert_one_line_error(result, message)
     assert not (tmp_path / "w.h5").exists()
+
+
+def test_scs_scales_beside_a_double_hybrid_are_refused_in_batches_and_the_python_api(
+        run_cli, tmp_path):
+    """``run --xc b2plyp --scs-os 1.5`` ran, reported the functional's energy and dropped the
+    scale without a word. A batch (its options and a manifest's line) and the library refuse
+    it as the command line does; the default scales given explicitly change nothing."""
+    from pathlib import Path
+
+    from dfmp2.errors import InputError
+    from dfmp2.input.settings import RunSettings
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{molecule_path('water')} --basis sto-3g --xc b2plyp --scs-ss 0.5\n")
+    for args in ([molecule_path("water"), "--xc", "b2plyp", "--scs-os", "1.5"], [manifest]):
+        result = run_cli("batch", *args, "--out", tmp_path / "out")
+        assert result.code == 2
+        _assert_one_line_error(result, "not the double hybrid --xc b2plyp")
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(InputError, match="scs-os scales SCS-MP2, not the double hybrid"):
+        RunSettings(molecule=Path("w.xyz"), xc="b2plyp", scs_os=1.0)
+    assert RunSettings(molecule=Path("w.xyz"), xc="b2plyp", scs_os=1.2, scs_ss=1 / 3).xc
 
 
 def test_energies_that_overflow_are_a_failure_not_infinity():

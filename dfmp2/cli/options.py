@@ -171,21 +171,18 @@ def record_options(output_help: str, json_help: str,
 
 
 def refuse_unused_scales(method: str, xc: str | None) -> None:
-    """--scs-os/--scs-ss given to a gradient, density or Hessian that does not use them (MP2,
-    SOS-MP2, a double hybrid) are refused: they were ignored, and a user who meant SCS-MP2
-    got MP2's numbers."""
+    """--scs-os/--scs-ss given to a gradient, density or Hessian of MP2 or SOS-MP2 are
+    refused: they were ignored, and a user who meant SCS-MP2 got MP2's numbers. (Beside a
+    double hybrid, ``RunSettings`` refuses them for every command.)"""
+    if xc is not None or method == "scs-mp2":
+        return
     context = click.get_current_context()
     given = [f"--{name.replace('_', '-')}" for name in ("scs_os", "scs_ss")
              if context.get_parameter_source(name) in (ParameterSource.COMMANDLINE,
                                                        ParameterSource.ENVIRONMENT)]
-    if not given:
-        return
-    options = " and ".join(given)
-    scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
-    if xc is not None:
-        raise click.UsageError(f"{options} {scale} SCS-MP2, not the double hybrid --xc {xc}; "
-                               f"drop {them} (a custom --xc takes --mp2-os and --mp2-ss)")
-    if method != "scs-mp2":
+    if given:
+        options = " and ".join(given)
+        scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
         raise click.UsageError(f"{options} {scale} SCS-MP2, and this computes "
                                f"{method.upper()}; add --method scs-mp2, or drop {them}")
 

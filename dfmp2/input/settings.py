@@ -135,11 +135,26 @@ class RunSettings:
             if isinstance(self.memory, bool) or not isinstance(self.memory, int):
                 raise InputError(f"memory {self.memory!r} must be a number of bytes")
             checked_size(self.memory)
+        self._refuse_scs_scales_beside_a_double_hybrid()
         if self.task in DIFFERENTIATING_TASKS and self.scf_method != "df":
             # Refused here, before any record is touched: found after the SCF, it had moved
             # a complete record aside for a job that could not run.
             raise InputError(f"{DIFFERENTIATING_TASKS[self.task]} needs a density-fitted SCF "
                              "(--scf df): the energy it differentiates is DF-SCF plus DF-MP2")
+
+    def _refuse_scs_scales_beside_a_double_hybrid(self) -> None:
+        """A double hybrid reports its own MP2 share (--mp2-os, --mp2-ss), no SCS-MP2: SCS
+        scales beside --xc were dropped without a word, and a user who meant them got the
+        functional's numbers."""
+        given = [f"--{name.replace('_', '-')}" for name, value, default in
+                 (("scs_os", self.scs_os, SCS_OS_DEFAULT), ("scs_ss", self.scs_ss, SCS_SS_DEFAULT))
+                 if value != default]
+        if self.xc is None or not given:
+            return
+        options = " and ".join(given)
+        scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
+        raise InputError(f"{options} {scale} SCS-MP2, not the double hybrid --xc {self.xc}; "
+                         f"drop {them} (a custom --xc takes --mp2-os and --mp2-ss)")
 
     def xc_suffix(self) -> str:
         """``-<functional>[-<dispersion>]`` in default record names of a double hybrid (``-xc``
