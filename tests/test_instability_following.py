@@ -165,3 +165,48 @@ def test_orbitals_rotated_along_a_mode_stay_orthonormal_and_lower_the_energy(spi
         assert np.abs(c.T @ overlap @ c - np.eye(c.shape[1])).max() < 1e-12
     moved = mf.energy_tot(mf.make_rdm1(turned, mf.mo_occ))
     assert moved - energy == pytest.approx(0.5 * eigenvalue * step**2, rel=2e-2)
+
+
+def pyscf_unpairing_eigenvalue(atom: str) -> float:
+    """PySCF's RHF -> UHF stability eigenvalue of a density-fitted RHF in cc-pVDZ (its
+    rhf_external operator, by Davidson to 1e-8)."""
+    from pyscf import lib
+    from pyscf.scf import stability
+    mol = gto.M(atom=atom, basis="cc-pvdz", verbose=0)
+    mf = scf.RHF(mol).density_fit(auxbasis=df.make_auxbasis(mol))
+    mf.conv_tol = 1e-12
+    mf.kernel()
+    _, _, hop, hdiag = stability._gen_hop_rhf_external(mf, with_symmetry=False)
+    start = np.zeros_like(hdiag)
+    start[np.argmin(hdiag)] = 1.0
+    eigenvalue, _ = lib.davidson(hop, start, lambda dx, e, _x0: dx / (hdiag - e + 1e-12),
+                                 tol=1e-8, nroots=1, verbose=0)
+    return float(eigenvalue)
+
+
+@pytest.mark.parametrize("name, atom, unstable", [
+    ("stretched_h2", "H 0 0 0; H 0 0 3.0", True),
+    ("water", "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", False)])
+def test_stability_of_a_closed_shell_includes_its_unrestricted_solutions(
+        name, atom, unstable, run_cli, tmp_path, caplog):
+    """H2 stretched to 3 A was called stable by --stability (its internal check, eigenvalue
+    1.48), while its UHF lies 0.17 Eh lower. The RHF -> UHF rotations are checked too:
+    their eigenvalue is PySCF's, and below -1e-5 the run warns, in its log and its report."""
+    lines = [f"{symbol} {x} {y} {z}" for symbol, x, y, z in
+             (part.split() for part in atom.split(";"))]
+    path = tmp_path / f"{name}.xyz"
+    path.write_text(f"{len(lines)}\n{name}\n" + "\n".join(lines) + "\n")
+    record = tmp_path / f"{name}.h5"
+    result = run_cli("run", path, "--stability", "--json", "-o", record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["stability"] == "stable"
+    expected = pyscf_unpairing_eigenvalue(atom)
+    assert (expected < -0.3) == unstable and (expected > 0.2) == (not unstable)
+    assert summary["unpairing_eigenvalue"] == pytest.approx(expected, abs=1e-6)
+    warned = "unstable toward an unrestricted one" in caplog.text
+    shown = run_cli("show", record)
+    assert warned == unstable == ("unstable toward an unrestricted one" in shown.out)
+
+    unchecked = run_cli("run", path, "--json", "-o", tmp_path / f"{name}-plain.h5")
+    assert json.loads(unchecked.out)["unpairing_eigenvalue"] is None

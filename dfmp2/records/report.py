@@ -14,6 +14,7 @@ from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
 from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status
+from dfmp2.scf.reference import UNSTABLE_BELOW
 from dfmp2.scf.spin import exact_spin_square, spin_contaminated
 from dfmp2.system.files import printable
 
@@ -112,6 +113,12 @@ def summary(root: Node) -> str:
                      "lower SCF solution exists and MP2 on this one is questionable"
                      + ("" if scf.instabilities_followed else
                         "; --follow-instability converges to it"))
+    if scf is not None and scf.unpairing_eigenvalue < UNSTABLE_BELOW:
+        lines.append(f"  Warning: the {scf.reference.upper()} reference is unstable toward an "
+                     f"unrestricted one (lowest orbital-Hessian eigenvalue "
+                     f"{scf.unpairing_eigenvalue:.4g} for rotations that turn alpha and beta "
+                     "apart); a lower unrestricted solution exists and MP2 on this one is "
+                     "questionable; --reference uhf --follow-instability converges to it")
     if scf is not None and inputs is not None and spin_contaminated(scf.s2, inputs.spin):
         lines.append(f"  Warning: the {scf.reference.upper()} reference is spin-contaminated "
                      f"(<S^2> {scf.s2:.4f} against S(S+1) = "
@@ -201,6 +208,8 @@ def json_summary(root: Node, path: str) -> dict:
                # JSON has no NaN: an unchecked reference has no eigenvalue.
                "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
                                         else scf.stability_eigenvalue),
+               "unpairing_eigenvalue": (None if np.isnan(scf.unpairing_eigenvalue)
+                                        else scf.unpairing_eigenvalue),
                "instabilities_followed": scf.instabilities_followed,
                # JSON has no NaN: an older record has no <S^2>.
                "s2": None if np.isnan(scf.s2) else scf.s2,

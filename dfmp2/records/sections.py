@@ -195,6 +195,11 @@ class ScfSection(Section):
     checked`` (closed shells unless asked, unconverged SCFs, older records)."""
     stability_eigenvalue: float = float("nan")
     """The lowest orbital-Hessian eigenvalue (PySCF's normalisation); NaN when not checked."""
+    unpairing_eigenvalue: float = float("nan")
+    """A checked closed-shell restricted reference's lowest orbital-Hessian eigenvalue for
+    rotations that turn its alpha and beta orbitals apart (PySCF's RHF -> UHF check): below
+    -1e-5 a lower unrestricted solution exists. NaN when not checked (open shells, older
+    records)."""
     orbital_gradient: float = float("nan")
     """The norm of the orbital gradient at the SCF's last cycle (NaN in older records)."""
     settled: bool = False

@@ -424,6 +424,8 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
             break
     if stability == "unstable":
         _warn_unstable(calc, eigenvalue, followed)
+    with blas():
+        unpairing = checked_unpairing(mf, calc, stability)
     orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
                               np.asarray(mf.mo_coeff))
     s2 = spin_square(calc.mol, orbitals)
@@ -437,6 +439,7 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     section = ScfSection(float(e_tot), bool(mf.converged), cycles, calc.scf_method,
                          calc.reference_name, calc.jk_name(), engine_name(calc, options),
                          *grid_facts(mf), stability=stability, stability_eigenvalue=eigenvalue,
+                         unpairing_eigenvalue=unpairing,
                          orbital_gradient=gradient,
                          settled=bool(tight is not None and tight.settled),
                          instabilities_followed=followed, s2=s2)
@@ -477,8 +480,34 @@ def lowest_hessian_mode(mf: scf.hf.SCF) -> tuple[float, np.ndarray]:
     unrestricted = np.asarray(mf.mo_coeff).ndim == 3
     generate = newton_ah.gen_g_hop_uhf if unrestricted else newton_ah.gen_g_hop_rhf
     _, hop, hdiag = generate(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
-    hdiag = 2.0 * hdiag
+    return _lowest_eigenpair(lambda x: 2.0 * hop(x).real, 2.0 * hdiag)
 
+
+def lowest_unpairing_eigenvalue(mf: scf.hf.SCF) -> float:
+    """The lowest eigenvalue of a converged closed-shell restricted ``mf``'s orbital Hessian
+    for the rotations that turn its alpha and beta orbitals apart (the triplet ones), in
+    PySCF's normalisation (pyscf.scf.stability's rhf_external, RHF -> UHF): below
+    :data:`UNSTABLE_BELOW` a lower unrestricted solution exists, which no internal rotation
+    reaches (H2 at 3 A is internally stable, 0.17 Eh above its UHF). The operator is the
+    Fock matrix's occupied-virtual difference plus the density's triplet response."""
+    coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
+    occupied, virtual = occ > 0, occ == 0
+    orbo, orbv = coeff[:, occupied], coeff[:, virtual]
+    fock = coeff.T @ (mf.get_hcore() + mf.get_veff(mf.mol, mf.make_rdm1(coeff, occ))) @ coeff
+    foo, fvv = fock[np.ix_(occupied, occupied)], fock[np.ix_(virtual, virtual)]
+    response = mf.gen_response(singlet=False, hermi=1)
+
+    def hop(x: np.ndarray) -> np.ndarray:
+        x = x.reshape(orbv.shape[1], orbo.shape[1])
+        half = orbv @ (2.0 * x) @ orbo.T
+        return (fvv @ x - x @ foo + orbv.T @ response(half + half.T) @ orbo).ravel()
+
+    return _lowest_eigenpair(hop, (np.diag(fvv)[:, None] - np.diag(foo)[None, :]).ravel())[0]
+
+
+def _lowest_eigenpair(hop, hdiag: np.ndarray) -> tuple[float, np.ndarray]:
+    """The lowest eigenvalue of the symmetric operator ``hop`` (diagonal ``hdiag``) and its
+    unit eigenvector, by Davidson."""
     def precondition(dx: np.ndarray, e: float, _x0: np.ndarray) -> np.ndarray:
         shifted = hdiag - e
         shifted[np.abs(shifted) < 1e-8] = 1e-8
@@ -495,8 +524,8 @@ def lowest_hessian_mode(mf: scf.hf.SCF) -> tuple[float, np.ndarray]:
         starts.append(start)
     starts.append(1.0 / np.where(np.abs(hdiag) < 1e-8, 1e-8, hdiag))
     starts.append(np.random.default_rng(STABILITY_SEED).standard_normal(hdiag.shape))
-    eigenvalue, vector = lib.davidson(lambda x: 2.0 * hop(x).real, starts, precondition,
-                                      tol=STABILITY_TOL, nroots=1, verbose=0)
+    eigenvalue, vector = lib.davidson(hop, starts, precondition, tol=STABILITY_TOL, nroots=1,
+                                      verbose=0)
     vector = np.asarray(vector, dtype=float)
     return float(eigenvalue), vector / np.linalg.norm(vector)
 
@@ -574,6 +603,23 @@ def checked_stability(mf: scf.hf.SCF, calc: Calculation,
     return stability, eigenvalue
 
 
+def checked_unpairing(mf: scf.hf.SCF, calc: Calculation, stability: str) -> float:
+    """:func:`lowest_unpairing_eigenvalue` of a closed-shell restricted reference whose
+    stability was checked (NaN for any other), warning when a lower unrestricted solution
+    exists: an internal check alone called stretched H2 stable."""
+    if stability == "not checked" or np.asarray(mf.mo_coeff).ndim == 3:
+        return float("nan")
+    eigenvalue = lowest_unpairing_eigenvalue(mf)
+    if eigenvalue < UNSTABLE_BELOW:
+        _warn_once_per_job("unpairing", "the %s reference is unstable toward an unrestricted "
+                           "one (lowest orbital-Hessian eigenvalue %.4g for rotations that "
+                           "turn alpha and beta apart): a lower unrestricted solution exists, "
+                           "and MP2 on this one is questionable; --reference uhf "
+                           "--follow-instability converges to it", calc.reference_name.upper(),
+                           eigenvalue)
+    return eigenvalue
+
+
 @contextlib.contextmanager
 def reference_warned_once() -> Iterator[None]:
     """Within: an unstable or spin-contaminated reference is warned about once, and logged at
@@ -631,8 +677,10 @@ def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbital
     if section.stability == "not checked":
         with torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext():
             stability, eigenvalue = checked_stability(mf, calc, options)
+            unpairing = checked_unpairing(mf, calc, stability)
         section = dataclasses.replace(section, stability=stability,
-                                      stability_eigenvalue=eigenvalue)
+                                      stability_eigenvalue=eigenvalue,
+                                      unpairing_eigenvalue=unpairing)
     if np.isnan(section.s2):
         section = dataclasses.replace(section, s2=spin_square(calc.mol, orbitals))
     _warn_if_contaminated(calc, section.s2)
