@@ -3,6 +3,7 @@ after the SCF, signals, and batch reruns with changed options."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import resource
 import shutil
@@ -318,6 +319,28 @@ def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path, run_cli):
     # PySCF's DF-MP2 on the orbitals the interrupted run stored and the resumed one reused.
     assert abs(json.loads(resumed.out)["e_corr"]
                - stored_orbitals_e_corr(record, "water_dimer")) <= 1e-10
+    assert leftovers(tmp_path) == []
+
+
+def test_a_crash_prints_where_each_thread_was_and_the_rerun_resumes(tmp_path, run_cli):
+    """A crash in a C extension (here a SIGSEGV sent to the run) ended the process with
+    nothing on stderr: one CI run died so after its error line, and nothing said where. The
+    command enables Python's fault handler, so the stack of every thread is printed; the
+    record keeps what was finished, and the rerun takes the dead run's lock and resumes."""
+    record = tmp_path / "dimer.h5"
+    args = (*DIMER, "-o", record)
+    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    _wait_for_pairs(proc, record, 2, stop=True)
+    proc.send_signal(signal.SIGSEGV)
+    proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
+    assert proc.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in err
+    assert re.search(r'File ".*dfmp2/.*\.py", line \d+ in \w+', err), err
+    resumed = run_cli("run", *args)
+    assert resumed.code == 0, resumed.err
+    assert read_record(record).attrs["resumed"]
     assert leftovers(tmp_path) == []
 
 

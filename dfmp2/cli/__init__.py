@@ -10,6 +10,7 @@ commands and ``views`` what they print; ``main`` here runs the group.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import logging
 import os
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
         # (torch's and PySCF's, about 200,000) live to the end, so leave them out of every
         # garbage collection, the ones at exit included: 0.3-0.4 s less per command (measured).
         gc.freeze()
+        # A crash inside a C extension (torch, h5py, libgomp) then prints where every thread
+        # was: one CI run died by SIGSEGV after its error line and left nothing to go on.
+        faulthandler.enable()
     args = sys.argv[1:] if argv is None else list(argv)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_PrintableFormatter("dfmp2: %(levelname)s: %(message)s"))
