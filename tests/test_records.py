@@ -935,3 +935,33 @@ def test_show_of_an_older_unconverged_record_names_no_missing_gradient(run_cli, 
     shown = run_cli("show", record)
     assert shown.code == 0, shown.err
     assert "Warning: the SCF did not converge (after" in shown.out and "nan" not in shown.out
+
+
+# The byte that starts the datatype of the root's "schema" attribute (an HDF5 version-1
+# attribute message: the name, padded to 8 bytes, then the datatype): 0x19 is a
+# variable-length string. Other classes there make HDF5 fail to decode it, in other ways.
+SCHEMA_DATATYPE_AFTER = b"schema\x00\x00"
+VARIABLE_LENGTH_STRING = 0x19
+
+
+@pytest.mark.parametrize("datatype_byte, h5py_error", [(0x1F, "RuntimeError"),
+                                                        (0x12, "TypeError")])
+def test_a_record_damaged_inside_is_one_line_for_every_command(
+        datatype_byte, h5py_error, water_record, tmp_path, run_cli):
+    """A record whose HDF5 structure is damaged (flipped bits, not a truncation) opens, and
+    h5py then fails on the broken part with a KeyError, RuntimeError or TypeError: show,
+    compare, run -o and a batch over it ended in a traceback. Each is now one line."""
+    data = bytearray(water_record.read_bytes())
+    at = data.index(SCHEMA_DATATYPE_AFTER) + len(SCHEMA_DATATYPE_AFTER)
+    assert data[at] == VARIABLE_LENGTH_STRING
+    data[at] = datatype_byte
+    damaged = tmp_path / "damaged.h5"
+    damaged.write_bytes(bytes(data))
+
+    line = one_error_line(run_cli("show", damaged).err)
+    assert f"is a damaged HDF5 file: reading it failed ({h5py_error}" in line
+    compared = run_cli("compare", water_record, damaged)
+    assert compared.code == 2 and "is a damaged HDF5 file" in one_error_line(compared.err)
+    rerun = run_cli(*WATER_RECORD_ARGS, "-o", damaged)
+    assert rerun.code == 2 and "is not a dfmp2 run record" in one_error_line(rerun.err)
+    assert damaged.read_bytes() == bytes(data)

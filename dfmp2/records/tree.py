@@ -26,7 +26,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from dfmp2.errors import InputError, RunFailure
+from dfmp2.errors import Dfmp2Error, InputError, RunFailure
 from dfmp2.system.files import FILE, disk_reason, existing_kind, printable, shown
 from dfmp2.system.interrupts import written_whole
 
@@ -217,6 +217,16 @@ def read_record(path: str | Path) -> Node:
             raise InputError(f"{path} is open in another program, which holds HDF5's lock on "
                              "it; close it there and try again") from None
         raise InputError(f"{path} is not a readable HDF5 run record") from None
+    except Dfmp2Error:
+        raise
+    except Exception as exc:
+        # A file whose HDF5 structure is damaged inside (flipped bits, a torn copy) opens,
+        # then h5py fails on the part that is broken with whatever error that part gives
+        # (KeyError, RuntimeError, ValueError, ...): every command that read it ended in a
+        # traceback.
+        raise InputError(f"{path} is a damaged HDF5 file: reading it failed "
+                         f"({type(exc).__name__}: {printable(str(exc), one_line=True)[:80]}); "
+                         "restore it from a copy, or move it aside and run again") from None
     found = root.attrs.get("schema")
     if not (isinstance(found, str) and found in KNOWN_SCHEMAS):
         raise InputError(f"{path} is an HDF5 file but not a dfmp2 record "
