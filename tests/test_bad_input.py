@@ -415,22 +415,57 @@ def test_scales_a_method_does_not_use_are_refused(command, args, message, run_cl
 def test_scs_scales_beside_a_double_hybrid_are_refused_in_batches_and_the_python_api(
         run_cli, tmp_path):
     """``run --xc b2plyp --scs-os 1.5`` ran, reported the functional's energy and dropped the
-    scale without a word. A batch (its options and a manifest's line) and the library refuse
-    it as the command line does; the default scales given explicitly change nothing."""
+    scale without a word. A batch refuses it in its own options, fails a manifest line that
+    gives it (the other lines run), and the library refuses it; the default scales given
+    explicitly change nothing."""
     from pathlib import Path
 
     from dfmp2.errors import InputError
     from dfmp2.input.settings import RunSettings
+    result = run_cli("batch", molecule_path("water"), "--xc", "b2plyp", "--scs-os", "1.5",
+                     "--out", tmp_path / "out")
+    _assert_one_line_error(result, "not the double hybrid --xc b2plyp")
+    assert not (tmp_path / "out").exists()
     manifest = tmp_path / "jobs.txt"
-    manifest.write_text(f"{molecule_path('water')} --basis sto-3g --xc b2plyp --scs-ss 0.5\n")
-    for args in ([molecule_path("water"), "--xc", "b2plyp", "--scs-os", "1.5"], [manifest]):
-        result = run_cli("batch", *args, "--out", tmp_path / "out")
-        assert result.code == 2
-        _assert_one_line_error(result, "not the double hybrid --xc b2plyp")
-        assert not (tmp_path / "out").exists()
+    water = molecule_path("water")
+    manifest.write_text(f"{water} --basis sto-3g\n{water} --basis sto-3g --xc b2plyp "
+                        "--scs-ss 0.5\n")
+    result = run_cli("batch", manifest, "--out", tmp_path / "lines", "--json")
+    assert result.code == 1
+    rows = json.loads(result.out)
+    assert [row["status"] for row in rows] == ["complete", "failed"]
+    assert rows[1]["error"] == (f"{manifest}, line 2: --scs-ss scales SCS-MP2, not the double "
+                                "hybrid --xc b2plyp; drop it (a custom --xc takes --mp2-os "
+                                "and --mp2-ss)")
     with pytest.raises(InputError, match="scs-os scales SCS-MP2, not the double hybrid"):
         RunSettings(molecule=Path("w.xyz"), xc="b2plyp", scs_os=1.0)
     assert RunSettings(molecule=Path("w.xyz"), xc="b2plyp", scs_os=1.2, scs_ss=1 / 3).xc
+
+
+def test_a_manifest_line_asking_for_help_or_holding_a_nul_byte_fails_that_line_only(
+        run_cli, tmp_path):
+    """A line with --help printed run's help and ended the whole batch with status 0, nothing
+    run; a NUL byte in a line's basis ended the batch in "ValueError: embedded null byte"
+    after the lines before it ran, with no summary. Each now fails its own line."""
+    from pathlib import Path
+
+    from dfmp2.errors import InputError
+    from dfmp2.input.settings import RunSettings
+    water = molecule_path("water")
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{water} --basis sto-3g --help\n{water} --basis sto-3g\n"
+                        f"{water} --basis sto-3g\x00x\n")
+    result = run_cli("batch", manifest, "--out", tmp_path / "out", "--json")
+    assert result.code == 1 and "Traceback" not in result.err
+    rows = json.loads(result.out)
+    assert [row["status"] for row in rows] == ["failed", "complete", "failed"]
+    assert rows[0]["error"] == (f"{manifest}, line 1: a help option has no place in a "
+                                "manifest line; 'dfmp2 run --help' lists the options")
+    assert rows[2]["error"] == (f"{manifest}, line 3: basis 'sto-3g\\x00x' holds a NUL byte; "
+                                "remove it")
+    assert (tmp_path / "out" / "summary.json").exists()
+    with pytest.raises(InputError, match="scratch '/tmp/a\\\\x00b' holds a NUL byte"):
+        RunSettings(molecule=Path("w.xyz"), scratch=Path("/tmp/a\x00b"))
 
 
 def test_energies_that_overflow_are_a_failure_not_infinity():

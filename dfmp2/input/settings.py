@@ -5,6 +5,7 @@ variables into fields, so the library computes the same thing wherever it is cal
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,12 @@ class RunSettings:
     def __post_init__(self) -> None:
         """The numbers every interface (command line, QCSchema, ASE, Python) must respect,
         checked here so that none of them can pass what the command line refuses."""
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, (str, Path)) and "\x00" in str(value):
+                # No file name can hold one (a manifest line's basis ended a batch in
+                # "ValueError: embedded null byte" when its record was opened).
+                raise InputError(f"{item.name} {str(value)!r} holds a NUL byte; remove it")
         for name in SCALE_FIELDS:
             value = getattr(self, name)
             if value is None:

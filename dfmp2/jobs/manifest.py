@@ -25,6 +25,7 @@ from dfmp2.input.xyz import text_lines
 
 GLOB_CHARACTERS = set("*?[")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
+HELP_OPTIONS = {"-h", "--help"}
 SETTINGS_FIELDS = {item.name for item in dataclasses.fields(RunSettings)}
 BASIS_FILE_OPTIONS = ("basis", "auxbasis", "jk_auxbasis")
 
@@ -38,6 +39,8 @@ class BatchItem:
     error: str | None = None
     options_unread: bool = False
     """A manifest line whose options could not be read: its basis is not known."""
+    where: str = ""
+    """The manifest and line it came from (empty for an XYZ file given to the batch)."""
 
 
 def _manifest_items(manifest: Path, commands: dict[str, click.Command],
@@ -85,6 +88,12 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     path = path if path.is_absolute() else manifest.parent / path
     is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
     name = "interaction" if is_dimer else "run"
+    if HELP_OPTIONS & set(tokens[1:]):
+        # Read by click, it printed run's help and ended the whole batch there, with status 0
+        # and nothing run.
+        return BatchItem(index, path, {}, error=f"{where}: a help option has no place in a "
+                                                f"manifest line; 'dfmp2 {name} --help' lists "
+                                                "the options", options_unread=True)
     try:
         ctx = commands[name].make_context(name, [str(path), *tokens[1:]], obj={"command": ""})
     except click.ClickException as exc:
@@ -111,7 +120,7 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
         verb = "is" if len(outputs) == 1 else "are"
         return BatchItem(index, path, {}, error=f"{where}: {names} {verb} chosen by the batch, "
                                                 "not per molecule", options_unread=True)
-    return BatchItem(index, path, overrides, interaction)
+    return BatchItem(index, path, overrides, interaction, where=where)
 
 
 def collect_items(inputs: list[str], commands: dict[str, click.Command],
@@ -149,9 +158,15 @@ EXCLUSIVE_OPTIONS = {"frozen": {"frozen_core": False}, "frozen_core": {"frozen":
 
 def line_settings(base: RunSettings, item: BatchItem) -> RunSettings:
     """The batch's options with the line's on top (a line's --frozen 0 under a batch-wide
-    --frozen-core was refused as giving both)."""
+    --frozen-core was refused as giving both). Options that cannot go together make the item
+    a failed one, run with the batch's options only: the other lines run."""
     options: dict = {}
     for key in item.overrides:
         options.update(EXCLUSIVE_OPTIONS.get(key, {}))
     options.update(item.overrides)
-    return dataclasses.replace(base, molecule=item.molecule, **options)
+    try:
+        return dataclasses.replace(base, molecule=item.molecule, **options)
+    except InputError as exc:
+        item.error = f"{item.where}: {exc}" if item.where else str(exc)
+        item.options_unread = True
+        return dataclasses.replace(base, molecule=item.molecule)
