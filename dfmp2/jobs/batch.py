@@ -244,9 +244,8 @@ def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
     """One row per molecule of the shard, and the signal that stopped the batch (None: it ran
     to its end). After a signal the molecule it interrupted is ``interrupted`` (its record
     resumes) and the ones after it ``not started``: none of them has failed."""
-    # Every line is checked before the folder is made: a refused batch leaves nothing behind.
-    all_settings = [line_settings(base, item) for item in items]
     create_folder(out_dir, "choose another --out")
+    all_settings = [line_settings(base, item) for item in items]
     names = record_names(items, all_settings)
     k, n = shard
     chosen = [(item, dataclasses.replace(s, output=out_dir / name, show_progress=False))
