@@ -922,6 +922,16 @@ def test_a_resumed_run_drops_the_complete_copy_its_killed_rerun_set_aside(run_cl
     shutil.copy(water_record, copy)
     assert run_cli(*WATER_RECORD_ARGS, "-o", record).code == 0
     assert read_record(record).attrs["status"] == "complete" and not copy.exists()
+    # Killed after it wrote its record, before its SCF was saved: that run starts again, and
+    # the copy stayed too.
+    shutil.copy(water_record, copy)
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "running"
+        for group in ("scf", "mp2", "checkpoint"):
+            del h5[group]
+    assert run_cli(*WATER_RECORD_ARGS, "-o", record).code == 0
+    assert read_record(record).attrs["status"] == "complete" and not copy.exists()
+    assert other.exists()
 
 
 def test_show_of_an_older_unconverged_record_names_no_missing_gradient(run_cli, tmp_path,

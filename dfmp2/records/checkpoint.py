@@ -145,7 +145,8 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
         if resume_required:
             log.warning("%s holds a run of these inputs stopped before it finished anything; "
                         "starting it again", path)
-        return PreviousRun(FRESH)
+        # A rerun killed so, after it set a complete record aside, left that copy too.
+        return PreviousRun(FRESH, superseded=_copy_of_the_same(path, inputs))
     return PreviousRun(RESUME, previous, _copy_of_the_same(path, inputs))
 
 
