@@ -509,3 +509,24 @@ def test_a_refused_budget_names_a_minimum_above_it(run_cli, tmp_path):
     named = result.err.split("at least ")[1].split(" is needed")[0]
     number, unit = named.split()
     assert unit == "MB" and float(number) * 1e6 > 1010000
+
+
+@pytest.mark.parametrize("steps", ["18446744073709551616", "100001", "0"])
+def test_an_optimisations_step_limit_beyond_any_need_is_refused_before_it_runs(
+        steps, run_cli, tmp_path):
+    """--max-steps 2**64 let the optimisation converge, then could not be written to its
+    record: a traceback, the record left 'running' and the optimised geometry lost."""
+    from pathlib import Path
+
+    from dfmp2.errors import InputError
+    from dfmp2.input.settings import RunSettings
+    from dfmp2.jobs import optimize
+    record = tmp_path / "o.h5"
+    result = run_cli("optimize", molecule_path("water"), "--basis", "sto-3g",
+                     "--max-steps", steps, "-o", record)
+    _assert_one_line_error(result, "--max-steps")
+    assert not record.exists()
+    with pytest.raises(InputError, match="max_steps .* must be a whole number from 1 to 100000"):
+        optimize.run(RunSettings(molecule=Path(molecule_path("water")), output=record),
+                     max_steps=int(steps))
+    assert not record.exists()

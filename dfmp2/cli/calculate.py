@@ -117,7 +117,8 @@ def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int
                                  "NWCHEM_LOOSE", "TURBOMOLE", "INTERFRAG_TIGHT"],
                                 case_sensitive=False),
               help="geomeTRIC's convergence criteria.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1, max=optimize.MAX_STEPS_LIMIT),
+              default=optimize.DEFAULT_MAX_STEPS, show_default=True)
 @with_options(*record_options(
     "Record (default: runs/<molecule>-<basis>-opt.h5); the final geometry goes beside it as "
     ".xyz.", "Print one JSON object: the final energy and geometry.", resumed="optimisation"))

@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 CONVERGENCE_SETS = ("GAU", "GAU_TIGHT", "GAU_VERYTIGHT", "GAU_LOOSE", "NWCHEM_LOOSE",
                     "TURBOMOLE", "INTERFRAG_TIGHT")
 DEFAULT_MAX_STEPS = 100
+# A bound far above any optimisation's need, which the record's integers (int64) hold: a
+# --max-steps of 2**64 let the optimisation converge, then failed to record it.
+MAX_STEPS_LIMIT = 100_000
 # A replayed step matches its record when every coordinate agrees to this (Bohr).
 SAME_GEOMETRY_BOHR = 1e-9
 # The optimised geometry goes beside the record, as <record>.xyz.
@@ -256,6 +259,10 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
         raise InputError(f"unknown convergence set {convergence!r}; choose one of "
                          f"{', '.join(CONVERGENCE_SETS)}")
     convergence = convergence.upper()
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not (
+            1 <= max_steps <= MAX_STEPS_LIMIT):
+        raise InputError(f"max_steps {max_steps!r} must be a whole number from 1 to "
+                         f"{MAX_STEPS_LIMIT}")
     settings = replace(settings, task="optimize", show_progress=False)
     job = start_job(settings, settings.output_path("-opt"))
     path, env, start = job.path, job.env, job.geometry
