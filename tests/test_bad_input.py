@@ -530,3 +530,25 @@ def test_an_optimisations_step_limit_beyond_any_need_is_refused_before_it_runs(
         optimize.run(RunSettings(molecule=Path(molecule_path("water")), output=record),
                      max_steps=int(steps))
     assert not record.exists()
+
+
+def test_names_longer_than_the_file_system_allows_are_one_line_or_a_failed_row(
+        run_cli, tmp_path, monkeypatch):
+    """A name of 300 bytes reached pathlib's is_dir/is_file, which raise for a name too long
+    instead of answering: --scratch, a batch's input and a manifest line's basis ended in
+    tracebacks."""
+    monkeypatch.chdir(tmp_path)
+    long_name = "n" * 300
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--scratch",
+                     long_name, "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, "File name too long")
+    result = run_cli("batch", f"{long_name}.xyz", "--basis", "sto-3g", "--out", "b1", "--json")
+    assert result.code == 1 and "Traceback" not in result.err
+    [row] = json.loads(result.out)
+    assert row["status"] == "failed" and row["error"].endswith(".xyz: File name too long")
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{molecule_path('water')} --basis sto-3g --auxbasis {long_name}\n")
+    result = run_cli("batch", manifest, "--out", "b2", "--json")
+    assert result.code == 1 and "Traceback" not in result.err
+    [row] = json.loads(result.out)
+    assert row["status"] == "failed" and "auxiliary basis 'nnn" in row["error"]

@@ -22,6 +22,7 @@ from dfmp2.errors import InputError
 from dfmp2.input.basis_files import is_library_name
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import text_lines
+from dfmp2.system.files import lookup_problem
 
 GLOB_CHARACTERS = set("*?[")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
@@ -107,7 +108,9 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     for key in BASIS_FILE_OPTIONS:
         value = overrides.get(key)
         if (isinstance(value, str) and not is_library_name(value)
-                and not Path(value).is_absolute() and (manifest.parent / value).is_file()):
+                and not Path(value).is_absolute()
+                and lookup_problem(manifest.parent / value) is None
+                and (manifest.parent / value).is_file()):
             overrides[key] = str(manifest.parent / value)
     interaction = None
     if is_dimer:
@@ -140,7 +143,10 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
                       for n, m in enumerate(matches)]
             continue
         path = Path(text)
-        if not path.is_file():
+        problem = lookup_problem(path)
+        if problem is not None:
+            items.append(BatchItem(len(items), path, {}, error=problem))
+        elif not path.is_file():
             problem = "not a regular file" if path.exists() else "no such file"
             items.append(BatchItem(len(items), path, {}, error=f"{text}: {problem}"))
         elif path.suffix.lower() == ".xyz":

@@ -160,7 +160,8 @@ def resolve_environment(settings: RunSettings, record_path: Path,
         log.warning("DFMP2_NKI_MODE and DFMP2_REQUIRE_NKI apply to the NKI backend; this run "
                     "uses %s (give --backend nki to run the NKI kernels)", kernel_set.backend)
     scratch_dir = Path(settings.scratch) if settings.scratch else record_path.parent
-    if not scratch_dir.is_dir() or not os.access(scratch_dir, os.W_OK | os.X_OK):
+    if (existing_kind(scratch_dir, follow_links=True) != "a directory"
+            or not os.access(scratch_dir, os.W_OK | os.X_OK)):
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
                          "choose another with --scratch")
     check_pyscf_tmpdir()

@@ -63,6 +63,17 @@ def existing_kind(path: Path, follow_links: bool = False) -> str | None:
     return kind_of(mode)
 
 
+def lookup_problem(path: Path) -> str | None:
+    """Why the file system cannot look ``path`` up (a name longer than it allows, a file
+    where a folder should be), or None when it can: pathlib's ``is_file`` and ``is_dir``
+    raise for a name too long instead of answering."""
+    try:
+        existing_kind(path, follow_links=True)
+    except InputError as exc:
+        return str(exc)
+    return None
+
+
 def kind_of(mode: int) -> str:
     if stat.S_ISREG(mode):
         return FILE
