@@ -975,3 +975,28 @@ def test_a_record_damaged_inside_is_one_line_for_every_command(
     rerun = run_cli(*WATER_RECORD_ARGS, "-o", damaged)
     assert rerun.code == 2 and "is not a dfmp2 run record" in one_error_line(rerun.err)
     assert damaged.read_bytes() == bytes(data)
+
+
+@pytest.mark.parametrize("command, module, function, memory", [
+    ("run", "dfmp2.scf.reference", "stability_of", "1.2MB"),
+    ("gradient", "dfmp2.jobs.stages", "write_scf", "2.5MB")])
+def test_a_signal_between_the_scf_and_its_release_leaves_no_jk_file(
+        command, module, function, memory, run_cli, tmp_path, monkeypatch):
+    """SIGTERM right after the SCF converged (during its stability check) or, for a gradient
+    that keeps the SCF's tensor, while the SCF is saved: the JK-fit tensor's scratch file
+    stayed behind the interrupted record. The signal is sent from inside at that point."""
+    import importlib
+    target = importlib.import_module(module)
+    original = getattr(target, function)
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(target, function, signalled)
+    record = tmp_path / "m.h5"
+    result = run_cli(command, molecule_path("methane"), "--basis", "cc-pvtz", "--memory",
+                     memory, "-o", record)
+    assert result.code == 128 + signal.SIGTERM, result.err
+    assert read_record(record).attrs["status"] == "interrupted"
+    assert leftovers(tmp_path) == []

@@ -34,8 +34,8 @@ from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Sec
 from dfmp2.records.ledger import stored_calls, write_accounting
 from dfmp2.records.tree import Node, set_resumed
 from dfmp2.scf.engine import ScfKernels
-from dfmp2.scf.reference import (ScfOptions, ScfResult, orbital_problem, release_integrals,
-                                 restored_scf, run_scf)
+from dfmp2.scf.reference import (ScfOptions, ScfResult, integrals_released_on_failure,
+                                 orbital_problem, release_integrals, restored_scf, run_scf)
 from dfmp2.system.memory import peak_resident_megabytes
 from dfmp2.system.files import StagedText
 from dfmp2.system.interrupts import written_whole
@@ -119,6 +119,16 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
     t0 = time.perf_counter()
     scf_result = obtain_reference(ctx, keep_integrals)
     ctx.timings["scf"] = time.perf_counter() - t0
+    # Kept for the gradient or density stage, the JK-fit tensor (and its file) goes if the
+    # job stops before that stage takes it (a signal while the SCF is saved).
+    with integrals_released_on_failure(scf_result.mf):
+        _record_reference(ctx, scf_result)
+    return scf_result
+
+
+def _record_reference(ctx: RunContext, scf_result: ScfResult) -> None:
+    """The SCF's sections, ledger and timings into the context's node, saved; an unconverged
+    SCF is a failure unless allowed."""
     if scf_result.engine is not None:
         ctx.timings["jk_tensor"] = scf_result.engine.tensor_seconds
     set_resumed(ctx.node, ctx.previous is not None)
@@ -141,7 +151,6 @@ def reference_stage(ctx: RunContext, keep_integrals: bool = False) -> ScfResult:
         log.warning("the SCF did not converge (orbital gradient %.1e after %d cycles): the "
                     "energies that follow are of an unconverged reference",
                     scf_result.section.orbital_gradient, scf_result.section.cycles)
-    return scf_result
 
 
 def gather_scf_calls(ctx: RunContext) -> None:

@@ -290,6 +290,17 @@ def release_integrals(mf: scf.hf.SCF) -> None:
     _unpin(mf, "jk")
 
 
+@contextlib.contextmanager
+def integrals_released_on_failure(mf: scf.hf.SCF) -> Iterator[None]:
+    """Within: anything that stops the job (a signal, a failed write) drops ``mf``'s JK-fit
+    tensor and its file on the way out; on success they stay for the next stage."""
+    try:
+        yield
+    except BaseException:
+        release_integrals(mf)
+        raise
+
+
 def settling_threshold(calc: Calculation) -> float:
     """Below what orbital gradient an SCF that stalls short of the one it aims at settles:
     the standard 1e-7, or for Kohn-Sham above the grid's floor."""
@@ -343,6 +354,13 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
     """Converge the reference (and, with ``follow_instability``, follow its instabilities);
     running out of memory or disk inside PySCF is a RunFailure."""
     mf = new_scf(calc, options)
+    # Whatever stops it, a signal during the stability check included, its JK-fit tensor's
+    # file goes too (it was left behind): a resumed run rebuilds the tensor.
+    with integrals_released_on_failure(mf):
+        return _converged_reference(mf, calc, options)
+
+
+def _converged_reference(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions) -> ScfResult:
     tight = None
     settle_at = settling_threshold(calc)
     if mf.conv_tol_grad < settle_at:
@@ -377,11 +395,9 @@ def run_scf(calc: Calculation, options: ScfOptions = ScfOptions()) -> ScfResult:
             with blas():
                 return mf.kernel(dm0=density)
         except OSError as exc:
-            release_integrals(mf)
             raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
                              f"{exc.strerror or exc}") from None
         except BaseException as exc:
-            release_integrals(mf)
             if out_of_memory(exc):
                 raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis "
                                  "functions); raise --memory if the machine has more, or use "
@@ -675,7 +691,8 @@ def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbital
     mf.e_tot = section.e_tot
     mf.converged = section.converged
     if section.stability == "not checked":
-        with torch_owns_the_cores() if options.engine == "kernels" else contextlib.nullcontext():
+        with (torch_owns_the_cores() if options.engine == "kernels"
+              else contextlib.nullcontext()), integrals_released_on_failure(mf):
             stability, eigenvalue = checked_stability(mf, calc, options)
             unpairing = checked_unpairing(mf, calc, stability)
         section = dataclasses.replace(section, stability=stability,
