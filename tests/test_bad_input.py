@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -552,3 +553,18 @@ def test_names_longer_than_the_file_system_allows_are_one_line_or_a_failed_row(
     assert result.code == 1 and "Traceback" not in result.err
     [row] = json.loads(result.out)
     assert row["status"] == "failed" and "auxiliary basis 'nnn" in row["error"]
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_an_ecp_that_is_a_device_or_a_fifo_is_refused_unread(kind, run_cli, tmp_path):
+    """--ecp /dev/zero was read for its first line until the memory ran out, and --ecp on a
+    FIFO waited for a writer forever; --basis and --auxbasis refused them already."""
+    if kind == "fifo":
+        path = tmp_path / "ecp.fifo"
+        os.mkfifo(path)
+        words = "a FIFO (named pipe)"
+    else:
+        path, words = "/dev/zero", "a device"
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--ecp", path,
+                     "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, f"--ecp {path} is {words}, not a regular file")

@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import warnings
+from pathlib import Path
 
 from pyscf import gto
 from pyscf.data import elements
@@ -12,6 +13,7 @@ from pyscf.data import elements
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import refuse_shadowed_library_name
 from dfmp2.input.xyz import Geometry
+from dfmp2.system.files import FILE, existing_kind
 
 log = logging.getLogger(__name__)
 NO_ECP = "none"
@@ -101,6 +103,11 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
     if ecp is not None:
         # The library's potentials would be used and the file's digest recorded.
         refuse_shadowed_library_name(name, "--ecp")
+        kind = existing_kind(Path(name), follow_links=True)
+        if kind not in (None, FILE):
+            # Read for its first line, /dev/zero filled the memory and a FIFO waited forever.
+            raise InputError(f"--ecp {name} is {kind}, not a regular file; give an ECP name "
+                             "or a basis file")
     chosen = {symbol: name for symbol in present if element_ecp(name, symbol)}
     if ecp is not None and not chosen:
         if _starts_with_ecp_line(name):
