@@ -618,11 +618,20 @@ def test_an_input_error_under_torchrun_is_one_line(tmp_path):
         assert "missing.xyz" in errors[0] or "no-such-basis" in errors[0]
 
 
+TORCHRUN_PAIR = {"WORLD_SIZE": "2"}
+SRUN_TASKS = {"SLURM_STEP_NUM_TASKS": "4"}
+
+
 @pytest.mark.parametrize("variables, code, printed", [
-    ({"LOCAL_RANK": "1"}, 2, True), ({"SLURM_LOCALID": "3"}, 143, False),
-    ({"SLURM_LOCALID": "1"}, 2, True),
-    ({"LOCAL_RANK": "1"}, 1, True), ({"LOCAL_RANK": "0", "SLURM_LOCALID": "0"}, 143, True),
-    ({"LOCAL_RANK": "x"}, 130, True), ({}, 2, True)])
+    ({"LOCAL_RANK": "1", **TORCHRUN_PAIR}, 2, True),
+    ({"SLURM_LOCALID": "3", **SRUN_TASKS}, 143, False),
+    ({"SLURM_LOCALID": "1", "SLURM_NTASKS": "2"}, 2, True),
+    ({"LOCAL_RANK": "1", **TORCHRUN_PAIR}, 1, True),
+    ({"LOCAL_RANK": "0", "SLURM_LOCALID": "0", **TORCHRUN_PAIR, **SRUN_TASKS}, 143, True),
+    ({"LOCAL_RANK": "x", **TORCHRUN_PAIR}, 130, True), ({}, 2, True),
+    # Left over in a shell, with no launch of several processes around them.
+    ({"LOCAL_RANK": "1"}, 2, True), ({"SLURM_LOCALID": "3"}, 143, True),
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "1"}, 143, True)])
 def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
         variables, code, printed, monkeypatch, capsys):
     """An interruption reaches every rank: a later one exits without a line. A later
@@ -632,7 +641,8 @@ def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
     from dfmp2 import cli
 
     monkeypatch.setattr(cli, "FIRST_RANK_GRACE_SECONDS", 0.5)
-    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+    for name in ("LOCAL_RANK", "SLURM_LOCALID", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS",
+                 "SLURM_NTASKS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
@@ -642,7 +652,8 @@ def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
     waited = time.monotonic() - started
     assert stopped.value.code == code
     assert ("Error: the same on every rank" in capsys.readouterr().err) == printed
-    assert (waited >= 0.5) == (variables.get("LOCAL_RANK") == "1" and code == 2)
+    assert (waited >= 0.5) == (variables.get("LOCAL_RANK") == "1" and code == 2
+                               and variables.get("WORLD_SIZE") == "2")
 
 
 def test_a_later_rank_stopped_during_its_grace_exits_without_a_line(monkeypatch):
@@ -652,6 +663,7 @@ def test_a_later_rank_stopped_during_its_grace_exits_without_a_line(monkeypatch)
 
     monkeypatch.setattr(cli, "FIRST_RANK_GRACE_SECONDS", 30.0)
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     started = time.monotonic()
