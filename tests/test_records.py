@@ -305,7 +305,9 @@ def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path, run_cli):
     proc.send_signal(signal.SIGCONT)
     _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "terminated by signal SIGTERM" in one_error_line(err)
+    assert one_error_line(err).startswith(
+        "Error: terminated by signal SIGTERM; what was finished is in the record, and "
+        "rerunning the same command resumes it (record ")
     killed = read_record(record)
     assert killed.attrs["status"] == "interrupted"
     done = len(killed.groups["checkpoint"].datasets["pairs"])
@@ -1000,3 +1002,20 @@ def test_a_signal_between_the_scf_and_its_release_leaves_no_jk_file(
     assert result.code == 128 + signal.SIGTERM, result.err
     assert read_record(record).attrs["status"] == "interrupted"
     assert leftovers(tmp_path) == []
+
+
+def test_a_signal_to_a_command_without_a_record_says_no_record_holds_its_work(
+        water_record, run_cli, monkeypatch):
+    """Ctrl-C or SIGTERM during compare --reference pyscf (which writes no record) said what
+    was finished was in the record and a rerun would resume it."""
+    from dfmp2.jobs import compare
+    original = compare.pyscf_recipe
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compare, "pyscf_recipe", signalled)
+    result = run_cli("compare", water_record, "--reference", "pyscf")
+    assert result.code == 128 + signal.SIGTERM
+    assert one_error_line(result.err) == "Error: terminated by signal SIGTERM"

@@ -48,9 +48,10 @@ def _raise_interrupted(signum: int, frame) -> None:
     # saving of the interrupted record that the first one started.
     if interrupts.pending():
         return
+    # What the stop left behind is the record's to say (dfmp2.jobs.session): a command
+    # stopped before it wrote one, or one that writes none, said its record held the work.
     stop = interrupts.request(Interrupted(
-        f"terminated by signal {signal.Signals(signum).name}; what was finished is in the "
-        "record, and rerunning the same command resumes it", 128 + signum))
+        f"terminated by signal {signal.Signals(signum).name}", 128 + signum))
     if threads.starting():
         # Raised inside Thread.start, it would break the new thread's bookkeeping.
         threads.defer(interrupts.raise_if_requested)

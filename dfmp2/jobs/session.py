@@ -261,7 +261,9 @@ def _record_note(session: RecordSession, root: Node, exc: Dfmp2Error) -> str:
     if unwritten is None:
         kept = ("" if session.superseded is None else
                 f"; the earlier complete record is kept as {session.superseded}")
-        return f" (record {session.path}{kept})"
+        resumes = ("; what was finished is in the record, and rerunning the same command "
+                   "resumes it" if isinstance(exc, Interrupted) else "")
+        return f"{resumes} (record {session.path}{kept})"
     if isinstance(exc, RecordWriteError):
         return _kept_note(session.path) + _superseded_note(session)
     return f" (record {session.path} not updated: {unwritten})"
