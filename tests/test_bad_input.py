@@ -568,3 +568,15 @@ def test_an_ecp_that_is_a_device_or_a_fifo_is_refused_unread(kind, run_cli, tmp_
     result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--ecp", path,
                      "-o", tmp_path / "w.h5")
     _assert_one_line_error(result, f"--ecp {path} is {words}, not a regular file")
+
+
+@pytest.mark.parametrize("command", [["run"], ["gradient"], ["interaction", "--split", "1"],
+                                     ["bench", "--skip-pyscf"]])
+def test_an_output_that_names_a_folder_is_refused(command, run_cli, tmp_path, monkeypatch):
+    """-o newdir/ (a folder meant) lost its slash and wrote a record file named newdir."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(command[0], molecule_path("water"), *command[1:], "--basis", "sto-3g",
+                     "-o", "newdir/")
+    _assert_one_line_error(result, "'newdir/' names a folder; give a file in it, such as "
+                                   "newdir/run.h5")
+    assert list(tmp_path.iterdir()) == []

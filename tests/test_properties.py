@@ -263,6 +263,8 @@ def test_single_atom(run_cli, tmp_path):
     (("--origin", "1,2"), "not three finite numbers"),
     (("--origin", "1,nan,2"), "not three finite numbers"),
     (("--origin", "a,b,c"), "not three finite numbers"),
+    (("--origin", "1_0,0,0"), "not three finite numbers"),
+    (("--origin", "\u0661,0,0"), "not three finite numbers"),
     # The quadrupole about it overflowed to NaN in a complete record (status 0).
     (("--origin", "1e200,0,0"), "lies beyond 10000 Angstrom"),
     (("--origin", "1e308,1e308,0"), "lies beyond 10000 Angstrom"),

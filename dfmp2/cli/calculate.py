@@ -13,8 +13,8 @@ import click
 from dfmp2.cli import views
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, record_options,
-                               refuse_unused_scales, with_options)
+                               XYZ_FILE, environment_settings, output_option,
+                               record_options, refuse_unused_scales, with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import interaction, optimize, run
 from dfmp2.system import distributed
@@ -145,8 +145,7 @@ def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int
                    "comment line).")
 @click.option("--charges", default=None, help="Monomer charges a,b (default 0,0).")
 @click.option("--spins", default=None, help="Monomer spins (2S) a,b (default 0,0).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Record (default: runs/<dimer>-<basis>-interaction.h5).")
+@output_option("Record (default: runs/<dimer>-<basis>-interaction.h5).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def interaction_command(obj: dict, dimer: Path, split: int | None, charges: str | None,

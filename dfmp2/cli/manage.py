@@ -12,7 +12,8 @@ from dfmp2.cli import views
 from dfmp2.cli.calculate import interaction_command, refuse_ranks, run_command
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, VERBOSE, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, with_options)
+                               XYZ_FILE, environment_settings, output_option,
+                               with_options)
 from dfmp2.errors import RunFailure
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, bench, compare, manifest
@@ -110,8 +111,7 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
               show_default=True,
               help="Timed repeats; medians are reported (the machine may be shared).")
 @click.option("--skip-pyscf", is_flag=True, help="Time dfmp2 only.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-              help="Benchmark record (default: runs/bench-<molecule>-<basis>-<precision>.h5).")
+@output_option("Benchmark record (default: runs/bench-<molecule>-<basis>-<precision>.h5).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def bench_command(obj: dict, molecule: Path, repeat: int, skip_pyscf: bool, as_json: bool,

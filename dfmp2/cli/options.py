@@ -156,13 +156,26 @@ def with_options(*options: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return decorate
 
 
+def output_option(help_text: str) -> Callable[[Any], Any]:
+    """``-o/--output``, a record file's path."""
+    return click.option("-o", "--output", type=click.Path(), default=None,
+                        callback=_output_file, help=help_text)
+
+
+def _output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    # Path() drops a trailing slash: '-o newdir/' wrote a record file named newdir.
+    if value is not None and value.endswith(("/", os.sep)):
+        raise click.BadParameter(f"{value!r} names a folder; give a file in it, such as "
+                                 f"{value}run.h5", ctx, param)
+    return None if value is None else Path(value)
+
+
 def record_options(output_help: str, json_help: str,
                    resumed: str = "run") -> tuple[Callable[[Any], Any], ...]:
     """``-o/--output``, ``--resume`` and ``--json`` of a command that writes a resumable record
     (``resumed`` names what ``--resume`` continues)."""
     return (
-        click.option("-o", "--output", type=click.Path(path_type=Path), default=None,
-                     help=output_help),
+        output_option(output_help),
         click.option("--resume", is_flag=True,
                      help=f"Continue the interrupted {resumed} in -o (also done whenever -o "
                           "holds one)."),

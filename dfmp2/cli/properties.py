@@ -18,7 +18,7 @@ from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, XC_OPTIONS
                                environment_settings, record_options, refuse_unused_scales,
                                with_options)
 from dfmp2.input.settings import RunSettings
-from dfmp2.input.xyz import MAX_COORDINATE_ANGSTROM
+from dfmp2.input.xyz import DECIMAL_NUMBER, MAX_COORDINATE_ANGSTROM
 from dfmp2.jobs import properties
 from dfmp2.mp2.methods import METHODS
 
@@ -32,11 +32,10 @@ class Origin(click.ParamType):
                 ctx: click.Context | None) -> np.ndarray:
         if isinstance(value, np.ndarray):
             return value
-        parts = str(value).split(",")
-        try:
-            numbers = [float(part) for part in parts]
-        except ValueError:
-            numbers = []
+        parts = [part.strip() for part in str(value).split(",")]
+        # As the XYZ reader's coordinates: float() also took '1_0' for 10.
+        numbers = ([float(part) for part in parts]
+                   if all(DECIMAL_NUMBER.fullmatch(part) for part in parts) else [])
         if len(numbers) != 3 or not all(math.isfinite(n) for n in numbers):
             self.fail(f"{value!r} is not three finite numbers x,y,z (Angstrom)", param, ctx)
         if max(abs(n) for n in numbers) > MAX_COORDINATE_ANGSTROM:
