@@ -203,7 +203,9 @@ def test_stability_of_a_closed_shell_includes_its_unrestricted_solutions(
     assert summary["stability"] == "stable"
     expected = pyscf_unpairing_eigenvalue(atom)
     assert (expected < -0.3) == unstable and (expected > 0.2) == (not unstable)
-    assert summary["unpairing_eigenvalue"] == pytest.approx(expected, abs=1e-6)
+    # Ours stops once the eigenvalue changes by less than 1e-6 (STABILITY_TOL, as the internal
+    # check): water's lies 1.0e-6 from the converged one.
+    assert summary["unpairing_eigenvalue"] == pytest.approx(expected, abs=1e-5)
     warned = "unstable toward an unrestricted one" in caplog.text
     shown = run_cli("show", record)
     assert warned == unstable == ("unstable toward an unrestricted one" in shown.out)
