@@ -455,18 +455,21 @@ def test_a_manifest_line_asking_for_help_or_holding_a_nul_byte_fails_that_line_o
     water = molecule_path("water")
     manifest = tmp_path / "jobs.txt"
     manifest.write_text(f"{water} --basis sto-3g --help\n{water} --basis sto-3g\n"
-                        f"{water} --basis sto-3g\x00x\n")
+                        f"{water} --basis sto-3g\x00x\nwat\x00er.xyz\n")
     result = run_cli("batch", manifest, "--out", tmp_path / "out", "--json")
     assert result.code == 1 and "Traceback" not in result.err
     rows = json.loads(result.out)
-    assert [row["status"] for row in rows] == ["failed", "complete", "failed"]
+    assert [row["status"] for row in rows] == ["failed", "complete", "failed", "failed"]
     assert rows[0]["error"] == (f"{manifest}, line 1: a help option has no place in a "
                                 "manifest line; 'dfmp2 run --help' lists the options")
-    assert rows[2]["error"] == (f"{manifest}, line 3: basis 'sto-3g\\x00x' holds a NUL byte; "
-                                "remove it")
+    assert [row["error"] for row in rows[2:]] == [f"{manifest}, line {n}: holds a NUL byte"
+                                                  for n in (3, 4)]
     assert (tmp_path / "out" / "summary.json").exists()
     with pytest.raises(InputError, match="scratch '/tmp/a\\\\x00b' holds a NUL byte"):
         RunSettings(molecule=Path("w.xyz"), scratch=Path("/tmp/a\x00b"))
+    from dfmp2.system.files import existing_kind
+    with pytest.raises(InputError, match="holds a NUL byte, which no file name can"):
+        existing_kind(Path("a\x00b"))
 
 
 def test_energies_that_overflow_are_a_failure_not_infinity():

@@ -81,6 +81,11 @@ def without_comment(line: str) -> str:
 def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click.Command],
                index: int) -> BatchItem:
     where = f"{manifest}, line {number}"
+    if "\x00" in line:
+        # No name or option can hold one; read by click, the molecule's check (os.stat)
+        # ended the whole batch in "ValueError: embedded null byte".
+        return BatchItem(index, manifest, {}, error=f"{where}: holds a NUL byte",
+                         options_unread=True)
     try:
         tokens = shlex.split(without_comment(line))
     except ValueError as exc:

@@ -53,13 +53,16 @@ def link_refusal(path: Path, remedy: str = "choose another -o") -> InputError:
 def existing_kind(path: Path, follow_links: bool = False) -> str | None:
     """What is at ``path``: None (nothing), :data:`FILE` (a regular file), or its kind in
     words ("a symbolic link", "a FIFO (named pipe)" ...). A path the file system cannot look
-    up (a name too long, a file where a folder should be) is an InputError."""
+    up (a name too long, a file where a folder should be, a NUL byte) is an InputError."""
     try:
         mode = (os.stat(path) if follow_links else os.lstat(path)).st_mode
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise InputError(f"{shown(path)}: {exc.strerror or exc}") from None
+    except ValueError:
+        # os.stat's answer to a name holding a NUL byte, which no file name can.
+        raise InputError(f"{shown(path)} holds a NUL byte, which no file name can") from None
     return kind_of(mode)
 
 
