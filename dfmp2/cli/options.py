@@ -102,8 +102,9 @@ CALCULATION_OPTIONS = (
     click.option("--scs-ss", type=ScaleFactor(), default=SCS_SS_DEFAULT, show_default=True,
                  help="SCS-MP2 same-spin scale."),
     click.option("--stability", is_flag=True,
-                 help="Check a closed-shell SCF's internal stability too (open shells always "
-                      "are); an unstable reference is reported with a warning."),
+                 help="Check a closed-shell SCF's stability too, internal and toward an "
+                      "unrestricted solution (open shells are always checked); an unstable "
+                      "reference is reported with a warning."),
     click.option("--follow-instability", is_flag=True,
                  help="When the SCF's reference is internally unstable, rotate its orbitals "
                       "along the instability and converge again, until stable (at most 3 "

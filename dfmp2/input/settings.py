@@ -85,7 +85,8 @@ class RunSettings:
     grid: int | None = None
     allow_unconverged: bool = False
     stability: bool = False
-    """Check a closed-shell reference's internal stability (open shells always are)."""
+    """Check a closed-shell reference's stability, internal and toward an unrestricted
+    solution (open shells are always checked, internally)."""
     follow_instability: bool = False
     """Converge an unstable reference again from its orbitals rotated along the instability,
     until stable (implies ``stability``)."""
