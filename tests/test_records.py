@@ -294,16 +294,27 @@ def test_sigterm_as_a_thread_starts_is_one_line(tmp_path):
     assert read_record(tmp_path / "d.h5").attrs["status"] == "interrupted"
 
 
+def _stopped_mid_energy(args: tuple, record: Path, pairs: int, folder: Path) -> subprocess.Popen:
+    """``dfmp2 run *args`` started in ``folder`` and frozen once ``pairs`` pairs are done."""
+    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=folder)
+    _wait_for_pairs(proc, record, pairs, stop=True)
+    return proc
+
+
+def _ended_by_signal(proc: subprocess.Popen, signum: int) -> str:
+    """Send a frozen run ``signum``, thaw it, and return its stderr once it has ended."""
+    proc.send_signal(signum)
+    proc.send_signal(signal.SIGCONT)
+    return proc.communicate(timeout=TIMEOUT_SECONDS)[1]
+
+
 def test_sigterm_checkpoints_cleans_up_and_resumes(tmp_path, run_cli):
     record = tmp_path / "dimer.h5"
     args = (*DIMER, *OUT_OF_CORE, "-o", record)
-    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    _wait_for_pairs(proc, record, 3, stop=True)
+    proc = _stopped_mid_energy(args, record, 3, tmp_path)
     assert [p for p in leftovers(tmp_path) if p.endswith(".bin")], "B is not out of core"
-    proc.send_signal(signal.SIGTERM)
-    proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
+    err = _ended_by_signal(proc, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert one_error_line(err).startswith(
         "Error: terminated by signal SIGTERM; what was finished is in the record, and "
@@ -331,12 +342,8 @@ def test_a_crash_prints_where_each_thread_was_and_the_rerun_resumes(tmp_path, ru
     record keeps what was finished, and the rerun takes the dead run's lock and resumes."""
     record = tmp_path / "dimer.h5"
     args = (*DIMER, "-o", record)
-    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    _wait_for_pairs(proc, record, 2, stop=True)
-    proc.send_signal(signal.SIGSEGV)
-    proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
+    proc = _stopped_mid_energy(args, record, 2, tmp_path)
+    err = _ended_by_signal(proc, signal.SIGSEGV)
     assert proc.returncode == -signal.SIGSEGV
     assert "Fatal Python error: Segmentation fault" in err
     assert re.search(r'File ".*dfmp2/.*\.py", line \d+ in \w+', err), err
@@ -352,12 +359,8 @@ def test_a_hangup_stops_the_run_as_sigterm_does_unless_it_was_started_ignoring_i
     finished and says so, as on SIGTERM; under nohup (SIGHUP ignored) it runs on."""
     record = tmp_path / "dimer.h5"
     args = (*DIMER, *OUT_OF_CORE, "-o", record)
-    proc = subprocess.Popen(dfmp2_command("run", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    _wait_for_pairs(proc, record, 3, stop=True)
-    proc.send_signal(signal.SIGHUP)
-    proc.send_signal(signal.SIGCONT)
-    _, err = proc.communicate(timeout=TIMEOUT_SECONDS)
+    proc = _stopped_mid_energy(args, record, 3, tmp_path)
+    err = _ended_by_signal(proc, signal.SIGHUP)
     assert proc.returncode == 128 + signal.SIGHUP, err
     assert "terminated by signal SIGHUP" in one_error_line(err)
     assert read_record(record).attrs["status"] == "interrupted"
