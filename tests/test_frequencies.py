@@ -702,7 +702,7 @@ def test_an_unstable_reference_is_warned_about_once_per_job(tmp_path, caplog, mo
     from dfmp2.jobs import run as run_job
     from dfmp2.scf import reference
 
-    monkeypatch.setattr(reference, "lowest_hessian_mode", lambda mf: (-0.05, None))
+    monkeypatch.setattr(reference, "lowest_hessian_mode", lambda mf: (-0.05, None, True))
     caplog.set_level(logging.INFO)
     settings = _settings(tmp_path, "oh", molecule=molecule_path("hydroxyl"))
     outcome = frequencies.run(settings)

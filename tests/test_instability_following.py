@@ -157,7 +157,8 @@ def test_orbitals_rotated_along_a_mode_stay_orthonormal_and_lower_the_energy(spi
     mf = (scf.UHF(mol) if spin else scf.RHF(mol)).density_fit()
     mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-8
     energy = mf.kernel()
-    eigenvalue, mode = lowest_hessian_mode(mf)
+    eigenvalue, mode, converged = lowest_hessian_mode(mf)
+    assert converged
     overlap = mol.intor_symmetric("int1e_ovlp")
     step = 1e-3
     turned = rotated_orbitals(mf, step * mode)
@@ -184,6 +185,15 @@ def pyscf_unpairing_eigenvalue(atom: str) -> float:
     return float(eigenvalue)
 
 
+def _xyz_file(folder, name: str, atom: str):
+    """An XYZ file of PySCF's atom string ``atom``."""
+    lines = [f"{symbol} {x} {y} {z}" for symbol, x, y, z in
+             (part.split() for part in atom.split(";"))]
+    path = folder / f"{name}.xyz"
+    path.write_text(f"{len(lines)}\n{name}\n" + "\n".join(lines) + "\n")
+    return path
+
+
 @pytest.mark.parametrize("name, atom, unstable", [
     ("stretched_h2", "H 0 0 0; H 0 0 3.0", True),
     ("water", "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", False)])
@@ -192,10 +202,7 @@ def test_stability_of_a_closed_shell_includes_its_unrestricted_solutions(
     """H2 stretched to 3 A was called stable by --stability (its internal check, eigenvalue
     1.48), while its UHF lies 0.17 Eh lower. The RHF -> UHF rotations are checked too:
     their eigenvalue is PySCF's, and below -1e-5 the run warns, in its log and its report."""
-    lines = [f"{symbol} {x} {y} {z}" for symbol, x, y, z in
-             (part.split() for part in atom.split(";"))]
-    path = tmp_path / f"{name}.xyz"
-    path.write_text(f"{len(lines)}\n{name}\n" + "\n".join(lines) + "\n")
+    path = _xyz_file(tmp_path, name, atom)
     record = tmp_path / f"{name}.h5"
     result = run_cli("run", path, "--stability", "--json", "-o", record)
     assert result.code == 0, result.err
@@ -212,3 +219,28 @@ def test_stability_of_a_closed_shell_includes_its_unrestricted_solutions(
 
     unchecked = run_cli("run", path, "--json", "-o", tmp_path / f"{name}-plain.h5")
     assert json.loads(unchecked.out)["unpairing_eigenvalue"] is None
+
+
+@pytest.mark.parametrize("name, atom, unstable", [
+    ("stretched_h2", "H 0 0 0; H 0 0 3.0", True),
+    ("water", "O 0 0 0; H 0 0.757 0.587; H 0 -0.757 0.587", False)])
+def test_a_stability_check_that_does_not_converge_says_so_instead_of_stable(
+        name, atom, unstable, run_cli, tmp_path, caplog, monkeypatch):
+    """Davidson's lowest value is an upper bound of the lowest eigenvalue until it converges:
+    it proves an instability below -1e-5 and nothing above. Stopped after one iteration, the
+    check called an unfinished estimate 'stable'. Now the run says 'undecided', in its log, its
+    JSON and its report; a bound below the line still proves the UHF below stretched H2."""
+    from dfmp2.scf import reference
+    monkeypatch.setattr(reference, "STABILITY_MAX_CYCLES", 1)
+    path = _xyz_file(tmp_path, name, atom)
+    record = tmp_path / f"{name}.h5"
+    result = run_cli("run", path, "--stability", "--json", "-o", record)
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["stability"] == "undecided"
+    assert summary["stability_eigenvalue"] > -1e-5
+    assert "did not converge in 1 Davidson iterations" in caplog.text
+    shown = run_cli("show", record).out
+    assert "whether a lower SCF solution exists is not known" in shown
+    assert (summary["unpairing_eigenvalue"] < -0.3) == unstable
+    assert ("unstable toward an unrestricted one" in shown) == unstable

@@ -145,7 +145,8 @@ def test_the_stability_search_finds_a_mode_outside_its_unit_start_vectors(tmp_pa
     dense = np.column_stack([2.0 * hop(column).real for column in np.eye(hdiag.size)])
     lowest = np.linalg.eigvalsh(0.5 * (dense + dense.T))[0]
     assert lowest < -1e-2
-    eigenvalue, mode = lowest_hessian_mode(mf)
+    eigenvalue, mode, converged = lowest_hessian_mode(mf)
+    assert converged
     assert eigenvalue == pytest.approx(lowest, abs=1e-6)
     assert np.linalg.norm(dense @ mode - lowest * mode) <= 1e-3
     assert result.section.stability == "unstable"

@@ -113,6 +113,12 @@ def summary(root: Node) -> str:
                      "lower SCF solution exists and MP2 on this one is questionable"
                      + ("" if scf.instabilities_followed else
                         "; --follow-instability converges to it"))
+    if scf is not None and scf.stability == "undecided":
+        lines.append(f"  Warning: the check of the {scf.reference.upper()} reference's stability "
+                     "did not converge (lowest orbital-Hessian eigenvalues so far: internal "
+                     f"{scf.stability_eigenvalue:.4g}, toward unrestricted "
+                     f"{scf.unpairing_eigenvalue:.4g}; upper bounds); whether a lower SCF "
+                     "solution exists is not known")
     if scf is not None and scf.unpairing_eigenvalue < UNSTABLE_BELOW:
         lines.append(f"  Warning: the {scf.reference.upper()} reference is unstable toward an "
                      f"unrestricted one (lowest orbital-Hessian eigenvalue "

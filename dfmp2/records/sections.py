@@ -191,7 +191,8 @@ class ScfSection(Section):
     grid_level: int = -1
     grid_points: int = 0
     stability: str = "not checked"
-    """Internal stability of the converged reference: ``stable``, ``unstable`` or ``not
+    """Stability of the converged reference: ``stable``, ``unstable`` (internally),
+    ``undecided`` (a check's Davidson did not converge, its estimate above the line) or ``not
     checked`` (closed shells unless asked, unconverged SCFs, older records)."""
     stability_eigenvalue: float = float("nan")
     """The lowest orbital-Hessian eigenvalue (PySCF's normalisation); NaN when not checked."""

@@ -101,9 +101,12 @@ UNSTABLE_BELOW = -1e-5
 # 3.5e-7): no minimiser converges there, and following the instability does.
 STALLED_ENERGY_CHANGE = 1e-8
 STALL_CYCLES = 5
-# Davidson's eigenvalue convergence, its start vectors among the rotations of the lowest
-# diagonal Hessian elements, and the seed of one more that reaches every symmetry block.
+# Davidson's eigenvalue convergence, its iterations, its start vectors among the rotations
+# of the lowest diagonal Hessian elements, and the seed of one more that reaches every
+# symmetry block. Unconverged, its lowest value is only an upper bound of the lowest
+# eigenvalue: it proves an instability when below UNSTABLE_BELOW, and proves nothing above.
 STABILITY_TOL = 1e-6
+STABILITY_MAX_CYCLES = 100
 STABILITY_START_VECTORS = 6
 STABILITY_SEED = 7
 # When DIIS ran out of cycles without stalling, the second-order solver (PySCF's
@@ -438,10 +441,9 @@ def _converged_reference(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions)
             # The same start would come back again: another rotation is wasted work.
             log.info("the SCF from the rotated orbitals came back to E = %.10f Eh", lower)
             break
-    if stability == "unstable":
-        _warn_unstable(calc, eigenvalue, followed)
+    warn_of_stability(calc, stability, eigenvalue, followed)
     with blas():
-        unpairing = checked_unpairing(mf, calc, stability)
+        unpairing, stability = checked_unpairing(mf, calc, stability)
     orbitals = StoredOrbitals(np.asarray(mf.mo_energy), np.asarray(mf.mo_occ),
                               np.asarray(mf.mo_coeff))
     s2 = spin_square(calc.mol, orbitals)
@@ -488,24 +490,26 @@ def second_order_basin(mf: scf.hf.SCF) -> tuple[np.ndarray, np.ndarray, int] | N
     return solver.mo_coeff, solver.mo_occ, done["iterations"]
 
 
-def lowest_hessian_mode(mf: scf.hf.SCF) -> tuple[float, np.ndarray]:
+def lowest_hessian_mode(mf: scf.hf.SCF) -> tuple[float, np.ndarray, bool]:
     """The lowest eigenvalue of the converged ``mf``'s orbital Hessian for real internal
     rotations, in PySCF's normalisation (pyscf.scf.stability's rhf_internal, uhf_internal),
-    and its unit eigenvector (the rotation, in PySCF's packing of the occupied-virtual
-    pairs, alpha's before beta's): PySCF's Hessian operator, by Davidson."""
+    its unit eigenvector (the rotation, in PySCF's packing of the occupied-virtual pairs,
+    alpha's before beta's) and whether Davidson converged on them: PySCF's Hessian
+    operator, by Davidson."""
     unrestricted = np.asarray(mf.mo_coeff).ndim == 3
     generate = newton_ah.gen_g_hop_uhf if unrestricted else newton_ah.gen_g_hop_rhf
     _, hop, hdiag = generate(mf, mf.mo_coeff, mf.mo_occ, with_symmetry=False)
     return _lowest_eigenpair(lambda x: 2.0 * hop(x).real, 2.0 * hdiag)
 
 
-def lowest_unpairing_eigenvalue(mf: scf.hf.SCF) -> float:
+def lowest_unpairing_eigenvalue(mf: scf.hf.SCF) -> tuple[float, bool]:
     """The lowest eigenvalue of a converged closed-shell restricted ``mf``'s orbital Hessian
     for the rotations that turn its alpha and beta orbitals apart (the triplet ones), in
     PySCF's normalisation (pyscf.scf.stability's rhf_external, RHF -> UHF): below
     :data:`UNSTABLE_BELOW` a lower unrestricted solution exists, which no internal rotation
     reaches (H2 at 3 A is internally stable, 0.17 Eh above its UHF). The operator is the
-    Fock matrix's occupied-virtual difference plus the density's triplet response."""
+    Fock matrix's occupied-virtual difference plus the density's triplet response. With it,
+    whether Davidson converged on it."""
     coeff, occ = np.asarray(mf.mo_coeff), np.asarray(mf.mo_occ)
     occupied, virtual = occ > 0, occ == 0
     orbo, orbv = coeff[:, occupied], coeff[:, virtual]
@@ -518,12 +522,14 @@ def lowest_unpairing_eigenvalue(mf: scf.hf.SCF) -> float:
         half = orbv @ (2.0 * x) @ orbo.T
         return (fvv @ x - x @ foo + orbv.T @ response(half + half.T) @ orbo).ravel()
 
-    return _lowest_eigenpair(hop, (np.diag(fvv)[:, None] - np.diag(foo)[None, :]).ravel())[0]
+    eigenvalue, _, converged = _lowest_eigenpair(
+        hop, (np.diag(fvv)[:, None] - np.diag(foo)[None, :]).ravel())
+    return eigenvalue, converged
 
 
-def _lowest_eigenpair(hop, hdiag: np.ndarray) -> tuple[float, np.ndarray]:
-    """The lowest eigenvalue of the symmetric operator ``hop`` (diagonal ``hdiag``) and its
-    unit eigenvector, by Davidson."""
+def _lowest_eigenpair(hop, hdiag: np.ndarray) -> tuple[float, np.ndarray, bool]:
+    """The lowest eigenvalue of the symmetric operator ``hop`` (diagonal ``hdiag``), its
+    unit eigenvector and whether Davidson converged on them."""
     def precondition(dx: np.ndarray, e: float, _x0: np.ndarray) -> np.ndarray:
         shifted = hdiag - e
         shifted[np.abs(shifted) < 1e-8] = 1e-8
@@ -540,10 +546,11 @@ def _lowest_eigenpair(hop, hdiag: np.ndarray) -> tuple[float, np.ndarray]:
         starts.append(start)
     starts.append(1.0 / np.where(np.abs(hdiag) < 1e-8, 1e-8, hdiag))
     starts.append(np.random.default_rng(STABILITY_SEED).standard_normal(hdiag.shape))
-    eigenvalue, vector = lib.davidson(hop, starts, precondition, tol=STABILITY_TOL, nroots=1,
-                                      verbose=0)
-    vector = np.asarray(vector, dtype=float)
-    return float(eigenvalue), vector / np.linalg.norm(vector)
+    converged, eigenvalues, vectors = lib.davidson1(
+        lambda xs: [hop(x) for x in xs], starts, precondition, tol=STABILITY_TOL,
+        max_cycle=STABILITY_MAX_CYCLES, nroots=1, verbose=0)
+    vector = np.asarray(vectors[0], dtype=float)
+    return float(eigenvalues[0]), vector / np.linalg.norm(vector), bool(converged[0])
 
 
 def rotated_orbitals(mf: scf.hf.SCF, mode: np.ndarray) -> np.ndarray:
@@ -600,32 +607,52 @@ def orbital_problem(mol: gto.Mole, orbitals: StoredOrbitals) -> str | None:
 
 def stability_of(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions,
                  stalled: bool = False) -> tuple[str, float, np.ndarray | None]:
-    """(``stable``/``unstable``/``not checked``, the lowest orbital-Hessian eigenvalue, its
-    rotation) of ``mf``, converged or ``stalled`` near a stationary point: checked for open
-    shells, and for closed shells when asked (``stability`` or ``follow_instability``)."""
+    """(``stable``/``unstable``/``undecided``/``not checked``, the lowest orbital-Hessian
+    eigenvalue, its rotation) of ``mf``, converged or ``stalled`` near a stationary point:
+    checked for open shells, and for closed shells when asked (``stability`` or
+    ``follow_instability``). ``undecided``: Davidson did not converge, and its estimate,
+    an upper bound, lies above the line."""
     asked = calc.reference == "uhf" or options.stability or options.follow_instability
     if not ((mf.converged or stalled) and asked):
         return "not checked", float("nan"), None
-    eigenvalue, mode = lowest_hessian_mode(mf)
-    return ("stable" if eigenvalue >= UNSTABLE_BELOW else "unstable"), eigenvalue, mode
+    eigenvalue, mode, converged = lowest_hessian_mode(mf)
+    return _verdict(eigenvalue, converged), eigenvalue, mode
+
+
+def _verdict(eigenvalue: float, converged: bool) -> str:
+    if eigenvalue < UNSTABLE_BELOW:
+        return "unstable"
+    return "stable" if converged else "undecided"
 
 
 def checked_stability(mf: scf.hf.SCF, calc: Calculation,
                       options: ScfOptions) -> tuple[str, float]:
-    """:func:`stability_of` without the rotation, warning of an unstable reference."""
+    """:func:`stability_of` without the rotation, warning of an unstable reference or an
+    undecided check."""
     stability, eigenvalue, _ = stability_of(mf, calc, options)
-    if stability == "unstable":
-        _warn_unstable(calc, eigenvalue)
+    warn_of_stability(calc, stability, eigenvalue)
     return stability, eigenvalue
 
 
-def checked_unpairing(mf: scf.hf.SCF, calc: Calculation, stability: str) -> float:
+def warn_of_stability(calc: Calculation, stability: str, eigenvalue: float,
+                      followed: int = 0) -> None:
+    """The warning an unstable reference, or an undecided check of its internal stability,
+    gets."""
+    if stability == "unstable":
+        _warn_unstable(calc, eigenvalue, followed)
+    elif stability == "undecided":
+        _warn_undecided(calc, "internal", eigenvalue)
+
+
+def checked_unpairing(mf: scf.hf.SCF, calc: Calculation, stability: str) -> tuple[float, str]:
     """:func:`lowest_unpairing_eigenvalue` of a closed-shell restricted reference whose
     stability was checked (NaN for any other), warning when a lower unrestricted solution
-    exists: an internal check alone called stretched H2 stable."""
+    exists (an internal check alone called stretched H2 stable); and the reference's
+    stability, ``undecided`` when it was ``stable`` and this check did not converge above
+    the line."""
     if stability == "not checked" or np.asarray(mf.mo_coeff).ndim == 3:
-        return float("nan")
-    eigenvalue = lowest_unpairing_eigenvalue(mf)
+        return float("nan"), stability
+    eigenvalue, converged = lowest_unpairing_eigenvalue(mf)
     if eigenvalue < UNSTABLE_BELOW:
         _warn_once_per_job("unpairing", "the %s reference is unstable toward an unrestricted "
                            "one (lowest orbital-Hessian eigenvalue %.4g for rotations that "
@@ -633,7 +660,10 @@ def checked_unpairing(mf: scf.hf.SCF, calc: Calculation, stability: str) -> floa
                            "and MP2 on this one is questionable; --reference uhf "
                            "--follow-instability converges to it", calc.reference_name.upper(),
                            eigenvalue)
-    return eigenvalue
+    elif not converged and stability == "stable":
+        _warn_undecided(calc, "unrestricted", eigenvalue)
+        stability = "undecided"
+    return eigenvalue, stability
 
 
 @contextlib.contextmanager
@@ -655,6 +685,15 @@ def _warn_unstable(calc: Calculation, eigenvalue: float, followed: int = 0) -> N
     _warn_once_per_job("unstable", "the %s reference is internally unstable (lowest "
                        "orbital-Hessian eigenvalue %.4g): a lower %s solution exists, and MP2 "
                        "on this one is questionable%s", name, eigenvalue, name, remedy)
+
+
+def _warn_undecided(calc: Calculation, toward: str, eigenvalue: float) -> None:
+    _warn_once_per_job("undecided", "the check of the %s reference's stability toward %s "
+                       "solutions did not converge in %d Davidson iterations (lowest "
+                       "orbital-Hessian eigenvalue %.4g so far, an upper bound): whether a "
+                       "lower solution exists is not known", calc.reference_name.upper(),
+                       "other " + calc.reference_name.upper() if toward == "internal"
+                       else "unrestricted", STABILITY_MAX_CYCLES, eigenvalue)
 
 
 def _warn_if_contaminated(calc: Calculation, s2: float) -> None:
@@ -694,7 +733,7 @@ def restored_scf(calc: Calculation, section: ScfSection, orbitals: StoredOrbital
         with (torch_owns_the_cores() if options.engine == "kernels"
               else contextlib.nullcontext()), integrals_released_on_failure(mf):
             stability, eigenvalue = checked_stability(mf, calc, options)
-            unpairing = checked_unpairing(mf, calc, stability)
+            unpairing, stability = checked_unpairing(mf, calc, stability)
         section = dataclasses.replace(section, stability=stability,
                                       stability_eigenvalue=eigenvalue,
                                       unpairing_eigenvalue=unpairing)
