@@ -54,6 +54,7 @@ from dfmp2.grad.integrals import JkChannel, aux_block_functions, jk_pass, one_el
 from dfmp2.grad.response import ResponseSolve
 from dfmp2.grad.storage import check_budget, held_bytes, plan_storage
 from dfmp2.mp2.kernel import fit_basis
+from dfmp2.scf.reference import warn_of_moving_basis
 from dfmp2.system.blas_threads import torch_owns_the_cores
 from dfmp2.system.distributed import World
 
@@ -140,6 +141,7 @@ def kernel(mf, nfrozen: int = 0, ri_aux: AuxBasis | str | dict | None = None,
     clock = time.perf_counter
     mol = mf.mol
     jk, channels = _checked_reference(mf, nfrozen, jk_aux)
+    warn_of_moving_basis(mol, mf.mo_coeff)
     exchange = exact_exchange_share(mf)
     kernel_set = kernel_set if kernel_set is not None else kernels.load("torch", "fp64")
     scales = Scales(*scs)

@@ -34,7 +34,8 @@ from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, read_record, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
 from dfmp2.records.sections import CalculationInputs, ScfSection, read_inputs, write_timings
-from dfmp2.scf.reference import ScfOptions, ScfResult, release_integrals, run_scf
+from dfmp2.scf.reference import (ScfOptions, ScfResult, reference_warned_once,
+                                 release_integrals, run_scf)
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import check_text_output, printable, refuse_overwriting, stage_text
@@ -315,7 +316,8 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                 write_steps(root, recorded)
             write_record(path, root)
             t0 = time.perf_counter()
-            final = optimize(start, evaluate, log_steps, convergence, max_steps)
+            with reference_warned_once():
+                final = optimize(start, evaluate, log_steps, convergence, max_steps)
             # A resume with looser criteria may converge on a replayed step before the
             # recorded last one: the trajectory, and the energy, end at the final geometry.
             steps = log_steps.through(np.asarray(final.coords) / param.BOHR)

@@ -142,6 +142,14 @@ def summary(root: Node) -> str:
             lines.append("  Note: an analytic gradient assumes a stationary SCF, so this one "
                          "is less accurate than usual (NO2's: 1.6e-5 Eh/Bohr at an orbital "
                          "gradient of 5.5e-8); check it against central differences")
+    if scf is not None and scf.removed_combinations:
+        lines.append(f"  Note: the basis is nearly linearly dependent: {scf.removed_combinations} "
+                     "combinations of its functions (overlap eigenvalues below 1e-6) are left "
+                     "out of the orbitals, as PySCF leaves them out")
+        if "gradient" in root.groups:
+            lines.append("  Note: the analytic gradient takes the combinations left out as "
+                         "fixed while they move with the atoms, so it is not exactly the "
+                         "energy's derivative")
     lines.append("")
     energies = Mp2Section.read(root)
     for label, value in _energy_rows(scf, energies, double_hybrid):
@@ -219,6 +227,7 @@ def json_summary(root: Node, path: str) -> dict:
                "instabilities_followed": scf.instabilities_followed,
                # JSON has no NaN: an older record has no <S^2>.
                "s2": None if np.isnan(scf.s2) else scf.s2,
+               "removed_combinations": scf.removed_combinations,
                # What was computed, beside its energies (e_scs is of these scales).
                "scs_os": energies.scs_os_scale, "scs_ss": energies.scs_ss_scale}
     inputs = read_inputs(root)

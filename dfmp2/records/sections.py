@@ -211,6 +211,9 @@ class ScfSection(Section):
     s2: float = float("nan")
     """<S^2> of the reference determinant (0 for a closed-shell restricted one; NaN in older
     records)."""
+    removed_combinations: int = 0
+    """How many combinations of the basis functions the orbitals leave out, the overlap's
+    eigenvectors below 1e-6 of a nearly linearly dependent basis (0 in older records)."""
 
 
 @dataclass(frozen=True)
