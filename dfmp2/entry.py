@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import sys
+import traceback
+from pathlib import Path
 
 from dfmp2.system.interrupts import handled_signals
 
@@ -120,10 +123,60 @@ def main() -> None:
     for invalid in (drop_invalid_openmp_threads(), drop_invalid_pyscf_memory()):
         if invalid is not None:
             print(f"dfmp2: WARNING: {invalid}", file=sys.stderr)
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        # MKL's loader then fails inside torch's import with a line that blames the install.
+        _refuse("the current folder no longer exists (it was deleted or moved); change to an "
+                "existing folder and run again")
     previous = {signum: signal.signal(signum, _stop) for signum in handled_signals()}
     try:
         from dfmp2.cli import main as run_command_line
+    except Exception as exc:
+        problem = import_problem(exc)
+        if problem is None:
+            raise
+        _refuse(problem)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     run_command_line(prog_name="dfmp2")
+
+
+def _refuse(problem: str) -> None:
+    sys.stderr.write(f"Error: {problem}\n")
+    sys.stderr.flush()
+    sys.exit(2)
+
+
+def import_problem(exc: Exception) -> str | None:
+    """What the user can mend when importing the command line (torch, PySCF) failed with
+    ``exc``: PySCF's configuration file, which its import runs, failing; or an address-space
+    limit (``ulimit -v``) too small to load the libraries. None for anything else (a bug or a
+    broken installation, whose traceback is then the useful report)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if any(Path(frame.filename).parts[-2:] == ("pyscf", "__config__.py") for frame in frames):
+        return (f"PySCF's configuration file {pyscf_config_file()} fails to run "
+                f"({_named(exc)}); mend it, or set PYSCF_CONFIG_FILE to another")
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if (isinstance(exc, (MemoryError, ImportError, OSError, SystemError))
+            and limit != resource.RLIM_INFINITY):
+        return (f"torch and PySCF cannot be loaded within this process's address-space limit "
+                f"(ulimit -v {limit // 1024} kB): {_named(exc)}; raise the limit "
+                "(loading them alone maps about 1 GB)")
+    return None
+
+
+def _named(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def pyscf_config_file() -> str:
+    """The configuration file PySCF's import runs: PYSCF_CONFIG_FILE's, else .pyscf_conf.py
+    in the current folder, else in the home folder (PySCF's own order)."""
+    for candidate in (os.environ.get("PYSCF_CONFIG_FILE"),
+                      os.path.join(os.path.abspath("."), ".pyscf_conf.py"),
+                      os.path.join(os.environ.get("HOME", "."), ".pyscf_conf.py")):
+        if candidate is not None and os.path.isfile(candidate):
+            return candidate
+    return "(not found)"

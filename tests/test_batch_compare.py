@@ -55,9 +55,11 @@ def test_batch_finishes_good_ones_and_fails_the_broken_one(batch_inputs, run_cli
 
 
 def test_a_calculation_listed_twice_is_computed_once(tmp_path, run_cli):
-    """Two listings of one calculation (one through another path to the file) share a record:
-    the second reuses the first's. The same molecule with other options gets its own record,
-    and a line whose options cannot be read names no basis."""
+    """Two listings of one calculation (one through another path to the file, or the basis
+    named as PySCF reads it alike: STO-3G, sto3g) share a record: the later ones reuse the
+    first's (STO-3G and sto3g were computed twice more, into records of their own). The same
+    molecule with other options gets its own record, and a line whose options cannot be read
+    names no basis."""
     (tmp_path / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
     (tmp_path / "link.xyz").symlink_to("water.xyz")
     manifest = tmp_path / "jobs.txt"
@@ -65,14 +67,17 @@ def test_a_calculation_listed_twice_is_computed_once(tmp_path, run_cli):
                         "./water.xyz --basis=sto-3g\n"
                         "water.xyz --basis sto-3g --frozen-core\n"
                         "water.xyz --basis cc-pvtz --no-such-option\n"
-                        "link.xyz --basis sto-3g\n")
+                        "link.xyz --basis sto-3g\n"
+                        "water.xyz --basis STO-3G\n"
+                        "water.xyz --basis sto3g\n")
     out = tmp_path / "out"
     result = run_cli("batch", manifest, "--backend", "torch", "--out", out, "--json")
     assert result.code == 1
     rows = json.loads(result.out)
     assert [row["status"] for row in rows] == ["complete", "complete (skipped)", "complete",
-                                               "failed", "complete (skipped)"]
+                                               "failed", *["complete (skipped)"] * 3]
     assert rows[0]["record"] == rows[1]["record"] == rows[4]["record"] != rows[2]["record"]
+    assert rows[5]["record"] == rows[6]["record"] == rows[0]["record"]
     assert rows[0]["e_tot"] == rows[1]["e_tot"] != rows[2]["e_tot"]
     assert rows[3]["basis"] == "" and "no-such-option" in rows[3]["error"]
     assert sorted(p.name for p in out.glob("*.h5")) == [

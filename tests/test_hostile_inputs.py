@@ -83,6 +83,12 @@ CASES = [
      "2 of 2 molecules failed"),
     ("batch shard malformed", ["batch", "water.xyz", "--shard", "2/2", "--out", "batch"], 2,
      "0 <= K < N"),
+    ("batch shard in full-width digits", ["batch", "water.xyz", "--shard", "\uff10/2", "--out",
+                                          "batch"], 2, "write it as K/N"),
+    ("empty output name", ["run", "water.xyz", "-o", ""], 2, "is empty"),
+    ("empty scratch name", ["run", "water.xyz", "--scratch", ""], 2, "is empty"),
+    ("scratch where no file can be made", ["run", "water.xyz", "--scratch", "/proc"], 2,
+     "scratch folder /proc is not a writable folder"),
     ("show a non-record", ["show", "notes.h5"], 2, "not a readable HDF5 run record"),
     ("compare a corrupt record", ["compare", "corrupt.h5"], 2, "not a readable"),
 ]

@@ -127,6 +127,14 @@ XC_OPTIONS = (
                  default=None, help="PySCF integration grid level for --xc (default: PySCF's, 3)."),
 )
 
+def _named_folder(ctx: click.Context, param: click.Parameter, value: str | None
+                  ) -> Path | None:
+    # Path('') is the current folder, which an empty name does not name.
+    if value == "":
+        raise click.BadParameter("is empty; name a folder, such as . for this one", ctx, param)
+    return None if value is None else Path(value)
+
+
 MOLECULE_OPTIONS = (
     click.option("--charge", type=int, default=None,
                  help="Total charge (default: 'charge=N' in the XYZ comment, else 0)."),
@@ -140,7 +148,8 @@ MOLECULE_OPTIONS = (
                  help="SCF reference: RHF for closed shells and UHF for spin > 0 unless given."),
     click.option("--occ-block", type=click.IntRange(min=1), default=None,
                  help="Occupied orbitals per energy block (default: from --memory)."),
-    click.option("--scratch", type=click.Path(file_okay=False, path_type=Path), default=None,
+    click.option("--scratch", type=click.Path(file_okay=False), default=None,
+                 callback=_named_folder,
                  help="Folder for the out-of-core B file (default: beside the record)."),
 )
 
@@ -164,6 +173,9 @@ def output_option(help_text: str) -> Callable[[Any], Any]:
 
 
 def _output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    if value == "":
+        raise click.BadParameter("is empty; give a record file's name, such as run.h5", ctx,
+                                 param)
     # Path() drops a trailing slash: '-o newdir/' wrote a record file named newdir.
     if value is not None and value.endswith(("/", os.sep)):
         raise click.BadParameter(f"{value!r} names a folder; give a file in it, such as "

@@ -37,3 +37,17 @@ def refuse_shadowed_library_name(name: str, option: str) -> None:
 def is_library_name(name: str) -> bool:
     """Whether PySCF's library has a basis of this name."""
     return gto.basis.ALIAS.get(gto.basis._format_basis_name(name)) is not None
+
+
+def library_name_key(name: str) -> str:
+    """A library basis name as PySCF looks it up (case, hyphens, underscores and spaces do not
+    matter: STO-3G, sto-3g and sto3g are one basis); any other text as given."""
+    if any(mark in name for mark in ":,{}[]/") or not is_library_name(name):
+        return name
+    return gto.basis._format_basis_name(name)
+
+
+def same_basis_name(name: str) -> str:
+    """The key two requests' ``--basis``-like names are compared by: a file's name as given
+    (another file is another basis), a library name by :func:`library_name_key`."""
+    return name if os.path.isfile(name) else library_name_key(name)

@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,9 +35,12 @@ from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, S
 from dfmp2.records.sections import CalculationInputs, CheckSection
 from dfmp2.records.lock import RecordInUse, RecordLock
 from dfmp2.records.report import json_summary
+from dfmp2.input.basis_files import same_basis_name
 from dfmp2.input.settings import RunSettings
 
 log = logging.getLogger(__name__)
+# --shard K/N in ASCII digits.
+SHARD_TEXT = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*")
 SUMMARY_FIELDS = ("index", "molecule", "basis", "status", "e_scf", "e_corr", "e_tot",
                   "e_int_mp2_cp", "e_int_dh_cp", "seconds", "record", "error")
 # A molecule whose record another dfmp2 run holds is left to that run: not a failure here.
@@ -78,10 +82,11 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
                              "(SLURM_ARRAY_TASK_ID is not set); give --shard K/N")
         k, n = shard
     else:
-        try:
-            k, n = (int(part) for part in text.split("/"))
-        except ValueError:
-            raise InputError(f"--shard {text!r}: write it as K/N, e.g. 0/4") from None
+        # ASCII digits only: int() reads full-width and other scripts' digits too.
+        written = SHARD_TEXT.fullmatch(text)
+        if written is None:
+            raise InputError(f"--shard {text!r}: write it as K/N, e.g. 0/4")
+        k, n = int(written[1]), int(written[2])
         if not 0 <= k < n:
             raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
     return k + n * rank, n * world_size
@@ -150,13 +155,20 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
     return chosen
 
 
+# The settings that name a basis set: STO-3G, sto-3g and sto3g are one (PySCF's lookup).
+BASIS_OPTIONS = ("basis", "auxbasis", "jk_auxbasis")
+
+
 def _calculation(item: BatchItem, settings: RunSettings) -> tuple | None:
     """What a batch line computes, to tell two listings of one calculation (None: a line
     that cannot run, never the same as another)."""
     if item.error is not None:
         return None
     split = None if item.interaction is None else sorted(item.interaction.items())
-    return (settings.molecule.resolve(), dataclasses.replace(settings, molecule=Path()), split)
+    named = {field: same_basis_name(getattr(settings, field)) for field in BASIS_OPTIONS
+             if getattr(settings, field) is not None}
+    return (settings.molecule.resolve(),
+            dataclasses.replace(settings, molecule=Path(), **named), split)
 
 
 def _failed_record(path: Path, settings: RunSettings, error: str) -> None:

@@ -164,6 +164,13 @@ def resolve_environment(settings: RunSettings, record_path: Path,
             or not os.access(scratch_dir, os.W_OK | os.X_OK)):
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder; "
                          "choose another with --scratch")
+    try:
+        # /proc and /sys pass the access test, and no file can be made in them.
+        with tempfile.TemporaryFile(dir=scratch_dir):
+            pass
+    except OSError as exc:
+        raise InputError(f"scratch folder {scratch_dir} is not a writable folder "
+                         f"({exc.strerror}); choose another with --scratch") from None
     check_pyscf_tmpdir()
     threads = apply_threads(settings.threads)
     return Environment(kernel_set, scf_kernel_sets, memory_budget(settings.memory), threads,

@@ -11,7 +11,6 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +21,7 @@ from dfmp2.system.distributed import DIAGONAL_COST, World, deal_pairs
 from dfmp2.errors import RunFailure
 from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT, SOS_OS_DEFAULT
 from dfmp2.system.progress import Progress
+from kernels.threads import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -241,17 +241,17 @@ def energy_sums(readers: list[BlockReader], e_occ: list[torch.Tensor],
             ledger.add(key, direct, exchange)
             progress.advance()
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        def read(item):
-            return readers[item[1].col_channel].columns(item[3])
+    def read(item):
+        return readers[item[1].col_channel].columns(item[3])
 
-        upcoming = pool.submit(read, mine[0]) if mine else None
+    with ReadAhead(read) as reading:
+        upcoming = reading.start(mine[0]) if mine else None
         for n, item in enumerate(mine):
             start = time.perf_counter()
             _, case, block_i, block_j = item
-            b_j = upcoming.result()
+            b_j = upcoming()
             if n + 1 < len(mine):
-                upcoming = pool.submit(read, mine[n + 1])
+                upcoming = reading.start(mine[n + 1])
             if (case.row_channel, block_i) != row_key:
                 row_key = (case.row_channel, block_i)
                 row_data = (b_j if case.same_spin and block_i == block_j

@@ -189,7 +189,14 @@ def set_aside(path: Path, previous: Node, kind: str = "superseded") -> Path:
     while target.exists():
         counter += 1
         target = path.with_name(f"{path.stem}.{kind}-{stamp}-{counter}{path.suffix}")
-    path.rename(target)
+    try:
+        path.rename(target)
+    except OSError as exc:
+        # An immutable record, or another user's in a sticky folder such as /tmp.
+        raise InputError(f"cannot move the {'complete' if kind == 'superseded' else kind} "
+                         f"record {path} aside to {target.name} ({exc.strerror}), so nothing "
+                         "was run; move or remove it yourself, or write the new record "
+                         "elsewhere") from None
     # Whether the copy stays is known once the new run completes (settle_superseded).
     log.info("moved the %s record %s to %s", "complete" if kind == "superseded" else kind,
              path, target)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dfmp2.errors import InputError
+from dfmp2.input.basis_files import library_name_key
 from dfmp2.records.tree import FOREIGN_RECORD, Node
 from dfmp2.system.files import printable
 from dfmp2.system.interrupts import written_whole
@@ -167,11 +168,23 @@ class CalculationInputs(Section):
     scratch: str = ""
 
     def differing(self, other: "CalculationInputs", names: tuple[str, ...]) -> list[str]:
-        return [name for name in names if getattr(self, name) != getattr(other, name)]
+        return [name for name in names if self._key(name) != other._key(name)]
+
+    def _key(self, name: str) -> Any:
+        """Field ``name`` as compared: a basis the library supplied by its name as PySCF looks
+        it up (a record of --basis sto-3g is one of --basis STO-3G)."""
+        value = getattr(self, name)
+        if name in LIBRARY_NAMED_FIELDS and not getattr(self, f"{name}_file"):
+            return library_name_key(value)
+        return value
 
 
 def read_inputs(node: Node) -> CalculationInputs | None:
     return CalculationInputs.read(node)
+
+
+# The fields that name a basis, each beside its file's digest (``<name>_file``).
+LIBRARY_NAMED_FIELDS = ("basis", "auxbasis", "jk_auxbasis")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ container runtimes count a working set.
 """
 from __future__ import annotations
 
+import errno
 import resource
 from pathlib import Path
 
@@ -118,3 +119,17 @@ def address_space_headroom() -> int | None:
     except (OSError, UnicodeDecodeError, ValueError, IndexError):
         pass
     return max(soft - mapped, 0)
+
+
+def process_limit_reached(exc: BaseException) -> bool:
+    """Whether ``exc`` says no thread or process could be started: Python's RuntimeError
+    "can't start new thread", or fork's EAGAIN (a process limit: ``ulimit -u``, a container's
+    or control group's ``pids.max``)."""
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return True
+    return isinstance(exc, BlockingIOError) and exc.errno == errno.EAGAIN
+
+
+PROCESS_LIMIT_MESSAGE = ("cannot start another thread or process: this job's process limit "
+                         "is reached (ulimit -u, or its container's or control group's pids "
+                         "limit); raise it, or run with --threads 1")

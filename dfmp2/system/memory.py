@@ -17,6 +17,10 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 # Leave room for PySCF, the interpreter and the OS when no budget is given.
 DEFAULT_FRACTION_OF_AVAILABLE = 0.6
+# OpenBLAS maps a 32 MiB buffer for its first product (the SCF's guess): under a
+# ``ulimit -v`` that leaves less once the libraries are loaded, it failed with its own message
+# or crashed (SIGSEGV) inside that product.
+MIN_ADDRESS_SPACE_HEADROOM = 128 * 2**20
 # Sizes are stored as signed 64-bit integers (HDF5 attributes, PySCF's max_memory arithmetic).
 MAX_BYTES = 2**63 - 1
 # Every size estimate counts fp64 numbers: the tensors are stored in fp64 whatever the kernels'
@@ -85,6 +89,13 @@ def available_bytes() -> int:
 def memory_budget(memory: int | None) -> int:
     """The budget of a calculation: ``memory`` bytes (checked), else a share of the memory
     available now."""
+    mappable = address_space_headroom()
+    if mappable is not None and mappable < MIN_ADDRESS_SPACE_HEADROOM:
+        limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+        raise InputError(f"only {format_size(mappable)} of address space is left under this "
+                         f"process's limit (ulimit -v {limit // 1024} kB) once torch and PySCF "
+                         f"are loaded, and their products need at least "
+                         f"{format_size(MIN_ADDRESS_SPACE_HEADROOM)}; raise the limit")
     if memory is not None:
         installed = physical_bytes()
         group = cgroup_headroom()
@@ -97,6 +108,11 @@ def memory_budget(memory: int | None) -> int:
                         "group's): plans made for it can exceed the limit, and the job is then "
                         "killed with nothing saved; give at most the limit",
                         format_size(memory), format_size(group[1]))
+        elif mappable is not None and memory > mappable:
+            log.warning("--memory %s is more than the %s this process may still map under its "
+                        "address-space limit (ulimit -v): allocations beyond it fail; give at "
+                        "most that, or raise the limit", format_size(memory),
+                        format_size(mappable))
         return memory
     return int(available_bytes() * DEFAULT_FRACTION_OF_AVAILABLE)
 
@@ -121,6 +137,10 @@ def format_size(nbytes: float, rounded_up: bool = False) -> str:
 def peak_resident_megabytes() -> float:
     """The largest resident memory this process has had, in MB (Linux counts kB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3
+
+
+OUT_OF_MEMORY_MESSAGE = ("out of memory; lower --memory so that dfmp2 plans for less, or use "
+                         "a machine with more")
 
 
 def out_of_memory(exc: BaseException) -> bool:
