@@ -26,12 +26,13 @@ from dfmp2.system.interrupts import handled_signals
 EXIT_SIGINT = 128 + signal.SIGINT
 # What libgomp accepts: positive thread counts, one per nesting level, separated by commas.
 OPENMP_THREADS = re.compile(r"\s*[0-9]+\s*(,\s*[0-9]+\s*)*")
-# A process's rank on its node: torchrun's, then srun's; and the variables that say how many
-# processes the launch started.
+# A process's rank on its node: torchrun's, then srun's; and, as
+# dfmp2.system.distributed.launch_from reads a launch, the variable that gives its rank in
+# the whole launch and the one that says how many processes it started.
 TORCHRUN_LOCAL_RANK = "LOCAL_RANK"
 LOCAL_RANKS = (TORCHRUN_LOCAL_RANK, "SLURM_LOCALID")
-LAUNCH_SIZES = {TORCHRUN_LOCAL_RANK: ("WORLD_SIZE",),
-                "SLURM_LOCALID": ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")}
+LAUNCHES = {TORCHRUN_LOCAL_RANK: ("RANK", "WORLD_SIZE"),
+            "SLURM_LOCALID": ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")}
 
 
 def _stop(signum: int, frame) -> None:
@@ -49,11 +50,12 @@ def _stop(signum: int, frame) -> None:
 def later_rank_of_its_node(environ, names: tuple[str, ...] = LOCAL_RANKS) -> bool:
     """Whether a launcher started this process as a rank other than the first of its node
     (by default torchrun's LOCAL_RANK or srun's SLURM_LOCALID), in a launch of several
-    processes: a LOCAL_RANK left over in a shell, with no launch around it, made a lone run
-    keep quiet on a signal and wait 20 s before saying what was wrong with its input."""
-    return any(_whole_number(environ, name) > 0
-               and any(_whole_number(environ, size) > 1 for size in LAUNCH_SIZES[name])
-               for name in names)
+    processes that dfmp2 runs as one (its rank and size set, as
+    :func:`dfmp2.system.distributed.launch_from` requires): a LOCAL_RANK left over in a
+    shell, alone or beside a WORLD_SIZE, made a lone run keep quiet on a signal and wait 20 s
+    before saying what was wrong with its input."""
+    return any(_whole_number(environ, name) > 0 and LAUNCHES[name][0] in environ
+               and _whole_number(environ, LAUNCHES[name][1]) > 1 for name in names)
 
 
 def _whole_number(environ, name: str) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import molecule_path
+from dfmp2.records.tree import read_record
 
 WATER = "3\ncharge=0 multiplicity=1\nO 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
 XYZ_CASES = {
@@ -536,6 +537,19 @@ def test_an_optimisations_step_limit_beyond_any_need_is_refused_before_it_runs(
     assert not record.exists()
 
 
+def test_an_optimisations_step_limit_may_be_a_numpy_integer(tmp_path):
+    """The bound above refused max_steps=np.int64(3) as 'not a whole number'; it ran
+    before."""
+    from pathlib import Path
+
+    from dfmp2.input.settings import RunSettings
+    from dfmp2.jobs import optimize
+    outcome = optimize.run(RunSettings(molecule=Path(molecule_path("water")), basis="sto-3g",
+                                       threads=1, output=tmp_path / "o.h5"),
+                           max_steps=np.int64(30))
+    assert 1 <= outcome.steps <= 30
+
+
 def test_names_longer_than_the_file_system_allows_are_one_line_or_a_failed_row(
         run_cli, tmp_path, monkeypatch):
     """A name of 300 bytes reached pathlib's is_dir/is_file, which raise for a name too long
@@ -573,6 +587,25 @@ def test_an_ecp_that_is_a_device_or_a_fifo_is_refused_unread(kind, run_cli, tmp_
     _assert_one_line_error(result, f"--ecp {path} is {words}, not a regular file")
 
 
+def test_an_ecp_named_like_a_folder_here_is_the_librarys(run_cli, tmp_path, monkeypatch):
+    """Runs kept in a folder named after the basis (def2-svp/): --ecp def2-svp was refused as
+    'a directory, not a regular file', where PySCF, and dfmp2 before, took the library's. A
+    folder of a name the library does not know is still refused."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lanl2dz").mkdir()
+    (tmp_path / "mine").mkdir()
+    xyz = tmp_path / "hi.xyz"
+    xyz.write_text("2\nHI\nH 0 0 0\nI 0 0 1.61\n")
+    result = run_cli("run", xyz, "--basis", "def2-svp", "--ecp", "lanl2dz", "--json",
+                     "-o", tmp_path / "hi.h5")
+    assert result.code == 0, result.err
+    assert json.loads(read_record(tmp_path / "hi.h5").groups["input"].attrs["ecp"]) == {
+        "I": "lanl2dz"}
+    refused = run_cli("run", xyz, "--basis", "def2-svp", "--ecp", "mine", "-o",
+                      tmp_path / "m.h5")
+    _assert_one_line_error(refused, "--ecp mine is a directory, not a regular file")
+
+
 @pytest.mark.parametrize("command", [["run"], ["gradient"], ["interaction", "--split", "1"],
                                      ["bench", "--skip-pyscf"]])
 def test_an_output_that_names_a_folder_is_refused(command, run_cli, tmp_path, monkeypatch):
@@ -582,4 +615,17 @@ def test_an_output_that_names_a_folder_is_refused(command, run_cli, tmp_path, mo
                      "-o", "newdir/")
     _assert_one_line_error(result, "'newdir/' names a folder; give a file in it, such as "
                                    "newdir/run.h5")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, option, value", [
+    ("run", "-o", "newdir/."), ("run", "-o", ".."),
+    ("properties", "--molden", "mdir/"), ("frequencies", "--molden", "fdir/.")])
+def test_every_file_option_that_names_a_folder_is_refused(command, option, value, run_cli,
+                                                          tmp_path, monkeypatch):
+    """-o newdir/. and --molden mdir/ still wrote files named newdir and mdir: Path() drops
+    a '/.' as it drops a '/'."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli(command, molecule_path("water"), "--basis", "sto-3g", option, value)
+    _assert_one_line_error(result, f"{value!r} names a folder; give a file in it")
     assert list(tmp_path.iterdir()) == []

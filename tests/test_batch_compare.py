@@ -81,7 +81,25 @@ def test_a_calculation_listed_twice_is_computed_once(tmp_path, run_cli):
     assert rows[0]["e_tot"] == rows[1]["e_tot"] != rows[2]["e_tot"]
     assert rows[3]["basis"] == "" and "no-such-option" in rows[3]["error"]
     assert sorted(p.name for p in out.glob("*.h5")) == [
-        "water-cc-pvdz.h5", "water-sto-3g-0.h5", "water-sto-3g-2.h5"]
+        "water-cc-pvdz-line3.h5", "water-sto-3g-0.h5", "water-sto-3g-2.h5"]
+
+
+def test_a_line_that_cannot_run_does_not_rename_a_good_lines_record(tmp_path, run_cli):
+    """A failed line took the batch's default name, which could be a good line's: the good
+    record became water-sto-3g-0.h5, and once the manifest was mended it was named
+    water-sto-3g.h5 and computed again."""
+    (tmp_path / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text("water.xyz\nwater.xyz --xc b2plyp --scs-os 1.5\n")
+    out = tmp_path / "out"
+    first = run_cli("batch", manifest, "--basis", "sto-3g", "--out", out, "--json")
+    assert [row["status"] for row in json.loads(first.out)] == ["complete", "failed"]
+    manifest.write_text("water.xyz\n")
+    mended = run_cli("batch", manifest, "--basis", "sto-3g", "--out", out, "--json")
+    assert mended.code == 0, mended.err
+    assert [row["status"] for row in json.loads(mended.out)] == ["complete (skipped)"]
+    assert sorted(p.name for p in out.glob("*.h5")) == ["water-sto-3g-line1.h5",
+                                                        "water-sto-3g.h5"]
 
 
 def test_shards_split_the_list(tmp_path, run_cli, monkeypatch):

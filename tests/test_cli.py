@@ -206,7 +206,7 @@ def test_a_signal_while_the_program_starts_is_one_line_and_128_plus_its_number(
                              "--basis", "sto-3g", "-o", str(record)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "LOCAL_RANK": local_rank,
-                                 **({"WORLD_SIZE": "2"} if local_rank == "1" else {})})
+                                 **({"RANK": "1", "WORLD_SIZE": "2"} if local_rank == "1" else {})})
     maps = Path(f"/proc/{proc.pid}/maps")
     deadline = time.monotonic() + 60
     while loaded not in maps.read_text() and time.monotonic() < deadline:

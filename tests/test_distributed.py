@@ -618,8 +618,8 @@ def test_an_input_error_under_torchrun_is_one_line(tmp_path):
         assert "missing.xyz" in errors[0] or "no-such-basis" in errors[0]
 
 
-TORCHRUN_PAIR = {"WORLD_SIZE": "2"}
-SRUN_TASKS = {"SLURM_STEP_NUM_TASKS": "4"}
+TORCHRUN_PAIR = {"RANK": "1", "WORLD_SIZE": "2"}
+SRUN_TASKS = {"SLURM_PROCID": "3", "SLURM_STEP_NUM_TASKS": "4"}
 
 
 @pytest.mark.parametrize("variables, code, printed", [
@@ -631,7 +631,11 @@ SRUN_TASKS = {"SLURM_STEP_NUM_TASKS": "4"}
     ({"LOCAL_RANK": "x", **TORCHRUN_PAIR}, 130, True), ({}, 2, True),
     # Left over in a shell, with no launch of several processes around them.
     ({"LOCAL_RANK": "1"}, 2, True), ({"SLURM_LOCALID": "3"}, 143, True),
-    ({"LOCAL_RANK": "1", "WORLD_SIZE": "1"}, 143, True)])
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "1"}, 143, True),
+    # A size without a rank: dfmp2 runs one process (no launch), which must say so.
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, 143, True),
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, 2, True),
+    ({"SLURM_LOCALID": "3", "SLURM_STEP_NUM_TASKS": "4"}, 143, True)])
 def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
         variables, code, printed, monkeypatch, capsys):
     """An interruption reaches every rank: a later one exits without a line. A later
@@ -642,7 +646,7 @@ def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
 
     monkeypatch.setattr(cli, "FIRST_RANK_GRACE_SECONDS", 0.5)
     for name in ("LOCAL_RANK", "SLURM_LOCALID", "WORLD_SIZE", "SLURM_STEP_NUM_TASKS",
-                 "SLURM_NTASKS"):
+                 "SLURM_NTASKS", "RANK", "SLURM_PROCID"):
         monkeypatch.delenv(name, raising=False)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
@@ -653,7 +657,7 @@ def test_a_later_rank_of_a_node_leaves_the_shared_errors_to_the_first(
     assert stopped.value.code == code
     assert ("Error: the same on every rank" in capsys.readouterr().err) == printed
     assert (waited >= 0.5) == (variables.get("LOCAL_RANK") == "1" and code == 2
-                               and variables.get("WORLD_SIZE") == "2")
+                               and variables.get("WORLD_SIZE") == "2" and "RANK" in variables)
 
 
 def test_a_later_rank_stopped_during_its_grace_exits_without_a_line(monkeypatch):
@@ -663,6 +667,7 @@ def test_a_later_rank_stopped_during_its_grace_exits_without_a_line(monkeypatch)
 
     monkeypatch.setattr(cli, "FIRST_RANK_GRACE_SECONDS", 30.0)
     monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()

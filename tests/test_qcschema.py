@@ -146,6 +146,14 @@ def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
       "keywords": {"frozen": -1}}, "frozen -1 must be a whole number of at least 0"),
     ({"driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
       "keywords": {"record": 123}}, "keyword record must be a path"),
+    # The option's spelling was pasted in with its description, mid-sentence, twice.
+    ({"driver": "energy", "model": {"method": "b2plyp", "basis": "sto-3g"},
+      "keywords": {"scs_os": 1.5}},
+     "keyword scs_os scales SCS-MP2, not the double hybrid model.method b2plyp; drop it (a "
+     "custom model.method takes keyword mp2_os and keyword mp2_ss)"),
+    # Path() dropped the slash: the record was written as a file named after the folder.
+    ({"driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"record": "qdir/"}}, "keyword record 'qdir/' names a folder"),
 ])
 def test_bad_inputs_are_input_errors(spec, message):
     result = qcengine.compute({"molecule": water_molecule(), **spec}, "dfmp2",

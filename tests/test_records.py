@@ -754,7 +754,9 @@ def test_batch_runs_the_good_lines_of_a_manifest_with_bad_ones(tmp_path, run_cli
     assert rows["water.xyz"]["status"] == rows["methane.xyz"]["status"] == "complete"
     assert "does not exist" in rows["missing.xyz"]["error"]
     assert "line 3" in rows["ammonia.xyz"]["error"] and "--fast" in rows["ammonia.xyz"]["error"]
-    assert read_record(out / "missing-cc-pvdz.h5").attrs["status"] == "failed"
+    # A line that cannot run is named by its place, apart from the good lines' records.
+    assert read_record(out / "missing-cc-pvdz-line1.h5").attrs["status"] == "failed"
+    assert read_record(out / "ammonia-cc-pvdz-line2.h5").attrs["status"] == "failed"
 
 
 @pytest.mark.parametrize("command", ["show", "show --all", "compare", "run"])
@@ -1022,3 +1024,46 @@ def test_a_signal_to_a_command_without_a_record_says_no_record_holds_its_work(
     result = run_cli("compare", water_record, "--reference", "pyscf")
     assert result.code == 128 + signal.SIGTERM
     assert one_error_line(result.err) == "Error: terminated by signal SIGTERM"
+
+
+@pytest.mark.parametrize("name, failure", [
+    ("damaged_loops_hdf5.h5", "it did not finish within the deadline"),
+    ("damaged_crashes_hdf5.h5", "it crashed (SIGSEGV)")])
+def test_a_record_that_hangs_or_crashes_the_hdf5_library_is_one_line(name, failure, run_cli,
+                                                                     tmp_path, monkeypatch):
+    """One changed byte made libhdf5 loop forever (show, compare and run -o hung, and no
+    signal but SIGKILL stopped them) or crash (exit 139 with the fault handler's dump). A
+    record is read in a forked child with a deadline: each is one line, and the file is left
+    as it was."""
+    from dfmp2.records import isolated
+
+    monkeypatch.setattr(isolated, "DEADLINE_SECONDS", 2.0)
+    record = tmp_path / name
+    shutil.copy(Path(__file__).parent / "damaged" / name, record)
+    before = record.read_bytes()
+    damaged = f"{record} is a damaged HDF5 file: reading it failed ({failure})"
+    for args, said in ((("show", record), damaged), (("compare", record, record), damaged),
+                       (("run", MOLECULES / "water.xyz", "--basis", "sto-3g", "-o", record),
+                        f"output {record} exists and is not a dfmp2 run record")):
+        result = run_cli(*args)
+        assert result.code == 2, (args, result.err)
+        assert result.err.count("\n") == 1 and said in result.err, (args, result.err)
+    assert record.read_bytes() == before
+
+
+def test_a_record_read_in_a_child_gives_back_its_exceptions_and_crashes(tmp_path):
+    """The child hands back what the reading function returns or raises; a crash or a
+    missed deadline is ChildFailed, and nothing of the child outlives the call."""
+    from dfmp2.records.isolated import ChildFailed, in_child
+
+    assert in_child(sorted, [3, 1, 2]) == [1, 2, 3]
+    with pytest.raises(InputError, match="refused in the child"):
+        in_child(_raise_input_error)
+    with pytest.raises(ChildFailed, match="SIGABRT"):
+        in_child(os.abort)
+    with pytest.raises(ChildFailed, match="deadline"):
+        in_child(time.sleep, 30, deadline=0.5)
+
+
+def _raise_input_error() -> None:
+    raise InputError("refused in the child")

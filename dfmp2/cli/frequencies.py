@@ -12,7 +12,7 @@ from dfmp2.cli import views
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, record_options,
+                               XYZ_FILE, environment_settings, molden_option, record_options,
                                refuse_unused_scales, with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, frequencies
@@ -40,8 +40,7 @@ def parse_shard(text: str | None, environ: Mapping[str, str]) -> tuple[int, int]
               show_default=True, help="Temperature of the thermochemistry (K).")
 @click.option("--pressure", type=float, default=frequencies.DEFAULT_PRESSURE,
               show_default=True, help="Pressure of the thermochemistry (Pa).")
-@click.option("--molden", type=click.Path(path_type=Path), default=None,
-              help="Write the normal modes to this Molden vibration file.")
+@molden_option("Write the normal modes to this Molden vibration file.")
 @click.option("--shard", default=None,
               help="Compute only shard K of N of the displacements (K/N), or 'array' for this "
                    "task's position in a Slurm array; then run without --shard on the same -o "

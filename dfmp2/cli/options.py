@@ -21,6 +21,7 @@ from dfmp2.input.settings import scale_factor
 from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.scf.engine import ENGINES
 from dfmp2.scf.reference import SCF_METHODS
+from dfmp2.system.files import names_a_folder
 from dfmp2.system.memory import parse_size
 
 XYZ_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -176,10 +177,24 @@ def _output_file(ctx: click.Context, param: click.Parameter, value: str | None) 
     if value == "":
         raise click.BadParameter("is empty; give a record file's name, such as run.h5", ctx,
                                  param)
-    # Path() drops a trailing slash: '-o newdir/' wrote a record file named newdir.
-    if value is not None and value.endswith(("/", os.sep)):
+    return file_path(ctx, param, value, "run.h5")
+
+
+def molden_option(help_text: str) -> Callable[[Any], Any]:
+    """``--molden``, a Molden file's path."""
+    return click.option("--molden", type=click.Path(dir_okay=False), default=None,
+                        callback=lambda ctx, param, value: file_path(ctx, param, value,
+                                                                     "out.molden"),
+                        help=help_text)
+
+
+def file_path(ctx: click.Context, param: click.Parameter, value: str | None,
+              example: str) -> Path | None:
+    """A file's path as typed, refused when it names a folder (Path() drops the ending)."""
+    if value is not None and names_a_folder(value):
+        folder = value if value.endswith(("/", os.sep)) else value + "/"
         raise click.BadParameter(f"{value!r} names a folder; give a file in it, such as "
-                                 f"{value}run.h5", ctx, param)
+                                 f"{folder}{example}", ctx, param)
     return None if value is None else Path(value)
 
 

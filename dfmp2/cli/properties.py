@@ -15,7 +15,8 @@ from dfmp2.cli import views
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, XC_OPTIONS, XYZ_FILE,
-                               environment_settings, record_options, refuse_unused_scales,
+                               environment_settings, molden_option, record_options,
+                               refuse_unused_scales,
                                with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import DECIMAL_NUMBER, MAX_COORDINATE_ANGSTROM
@@ -56,8 +57,7 @@ class Origin(click.ParamType):
 @click.option("--origin", type=Origin(), default=None,
               help="Origin of the moments, x,y,z in Angstrom (default: the centre of nuclear "
                    "charge).")
-@click.option("--molden", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the natural orbitals with their occupations to this Molden file.")
+@molden_option("Write the natural orbitals with their occupations to this Molden file.")
 @with_options(*record_options(
     "Record path (default: runs/<molecule>-<basis>-properties.h5).",
     "Print one JSON object: e_tot, density, dipole (Debye), dipole_au, quadrupole, charges, "

@@ -11,7 +11,7 @@ from pyscf import gto
 from pyscf.data import elements
 
 from dfmp2.errors import InputError
-from dfmp2.input.basis_files import refuse_shadowed_library_name
+from dfmp2.input.basis_files import is_library_name, refuse_shadowed_library_name
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
 
@@ -104,7 +104,9 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
         # The library's potentials would be used and the file's digest recorded.
         refuse_shadowed_library_name(name, "--ecp")
         kind = existing_kind(Path(name), follow_links=True)
-        if kind not in (None, FILE):
+        # PySCF reads a name as a file only when it is one: a folder named after a library
+        # potential (runs kept in def2-svp/) leaves the name to the library.
+        if kind not in (None, FILE) and not is_library_name(name):
             # Read for its first line, /dev/zero filled the memory and a FIFO waited forever.
             raise InputError(f"--ecp {name} is {kind}, not a regular file; give an ECP name "
                              "or a basis file")
@@ -116,7 +118,7 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
                              "('#') before it")
         raise InputError(f"ECP '{ecp}' has no core potential for any of "
                          f"{', '.join(present)}; choose another --ecp or 'none'")
-    if ecp is not None and _in_library(basis):
+    if ecp is not None and is_library_name(basis):
         all_electron = [s for s in chosen if not element_ecp(basis, s)]
         if all_electron:
             log.warning("--ecp %s: %s get%s a core potential, but %s has all-electron functions "
@@ -125,12 +127,6 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
                         "for %s", name, ", ".join(all_electron),
                         "s" if len(all_electron) == 1 else "", basis, name)
     return chosen
-
-
-def _in_library(basis: str) -> bool:
-    """Whether ``basis`` names one of PySCF's bundled basis sets (whose core potentials, if
-    any, :func:`element_ecp` finds)."""
-    return gto.basis.ALIAS.get(gto.basis._format_basis_name(basis)) is not None
 
 
 def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,

@@ -39,6 +39,7 @@ from dfmp2.records.properties_section import properties_json, read_properties
 from dfmp2.records.tree import Node
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry, geometry_from_atoms, parse_xyz
+from dfmp2.system.files import names_a_folder
 
 # QCSchema keyword -> (RunSettings field, type).
 KEYWORDS: dict[str, tuple[str, type]] = {
@@ -57,7 +58,7 @@ KEYWORDS: dict[str, tuple[str, type]] = {
 # Command-line options given by the AtomicInput itself, not by a keyword.
 SPECIFICATION_NAMES = {"charge": "molecule.molecular_charge",
                        "spin": "molecule.molecular_multiplicity", "basis": "model.basis",
-                       "xc": "model.method (a double hybrid's name or mix)",
+                       "xc": "model.method",
                        "method": "model.method", "output": "keyword record"}
 # Keywords the command line takes from environment variables.
 ENVIRONMENT_KEYWORDS = {"nki_mode": "DFMP2_NKI_MODE", "require_nki": "DFMP2_REQUIRE_NKI"}
@@ -185,6 +186,9 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
     kept = atomic_input.specification.keywords.get(RECORD_KEYWORD)
     if kept is not None and not isinstance(kept, str):
         raise InputError(f"keyword {RECORD_KEYWORD} must be a path (a string), not {kept!r}")
+    if kept is not None and names_a_folder(kept):
+        raise InputError(f"keyword {RECORD_KEYWORD} {kept!r} names a folder; give a file in "
+                         "it, such as run.h5 there")
     try:
         folder = tempfile.TemporaryDirectory(prefix="dfmp2-qcschema-", dir=scratch_root)
     except OSError as exc:

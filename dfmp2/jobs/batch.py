@@ -128,7 +128,8 @@ def slurm_array_shard(environ: Mapping[str, str]) -> tuple[int, int] | None:
 def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
     """``<molecule>-<basis>[-<functional>].h5``, numbered where two different calculations
     would share a name. The same calculation listed twice (the same file, options and split)
-    shares one record, so it is computed once and the second listing reuses it."""
+    shares one record, so it is computed once and the second listing reuses it. A line that
+    cannot run gets ``-line<index>`` instead."""
     names = [f"{s.molecule.stem}-{s.basis_label()}{s.xc_suffix()}"
              + ("-interaction" if item.interaction is not None else "")
              for s, item in zip(settings, items)]
@@ -139,18 +140,23 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
         if identity is not None:
             names[n] = first_names.setdefault(repr(identity), names[n])
     # By name first: comparing every line with every other is quadratic in a long manifest.
-    by_name: dict[str, list[tuple[BatchItem, tuple | None]]] = {}
+    by_name: dict[str, list[tuple[BatchItem, tuple]]] = {}
     for item, name, identity in zip(items, names, identities):
-        by_name.setdefault(name, []).append((item, identity))
+        if item.error is None:
+            by_name.setdefault(name, []).append((item, identity))
     chosen = []
     for item, name, identity in zip(items, names, identities):
+        if item.error is not None:
+            # Its options were not read, so its name says little: it must not number the
+            # record of a good line (which a fixed manifest then named otherwise, and
+            # computed again).
+            chosen.append(f"{name}-line{item.index}.h5")
+            continue
         same_name = by_name[name]
-        if len(same_name) == 1 or (identity is not None
-                                   and all(other == identity for _, other in same_name)):
+        if all(other == identity for _, other in same_name):
             chosen.append(f"{name}.h5")
         else:
-            first = item if identity is None else next(
-                other_item for other_item, other in same_name if other == identity)
+            first = next(other_item for other_item, other in same_name if other == identity)
             chosen.append(f"{name}-{first.index}.h5")
     return chosen
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import numbers
 import os
 import tempfile
 import time
@@ -260,10 +261,12 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
         raise InputError(f"unknown convergence set {convergence!r}; choose one of "
                          f"{', '.join(CONVERGENCE_SETS)}")
     convergence = convergence.upper()
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or not (
+    # numpy's integers are whole numbers too; a bool is not a count.
+    if isinstance(max_steps, bool) or not isinstance(max_steps, numbers.Integral) or not (
             1 <= max_steps <= MAX_STEPS_LIMIT):
         raise InputError(f"max_steps {max_steps!r} must be a whole number from 1 to "
                          f"{MAX_STEPS_LIMIT}")
+    max_steps = int(max_steps)
     settings = replace(settings, task="optimize", show_progress=False)
     job = start_job(settings, settings.output_path("-opt"))
     path, env, start = job.path, job.env, job.geometry

@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 
 from dfmp2.errors import Dfmp2Error, InputError, RunFailure
+from dfmp2.records.isolated import ChildFailed, in_child
 from dfmp2.system.files import FILE, disk_reason, existing_kind, printable, shown
 from dfmp2.system.interrupts import written_whole
 
@@ -197,6 +198,11 @@ def _read_node(group: h5py.Group) -> Node:
     return node
 
 
+def _read_file(path: Path) -> Node:
+    with h5py.File(path, "r") as h5:
+        return _read_node(h5)
+
+
 def read_record(path: str | Path) -> Node:
     """Read a record; anything that is not one is an InputError naming the file."""
     path = Path(path)
@@ -207,8 +213,10 @@ def read_record(path: str | Path) -> Node:
     if kind != FILE:
         raise InputError(f"{path} is {kind}, not a run record file")
     try:
-        with h5py.File(path, "r") as h5:
-            root = _read_node(h5)
+        root = in_child(_read_file, path)
+    except ChildFailed as failure:
+        raise InputError(f"{path} is a damaged HDF5 file: reading it failed ({failure}); "
+                         "restore it from a copy, or move it aside and run again") from None
     except _LinkInRecord as link:
         raise InputError(f"{path} holds a link at {printable(str(link), one_line=True)}, which "
                          f"dfmp2 records never do; {FOREIGN_RECORD}") from None

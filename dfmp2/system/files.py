@@ -312,6 +312,12 @@ def printable(text: str, one_line: bool = False) -> str:
     return text.translate(_CONTROLS_AND_BREAKS if one_line else _CONTROLS)
 
 
+def names_a_folder(text: str) -> bool:
+    """Whether a file name as typed ends in a folder: ``dir/``, ``dir/.``, ``..``. Path()
+    drops such an ending (``-o newdir/`` wrote a record file named newdir)."""
+    return text.replace(os.sep, "/").rsplit("/", 1)[-1] in ("", ".", "..")
+
+
 def disk_reason(exc: OSError, remedy: str) -> str:
     """Why a write failed, in words, with what to do about a full disk or quota."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
