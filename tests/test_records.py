@@ -1067,3 +1067,17 @@ def test_a_record_read_in_a_child_gives_back_its_exceptions_and_crashes(tmp_path
 
 def _raise_input_error() -> None:
     raise InputError("refused in the child")
+
+
+def test_a_record_of_a_newer_schema_says_so(run_cli, water_record, tmp_path):
+    """A record another version of dfmp2 wrote (schema dfmp2.run/2) was called 'an HDF5 file
+    but not a dfmp2 record', and a batch said 'choose another -o path'."""
+    record = tmp_path / "future.h5"
+    shutil.copy(water_record, record)
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["schema"] = "dfmp2.run/2"
+    newer = "is a dfmp2 record of schema dfmp2.run/2, which this version of dfmp2 does not read"
+    shown = run_cli("show", record)
+    assert shown.code == 2 and newer in shown.err
+    rerun = run_cli("run", MOLECULES / "water.xyz", "--basis", "sto-3g", "-o", record)
+    assert rerun.code == 2 and newer in rerun.err

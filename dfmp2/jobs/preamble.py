@@ -36,7 +36,7 @@ from dfmp2.mp2.kernel import plan_for
 from dfmp2.mp2.plan import BlockPlan
 from dfmp2.records.sections import CalculationInputs
 from dfmp2.records.ledger import BackendFacts
-from dfmp2.records.tree import SCHEMA, Node, is_record_file, new_record
+from dfmp2.records.tree import SCHEMA, Node, new_record, record_problem
 from dfmp2.scf.engine import ScfKernels, scf_kernels
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World
@@ -61,11 +61,13 @@ def check_output_path(path: Path, resume: bool = False) -> None:
         raise link_refusal(path)
     if kind not in (None, FILE):
         raise InputError(f"output {path} is {kind}, not a regular file; choose another -o")
-    if kind == FILE and not is_record_file(path):
+    problem = record_problem(path) if kind == FILE else None
+    if problem is not None:
         if resume:
-            raise InputError(f"cannot resume from {path}: it is not a readable dfmp2 run record")
-        raise InputError(f"output {path} exists and is not a dfmp2 run record; "
-                         "choose another -o path")
+            raise InputError(f"cannot resume from {path}: it is not a readable dfmp2 run record "
+                             f"({problem})")
+        raise InputError(f"output {path} exists and is not a dfmp2 run record this run can "
+                         f"replace ({problem}); choose another -o path")
     if parent == DEFAULT_OUTPUT_DIR and not parent.exists():
         create_folder(parent, "choose another -o")
     if not parent.is_dir():

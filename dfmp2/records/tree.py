@@ -47,6 +47,8 @@ FREQUENCIES_SCHEMA = "dfmp2.frequencies/1"
 
 
 KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA, FREQUENCIES_SCHEMA)
+# The kinds of record (a schema less its version): another version of one is dfmp2's own.
+KNOWN_KINDS = {schema.partition("/")[0] for schema in KNOWN_SCHEMAS}
 # Why a record holds values of a kind dfmp2 does not write.
 FOREIGN_RECORD = "it was not written by this version of dfmp2, or was altered"
 
@@ -236,6 +238,12 @@ def read_record(path: str | Path) -> Node:
                          f"({type(exc).__name__}: {printable(str(exc), one_line=True)[:80]}); "
                          "restore it from a copy, or move it aside and run again") from None
     found = root.attrs.get("schema")
+    if isinstance(found, str) and found.partition("/")[0] in KNOWN_KINDS \
+            and found not in KNOWN_SCHEMAS:
+        raise InputError(f"{path} is a dfmp2 record of schema "
+                         f"{printable(found[:60], one_line=True)}, which this version of dfmp2 "
+                         f"does not read (it reads {', '.join(KNOWN_SCHEMAS)}); read it with "
+                         "the version that wrote it, or a newer one")
     if not (isinstance(found, str) and found in KNOWN_SCHEMAS):
         raise InputError(f"{path} is an HDF5 file but not a dfmp2 record "
                          f"(schema {printable(repr(found)[:60], one_line=True)}, "
@@ -243,12 +251,13 @@ def read_record(path: str | Path) -> Node:
     return root
 
 
-def is_record_file(path: str | Path) -> bool:
+def record_problem(path: str | Path) -> str | None:
+    """Why the file at ``path`` is not a record this version reads (None: it is one)."""
     try:
         read_record(path)
-    except InputError:
-        return False
-    return True
+    except InputError as exc:
+        return str(exc)
+    return None
 
 
 def new_record(schema: str, command: str, versions: dict[str, str]) -> Node:
