@@ -1081,3 +1081,14 @@ def test_a_record_of_a_newer_schema_says_so(run_cli, water_record, tmp_path):
     assert shown.code == 2 and newer in shown.err
     rerun = run_cli("run", MOLECULES / "water.xyz", "--basis", "sto-3g", "-o", record)
     assert rerun.code == 2 and newer in rerun.err
+
+
+def test_a_record_is_read_here_when_no_child_can_be_made(water_record, monkeypatch):
+    """Under a process limit fork fails with EAGAIN: the record is read in this process."""
+    from dfmp2.records import isolated
+
+    def refused():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(isolated.os, "fork", refused)
+    assert read_record(water_record).attrs["status"] == "complete"

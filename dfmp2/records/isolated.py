@@ -30,13 +30,19 @@ class ChildFailed(Exception):
 def in_child(function: Callable[..., Result], *args, deadline: float | None = None) -> Result:
     """``function(*args)`` run in a forked child: its result, or the exception it raised
     (pickled back), or :class:`ChildFailed` when it has not ended within ``deadline``
-    seconds (default :data:`DEADLINE_SECONDS`) or died by a signal. Without ``os.fork`` it
-    runs here."""
+    seconds (default :data:`DEADLINE_SECONDS`) or died by a signal. Where no child can be
+    made (no ``os.fork``, or a fork refused) it runs here."""
     deadline = DEADLINE_SECONDS if deadline is None else deadline
     if not hasattr(os, "fork"):
         return function(*args)
     reading, writing = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        # A process limit (EAGAIN) or strict overcommit (ENOMEM): read here, unguarded.
+        os.close(reading)
+        os.close(writing)
+        return function(*args)
     if pid == 0:
         _child(reading, writing, function, args)
     os.close(writing)
