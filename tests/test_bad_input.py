@@ -473,6 +473,22 @@ def test_a_manifest_line_asking_for_help_or_holding_a_nul_byte_fails_that_line_o
         existing_kind(Path("a\x00b"))
 
 
+def test_a_manifest_line_giving_the_batchs_own_options_is_told_so(run_cli, tmp_path):
+    """A line's --out was answered "Did you mean '--output'?", which the next check then
+    refused ("--output is chosen by the batch"); --shard likewise sent the user astray."""
+    water = molecule_path("water")
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{water} --basis sto-3g --out elsewhere\n"
+                        f"{water} --basis sto-3g --shard=0/2\n")
+    result = run_cli("batch", manifest, "--out", tmp_path / "out", "--json")
+    rows = json.loads(result.out)
+    assert [row["error"] for row in rows] == [
+        f"{manifest}, line 1: --out is the batch's own, for all of its lines; give it to "
+        "dfmp2 batch",
+        f"{manifest}, line 2: --shard is the batch's own, for all of its lines; give it to "
+        "dfmp2 batch"]
+
+
 def test_energies_that_overflow_are_a_failure_not_infinity():
     """The results are checked too: a product that overflows fails with the options named,
     before it reaches the record or --json."""

@@ -27,6 +27,8 @@ from dfmp2.system.files import lookup_problem
 GLOB_CHARACTERS = set("*?[")
 INTERACTION_OPTIONS = ("--split", "--charges", "--spins")
 HELP_OPTIONS = {"-h", "--help"}
+# Options of dfmp2 batch itself, which a line cannot set for its own molecule.
+BATCH_ONLY_OPTIONS = {"--out", "--shard"}
 SETTINGS_FIELDS = {item.name for item in dataclasses.fields(RunSettings)}
 BASIS_FILE_OPTIONS = ("basis", "auxbasis", "jk_auxbasis")
 
@@ -100,6 +102,14 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
         return BatchItem(index, path, {}, error=f"{where}: a help option has no place in a "
                                                 f"manifest line; 'dfmp2 {name} --help' lists "
                                                 "the options", options_unread=True)
+    batch_own = sorted({token.split("=")[0] for token in tokens[1:]} & BATCH_ONLY_OPTIONS)
+    if batch_own:
+        # Read by click, '--out' was answered "Did you mean '--output'?", which the next
+        # check refuses.
+        return BatchItem(index, path, {}, error=f"{where}: {', '.join(batch_own)} "
+                                                f"{'is' if len(batch_own) == 1 else 'are'} the "
+                                                "batch's own, for all of its lines; give it to "
+                                                "dfmp2 batch", options_unread=True)
     try:
         ctx = commands[name].make_context(name, [str(path), *tokens[1:]], obj={"command": ""})
     except click.ClickException as exc:
