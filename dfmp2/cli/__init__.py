@@ -34,8 +34,7 @@ from dfmp2.entry import EXIT_SIGINT, TORCHRUN_LOCAL_RANK, later_rank_of_its_node
 from dfmp2.errors import Dfmp2Error, Interrupted
 from dfmp2.system import interrupts
 from dfmp2.system.files import printable
-from dfmp2.system.limits import PROCESS_LIMIT_MESSAGE, process_limit_reached
-from dfmp2.system.memory import OUT_OF_MEMORY_MESSAGE, out_of_memory
+from dfmp2.system.memory import limit_reached
 from kernels import threads
 
 __all__ = ["main", "cli"]
@@ -148,11 +147,9 @@ def main(argv: list[str] | None = None, prog_name: str | None = None) -> None:
             _fail(str(stop), stop.exit_code)
         # Before a job's record exists (reading the molecule, a benchmark's fork), the
         # process's limits still end the command in one line.
-        exc = sys.exc_info()[1]
-        if out_of_memory(exc):
-            _fail(OUT_OF_MEMORY_MESSAGE, 1)
-        if process_limit_reached(exc):
-            _fail(PROCESS_LIMIT_MESSAGE, 1)
+        limit = limit_reached(sys.exc_info()[1])
+        if limit is not None:
+            _fail(limit, 1)
         raise
     finally:
         sys.unraisablehook = previous_hook

@@ -29,8 +29,7 @@ from dfmp2.records.tree import (COMPLETE, FAILED, INTERRUPTED, RUNNING, SCHEMA, 
 from dfmp2.system import interrupts
 from dfmp2.system.files import (StagedText, refuse_links_named_after,
                                 refuse_unless_regular)
-from dfmp2.system.limits import PROCESS_LIMIT_MESSAGE, process_limit_reached
-from dfmp2.system.memory import OUT_OF_MEMORY_MESSAGE, out_of_memory
+from dfmp2.system.memory import limit_reached
 
 log = logging.getLogger(__name__)
 # Tries at the final record write of a failed run before a signal is allowed to stop it.
@@ -240,9 +239,9 @@ def guarded(session: RecordSession, root: Node, work):
             # another way (PySCF's basis loader tries other names, and ends in
             # BasisNotFoundError): the run was stopped, not failed.
             exc = stop
-        if out_of_memory(exc) or process_limit_reached(exc):
-            error = RunFailure(OUT_OF_MEMORY_MESSAGE if out_of_memory(exc)
-                               else PROCESS_LIMIT_MESSAGE)
+        limit = limit_reached(exc)
+        if limit is not None:
+            error = RunFailure(limit)
             raise RunFailure(f"{error}{_record_note(session, root, error)}") from None
         if isinstance(exc, NkiRequired):
             # The outcome DFMP2_REQUIRE_NKI asks for, not a bug: one line, the reason kept.

@@ -9,7 +9,8 @@ import re
 import resource
 
 from dfmp2.errors import InputError
-from dfmp2.system.limits import address_space_headroom, cgroup_headroom
+from dfmp2.system.limits import (PROCESS_LIMIT_MESSAGE, address_space_headroom,
+                                 cgroup_headroom, process_limit_reached)
 
 log = logging.getLogger(__name__)
 
@@ -17,9 +18,10 @@ UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 # Leave room for PySCF, the interpreter and the OS when no budget is given.
 DEFAULT_FRACTION_OF_AVAILABLE = 0.6
-# OpenBLAS maps a 32 MiB buffer for its first product (the SCF's guess): under a
-# ``ulimit -v`` that leaves less once the libraries are loaded, it failed with its own message
-# or crashed (SIGSEGV) inside that product.
+# Address space a run maps beyond its budget once the libraries are loaded: OpenBLAS's 32 MiB
+# buffer for its first product (the SCF's guess), thread stacks, the record's HDF5 library
+# state. Under a ``ulimit -v`` that left 62 MB, water/cc-pVDZ crashed (SIGSEGV) inside that
+# first product; with 165 MB it ran.
 MIN_ADDRESS_SPACE_HEADROOM = 128 * 2**20
 # Sizes are stored as signed 64-bit integers (HDF5 attributes, PySCF's max_memory arithmetic).
 MAX_BYTES = 2**63 - 1
@@ -141,6 +143,16 @@ def peak_resident_megabytes() -> float:
 
 OUT_OF_MEMORY_MESSAGE = ("out of memory; lower --memory so that dfmp2 plans for less, or use "
                          "a machine with more")
+
+
+def limit_reached(exc: BaseException) -> str | None:
+    """The one line for ``exc`` when it says the process hit a limit of its own (memory, or
+    the threads and processes it may start); None for any other exception."""
+    if out_of_memory(exc):
+        return OUT_OF_MEMORY_MESSAGE
+    if process_limit_reached(exc):
+        return PROCESS_LIMIT_MESSAGE
+    return None
 
 
 def out_of_memory(exc: BaseException) -> bool:
