@@ -287,3 +287,18 @@ def test_compare_shows_hostile_record_names_on_one_line_each(run_cli, tmp_path, 
     rows = result.out.strip().splitlines()
     assert len(rows) == 3, result.out
     assert "a\\nb.h5" in rows[1] and "r\\x1b[31m.h5" in rows[2] and "\x1b" not in result.out
+
+
+def test_a_batch_lines_output_errors_name_the_batchs_out_option(run_cli, tmp_path):
+    """A file in --out that is not a record, where a line's record goes, failed the line
+    with 'choose another -o path', an option a batch does not have."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "water-sto-3g.h5").write_text("not a record\n")
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"{MOLECULES / 'water.xyz'} --basis sto-3g\n")
+    result = run_cli("batch", manifest, "--backend", "torch", "--threads", "1", "--out", out,
+                     "--json")
+    [row] = json.loads(result.out)
+    assert row["status"] == "failed"
+    assert "choose another --out path" in row["error"] and "-o " not in row["error"]

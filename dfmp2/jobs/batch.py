@@ -36,6 +36,7 @@ from dfmp2.records.sections import CalculationInputs, CheckSection
 from dfmp2.records.lock import RecordInUse, RecordLock
 from dfmp2.records.report import json_summary
 from dfmp2.input.basis_files import same_basis_name
+from dfmp2.interfaces.messages import interface_errors
 from dfmp2.input.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,12 @@ def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
         log.error("%s", exc)
 
 
+def _batch_option(option: str) -> str | None:
+    """A batch line's errors in the batch's words: its record's folder is --out (it has no
+    -o); every other option keeps its name."""
+    return "--out" if option == "output" else None
+
+
 def _failed_row(row: dict, settings: RunSettings, error: str, start: float) -> dict:
     _failed_record(settings.output, dataclasses.replace(settings, basis=row["basis"]), error)
     return {**row, "status": "failed", "error": error, "seconds": time.perf_counter() - start}
@@ -209,18 +216,19 @@ def run_item(item: BatchItem, settings: RunSettings) -> dict:
     if item.error is not None:
         return _failed_row(row, settings, item.error, start)
     try:
-        if item.interaction is not None:
-            values = _run_dimer(item, settings)
-        else:
-            outcome = run_job.run(settings, reuse_complete=True)
-            # A reused record's --check result stands as it was (a failed check was
-            # reported once, then as plain 'complete (skipped)' on every rerun).
-            check = CheckSection.read(outcome.record)
-            failed = (outcome.exit_code != 0 if not outcome.reused
-                      else check is not None and not check.passed)
-            state = (CHECK_FAILED if failed else
-                     "complete (skipped)" if outcome.reused else "complete")
-            values = {"status": state, **_energies(outcome.record, outcome.path)}
+        with interface_errors(settings.output, False, _batch_option):
+            if item.interaction is not None:
+                values = _run_dimer(item, settings)
+            else:
+                outcome = run_job.run(settings, reuse_complete=True)
+                # A reused record's --check result stands as it was (a failed check was
+                # reported once, then as plain 'complete (skipped)' on every rerun).
+                check = CheckSection.read(outcome.record)
+                failed = (outcome.exit_code != 0 if not outcome.reused
+                          else check is not None and not check.passed)
+                state = (CHECK_FAILED if failed else
+                         "complete (skipped)" if outcome.reused else "complete")
+                values = {"status": state, **_energies(outcome.record, outcome.path)}
     except Interrupted:
         raise
     except RecordInUse as exc:
