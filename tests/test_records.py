@@ -1027,7 +1027,7 @@ def test_a_signal_to_a_command_without_a_record_says_no_record_holds_its_work(
 
 
 @pytest.mark.parametrize("name, failure", [
-    ("damaged_loops_hdf5.h5", "it did not finish within the deadline"),
+    ("damaged_loops_hdf5.h5", "could not be read: reading it did not finish within 2 s"),
     ("damaged_crashes_hdf5.h5", "it crashed (SIGSEGV)")])
 def test_a_record_that_hangs_or_crashes_the_hdf5_library_is_one_line(name, failure, run_cli,
                                                                      tmp_path, monkeypatch):
@@ -1041,7 +1041,8 @@ def test_a_record_that_hangs_or_crashes_the_hdf5_library_is_one_line(name, failu
     record = tmp_path / name
     shutil.copy(Path(__file__).parent / "damaged" / name, record)
     before = record.read_bytes()
-    damaged = f"{record} is a damaged HDF5 file: reading it failed ({failure})"
+    damaged = (f"{record} {failure}" if "could not" in failure else
+               f"{record} is a damaged HDF5 file: reading it failed ({failure})")
     for args, said in ((("show", record), damaged), (("compare", record, record), damaged),
                        (("run", MOLECULES / "water.xyz", "--basis", "sto-3g", "-o", record),
                         f"output {record} exists and is not a dfmp2 run record")):
@@ -1061,12 +1062,84 @@ def test_a_record_read_in_a_child_gives_back_its_exceptions_and_crashes(tmp_path
         in_child(_raise_input_error)
     with pytest.raises(ChildFailed, match="SIGABRT"):
         in_child(os.abort)
-    with pytest.raises(ChildFailed, match="deadline"):
-        in_child(time.sleep, 30, deadline=0.5)
+    with pytest.raises(ChildFailed, match="did not finish within 0 s"):
+        in_child(time.sleep, 30, deadline=0.4)
+
+
+def test_a_record_is_read_when_sigchld_is_ignored(water_record):
+    """A dfmp2 started with SIGCHLD ignored (inherited from a daemon or job runner) has its
+    children reaped by the system: waiting for the reader failed with ECHILD, and every
+    record read as 'not a readable HDF5 run record'."""
+    previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert read_record(water_record).attrs["status"] == "complete"
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+
+
+def test_the_reading_child_ends_when_dfmp2_is_killed(tmp_path):
+    """A dfmp2 killed by SIGKILL (the OOM killer, a harness's timeout) while reading a
+    looping record left its child spinning at full CPU for good, holding its output pipes."""
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import os, time\n"
+        "from pathlib import Path\n"
+        "from dfmp2.records.isolated import in_child\n"
+        "def stuck(path):\n"
+        "    Path(path).write_text(str(os.getpid()))\n"
+        "    while True:\n"
+        "        pass\n"
+        f"in_child(stuck, {str(pid_file)!r}, deadline=300)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    for _ in range(600):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        if not _running(child):
+            break
+        time.sleep(0.05)
+    assert not _running(child), "the reader outlived its parent"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, left unreaped where no init reaps, has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_a_healthy_hdf5_file_of_another_program_is_not_called_damaged(tmp_path):
+    """A file holding object references (a MATLAB v7.3 .mat file has them), which the reader
+    cannot hand back, was called damaged; any foreign file is now read no further than its
+    schema."""
+    path = tmp_path / "matlab.h5"
+    with h5py.File(path, "w") as h5:
+        data = h5.create_dataset("x", data=np.arange(3))
+        h5.attrs["ref"] = data.ref
+        h5["y"] = np.zeros(10)
+    with pytest.raises(InputError, match="is an HDF5 file but not a dfmp2 record"):
+        read_record(path)
 
 
 def _raise_input_error() -> None:
     raise InputError("refused in the child")
+
+
+def test_a_record_of_an_older_schema_is_sent_to_the_version_that_wrote_it(water_record,
+                                                                          tmp_path):
+    """It was sent to 'the version that wrote it, or a newer one', which cannot read it."""
+    record = tmp_path / "past.h5"
+    shutil.copy(water_record, record)
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["schema"] = "dfmp2.run/0"
+    with pytest.raises(InputError, match="read it with the version of dfmp2 that wrote it$"):
+        read_record(record)
 
 
 def test_a_record_of_a_newer_schema_says_so(run_cli, water_record, tmp_path):

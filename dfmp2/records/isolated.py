@@ -3,12 +3,18 @@
 A record damaged by a single byte can make libhdf5 loop forever while it reads the root's
 attributes (no signal stops a process inside C code; only SIGKILL did) or crash with SIGSEGV.
 Read in a child, either is a child that missed its deadline or died by a signal, and the
-command says the file is damaged in one line.
+command says so in one line.
+
+The child must not outlive its deadline or its parent: a dfmp2 killed by SIGKILL (the OOM
+killer, a harness's timeout) left a child looping at full CPU, holding the command's output
+pipes open. It ends itself by an alarm at its deadline and, on Linux, when its parent dies.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
+import math
 import os
 import pickle
 import select
@@ -21,10 +27,16 @@ Result = TypeVar("Result")
 # Reading a record takes well under a second; a slow shared disk gets ample room.
 DEADLINE_SECONDS = 60.0
 CHUNK_BYTES = 1 << 20
+# Linux's prctl option that sends a process a signal when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 class ChildFailed(Exception):
     """The child died by a signal or missed its deadline; the text says which."""
+
+
+class ChildMissedDeadline(ChildFailed):
+    """The child had not ended by its deadline: slow, or looping."""
 
 
 def in_child(function: Callable[..., Result], *args, deadline: float | None = None) -> Result:
@@ -36,6 +48,7 @@ def in_child(function: Callable[..., Result], *args, deadline: float | None = No
     if not hasattr(os, "fork"):
         return function(*args)
     reading, writing = os.pipe()
+    parent = os.getpid()
     try:
         pid = os.fork()
     except OSError:
@@ -44,7 +57,7 @@ def in_child(function: Callable[..., Result], *args, deadline: float | None = No
         os.close(writing)
         return function(*args)
     if pid == 0:
-        _child(reading, writing, function, args)
+        _child(reading, writing, function, args, parent, deadline)
     os.close(writing)
     finished = False
     try:
@@ -55,28 +68,46 @@ def in_child(function: Callable[..., Result], *args, deadline: float | None = No
             # The deadline, or a signal that stops this command while it waits.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            _exit_status(pid)
     if not finished:
-        raise ChildFailed("it did not finish within the deadline")
+        raise ChildMissedDeadline(f"reading it did not finish within {deadline:.0f} s")
     # The pipe closes when the child ends: it has exited, or is exiting.
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
+    status = _exit_status(pid)
+    if status is not None and os.WIFSIGNALED(status):
         raise ChildFailed(f"it crashed ({signal.Signals(os.WTERMSIG(status)).name})")
-    outcome, value = pickle.loads(data)
+    try:
+        outcome, value = pickle.loads(data)
+    except Exception:  # noqa: BLE001 - whatever a cut-off pickle raises
+        # Only where the child's end could not be seen (below): it died while writing.
+        raise ChildFailed("it ended before handing back its result") from None
     if outcome == "raised":
         raise value
     return value
 
 
-def _child(reading: int, writing: int, function: Callable, args: tuple) -> None:
+def _exit_status(pid: int) -> int | None:
+    """The child's wait status; None where the system reaped it already: a dfmp2 started
+    with SIGCHLD ignored (a daemon's or job runner's disposition, inherited through exec)
+    has no child to wait for, and every record read as unreadable."""
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return None
+
+
+def _child(reading: int, writing: int, function: Callable, args: tuple, parent: int,
+           deadline: float) -> None:
     """Run in the child: the parent's signal handlers (which raise in Python) are dropped,
     so that a signal ends the child as it would any program, and so is the fault handler:
-    the parent says in one line what a crash here means."""
+    the parent says in one line what a crash here means. An alarm ends it just after its
+    deadline, and the death of its parent at once."""
     try:
         os.close(reading)
         faulthandler.disable()
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
             signal.signal(signum, signal.SIG_DFL)
+        signal.alarm(math.ceil(deadline) + 1)
+        _end_with_parent(parent)
         try:
             result = ("returned", function(*args))
         except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
@@ -92,14 +123,25 @@ def _child(reading: int, writing: int, function: Callable, args: tuple) -> None:
         os._exit(0)
 
 
-def _read_until(reading: int, end: float) -> tuple[bytes, bool]:
-    """What the child wrote, and whether it closed the pipe (ended) before ``end``."""
-    chunks = []
+def _end_with_parent(parent: int) -> None:
+    """Ask Linux to kill this child when its parent dies; where it cannot, the alarm still
+    ends it. A parent that died before the request was made is seen by its pid."""
+    # The process's own symbols include the C library's (find_library would start ldconfig).
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _read_until(reading: int, end: float) -> tuple[bytearray, bool]:
+    """What the child wrote, and whether it closed the pipe (ended) before ``end``; held in
+    one growing buffer, not in pieces joined at the end (twice the record in memory)."""
+    data = bytearray()
     while True:
         left = end - time.monotonic()
         if left <= 0 or not select.select([reading], [], [], left)[0]:
-            return b"".join(chunks), False
+            return data, False
         chunk = os.read(reading, CHUNK_BYTES)
         if not chunk:
-            return b"".join(chunks), True
-        chunks.append(chunk)
+            return data, True
+        data += chunk

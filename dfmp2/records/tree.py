@@ -27,7 +27,8 @@ import h5py
 import numpy as np
 
 from dfmp2.errors import Dfmp2Error, InputError, RunFailure
-from dfmp2.records.isolated import ChildFailed, in_child
+from dfmp2.records import isolated
+from dfmp2.records.isolated import ChildFailed, ChildMissedDeadline, in_child
 from dfmp2.system.files import FILE, disk_reason, existing_kind, printable, shown
 from dfmp2.system.interrupts import written_whole
 
@@ -51,6 +52,8 @@ KNOWN_SCHEMAS = (SCHEMA, BENCH_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA, FREQ
 KNOWN_KINDS = {schema.partition("/")[0] for schema in KNOWN_SCHEMAS}
 # Why a record holds values of a kind dfmp2 does not write.
 FOREIGN_RECORD = "it was not written by this version of dfmp2, or was altered"
+# A read slower than this (a stalled network file system) gets more than the minute.
+SLOW_DISK_BYTES_PER_SECOND = 10 * 2**20
 
 
 RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
@@ -186,9 +189,7 @@ class _LinkInRecord(Exception):
 def _read_node(group: h5py.Group) -> Node:
     node = Node()
     for key, value in group.attrs.items():
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", "surrogateescape")
-        node.attrs[key] = value.item() if isinstance(value, np.generic) else value
+        node.attrs[key] = _attribute_value(value)
     for key in group.keys():
         if not isinstance(group.get(key, getlink=True), h5py.HardLink):
             raise _LinkInRecord(f"{group.name.rstrip('/')}/{key}")
@@ -201,8 +202,31 @@ def _read_node(group: h5py.Group) -> Node:
 
 
 def _read_file(path: Path) -> Node:
+    """The record at ``path``; of a file that is no record this version reads, only the
+    root's schema (a 1 GB foreign file was read whole, 3 GB of memory, and one holding
+    object references, which do not pass to the parent, was called damaged)."""
     with h5py.File(path, "r") as h5:
+        # Not attrs.get: it gives None for an attribute whose damage h5py reports as a
+        # KeyError, and a damaged record would read as another program's file.
+        found = (_attribute_value(h5.attrs["schema"]) if "schema" in h5.attrs.keys()
+                 else None)
+        if not (isinstance(found, str) and found in KNOWN_SCHEMAS):
+            node = Node()
+            node.attrs["schema"] = found if isinstance(found, (str, type(None))) else repr(found)
+            return node
         return _read_node(h5)
+
+
+def _attribute_value(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def read_deadline(path: Path) -> float:
+    """Seconds a record's read may take: a minute, and more for a large file on a slow
+    shared disk."""
+    return isolated.DEADLINE_SECONDS + path.stat().st_size / SLOW_DISK_BYTES_PER_SECOND
 
 
 def read_record(path: str | Path) -> Node:
@@ -215,7 +239,11 @@ def read_record(path: str | Path) -> Node:
     if kind != FILE:
         raise InputError(f"{path} is {kind}, not a run record file")
     try:
-        root = in_child(_read_file, path)
+        root = in_child(_read_file, path, deadline=read_deadline(path))
+    except ChildMissedDeadline as failure:
+        raise InputError(f"{path} could not be read: {failure}, so it is damaged or its file "
+                         "system is stalled; check the file system and try again, or restore "
+                         "the file from a copy") from None
     except ChildFailed as failure:
         raise InputError(f"{path} is a damaged HDF5 file: reading it failed ({failure}); "
                          "restore it from a copy, or move it aside and run again") from None
@@ -243,7 +271,7 @@ def read_record(path: str | Path) -> Node:
         raise InputError(f"{path} is a dfmp2 record of schema "
                          f"{printable(found[:60], one_line=True)}, which this version of dfmp2 "
                          f"does not read (it reads {', '.join(KNOWN_SCHEMAS)}); read it with "
-                         "the version that wrote it, or a newer one")
+                         "the version of dfmp2 that wrote it")
     if not (isinstance(found, str) and found in KNOWN_SCHEMAS):
         raise InputError(f"{path} is an HDF5 file but not a dfmp2 record "
                          f"(schema {printable(repr(found)[:60], one_line=True)}, "
