@@ -154,6 +154,17 @@ def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
     # Path() dropped the slash: the record was written as a file named after the folder.
     ({"driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
       "keywords": {"record": "qdir/"}}, "keyword record 'qdir/' names a folder"),
+    ({"driver": "energy", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"record": ""}}, "keyword record is empty"),
+    # The command line refuses SCS scales for a gradient, density or Hessian of another
+    # method; these were dropped, and the numbers were plain MP2's and SOS-MP2's.
+    ({"driver": "gradient", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"scs_os": 1.1, "scs_ss": 0.5}},
+     "keyword scs_os and keyword scs_ss scale SCS-MP2, and this computes MP2"),
+    ({"driver": "hessian", "model": {"method": "sos-mp2", "basis": "sto-3g"},
+      "keywords": {"scs_os": 2.0}}, "keyword scs_os scales SCS-MP2, and this computes SOS-MP2"),
+    ({"driver": "properties", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"scs_ss": 0.5}}, "keyword scs_ss scales SCS-MP2, and this computes MP2"),
 ])
 def test_bad_inputs_are_input_errors(spec, message):
     result = qcengine.compute({"molecule": water_molecule(), **spec}, "dfmp2",

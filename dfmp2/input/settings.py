@@ -144,6 +144,7 @@ class RunSettings:
                 raise InputError(f"memory {self.memory!r} must be a number of bytes")
             checked_size(self.memory)
         self._refuse_scs_scales_beside_a_double_hybrid()
+        self._refuse_scs_scales_of_another_method()
         if self.task in DIFFERENTIATING_TASKS and self.scf_method != "df":
             # Refused here, before any record is touched: found after the SCF, it had moved
             # a complete record aside for a job that could not run.
@@ -163,6 +164,22 @@ class RunSettings:
         scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
         raise InputError(f"{options} {scale} SCS-MP2, not the double hybrid --xc {self.xc}; "
                          f"drop {them} (a custom --xc takes --mp2-os and --mp2-ss)")
+
+    def _refuse_scs_scales_of_another_method(self) -> None:
+        """A gradient, density or Hessian of MP2 or SOS-MP2 has no SCS-MP2 energy to report
+        beside it, as an energy run does: scales given to one (QCSchema's scs_os with the
+        gradient driver) were dropped without a word. The command line refuses them earlier,
+        also where they equal the defaults (``refuse_unused_scales``)."""
+        if self.task == "energy" or self.xc is not None or self.method == "scs-mp2":
+            return
+        given = [f"--{name.replace('_', '-')}" for name, value, default in
+                 (("scs_os", self.scs_os, SCS_OS_DEFAULT), ("scs_ss", self.scs_ss, SCS_SS_DEFAULT))
+                 if value != default]
+        if given:
+            options = " and ".join(given)
+            scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
+            raise InputError(f"{options} {scale} SCS-MP2, and this computes "
+                             f"{self.method.upper()}; add --method scs-mp2, or drop {them}")
 
     def xc_suffix(self) -> str:
         """``-<functional>[-<dispersion>]`` in default record names of a double hybrid (``-xc``

@@ -186,6 +186,8 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
     kept = atomic_input.specification.keywords.get(RECORD_KEYWORD)
     if kept is not None and not isinstance(kept, str):
         raise InputError(f"keyword {RECORD_KEYWORD} must be a path (a string), not {kept!r}")
+    if kept == "":
+        raise InputError(f"keyword {RECORD_KEYWORD} is empty; give a file's path, such as run.h5")
     if kept is not None and names_a_folder(kept):
         raise InputError(f"keyword {RECORD_KEYWORD} {kept!r} names a folder; give a file in "
                          "it, such as run.h5 there")
