@@ -241,6 +241,24 @@ def test_a_stability_check_that_does_not_converge_says_so_instead_of_stable(
     assert summary["stability_eigenvalue"] > -1e-5
     assert "did not converge in 1 Davidson iterations" in caplog.text
     shown = run_cli("show", record).out
-    assert "whether a lower SCF solution exists is not known" in shown
+    # The unrestricted solution a bound below the line proves is not called unknown beside
+    # it: only one of the reference's own kind is.
+    unknown = "a lower RHF solution" if unstable else "a lower SCF solution"
+    assert f"whether {unknown} exists is not known" in shown
     assert (summary["unpairing_eigenvalue"] < -0.3) == unstable
     assert ("unstable toward an unrestricted one" in shown) == unstable
+
+
+def test_an_undecided_check_of_an_open_shell_names_only_the_check_it_has(run_cli, tmp_path,
+                                                                         monkeypatch):
+    """An open shell has no check toward unrestricted: its undecided report said 'toward
+    unrestricted nan'."""
+    from dfmp2.scf import reference
+    monkeypatch.setattr(reference, "STABILITY_MAX_CYCLES", 1)
+    path = _xyz_file(tmp_path, "oh", "O 0 0 0; H 0 0 0.97")
+    record = tmp_path / "oh.h5"
+    result = run_cli("run", path, "--basis", "cc-pvdz", "--spin", "1", "--json", "-o", record)
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["stability"] == "undecided"
+    shown = run_cli("show", record).out
+    assert "eigenvalues so far: internal" in shown and "nan" not in shown

@@ -114,11 +114,7 @@ def summary(root: Node) -> str:
                      + ("" if scf.instabilities_followed else
                         "; --follow-instability converges to it"))
     if scf is not None and scf.stability == "undecided":
-        lines.append(f"  Warning: the check of the {scf.reference.upper()} reference's stability "
-                     "did not converge (lowest orbital-Hessian eigenvalues so far: internal "
-                     f"{scf.stability_eigenvalue:.4g}, toward unrestricted "
-                     f"{scf.unpairing_eigenvalue:.4g}; upper bounds); whether a lower SCF "
-                     "solution exists is not known")
+        lines.append(_undecided_line(scf))
     if scf is not None and scf.unpairing_eigenvalue < UNSTABLE_BELOW:
         lines.append(f"  Warning: the {scf.reference.upper()} reference is unstable toward an "
                      f"unrestricted one (lowest orbital-Hessian eigenvalue "
@@ -143,9 +139,12 @@ def summary(root: Node) -> str:
                          "is less accurate than usual (NO2's: 1.6e-5 Eh/Bohr at an orbital "
                          "gradient of 5.5e-8); check it against central differences")
     if scf is not None and scf.removed_combinations:
-        lines.append(f"  Note: the basis is nearly linearly dependent: {scf.removed_combinations} "
-                     "combinations of its functions (overlap eigenvalues below 1e-6) are left "
-                     "out of the orbitals, as PySCF leaves them out")
+        removed = scf.removed_combinations
+        lines.append(f"  Note: the basis is nearly linearly dependent: {removed} "
+                     f"combination{'' if removed == 1 else 's'} of its functions (the overlap's "
+                     "eigenvectors below PySCF's threshold) "
+                     f"{'is' if removed == 1 else 'are'} left out of the orbitals, as PySCF "
+                     "leaves them out")
         if "gradient" in root.groups:
             lines.append("  Note: the analytic gradient takes the combinations left out as "
                          "fixed while they move with the atoms, so it is not exactly the "
@@ -294,3 +293,18 @@ def dump(root: Node, indent: str = "") -> str:
         lines.append(f"{indent}/{key}")
         lines.append(dump(child, indent + "  "))
     return "\n".join(line for line in lines if line)
+
+
+def _undecided_line(scf: ScfSection) -> str:
+    """The warning of a stability check that did not converge. An unrestricted solution
+    that the other check proved (stretched H2) is no longer in doubt, and an open shell has
+    no check toward unrestricted (its value is NaN)."""
+    name = scf.reference.upper()
+    values = f"internal {scf.stability_eigenvalue:.4g}"
+    if not math.isnan(scf.unpairing_eigenvalue):
+        values += f", toward unrestricted {scf.unpairing_eigenvalue:.4g}"
+    unknown = (f"a lower {name}" if scf.unpairing_eigenvalue < UNSTABLE_BELOW
+               else "a lower SCF")
+    return (f"  Warning: the check of the {name} reference's stability did not converge "
+            f"(lowest orbital-Hessian eigenvalues so far: {values}; an unconverged one is an "
+            f"upper bound); whether {unknown} solution exists is not known")

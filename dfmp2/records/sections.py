@@ -226,7 +226,8 @@ class ScfSection(Section):
     records)."""
     removed_combinations: int = 0
     """How many combinations of the basis functions the orbitals leave out, the overlap's
-    eigenvectors below 1e-6 of a nearly linearly dependent basis (0 in older records)."""
+    eigenvectors below PySCF's threshold (1e-6 by default) of a nearly linearly dependent basis
+    (0 in older records)."""
 
 
 @dataclass(frozen=True)

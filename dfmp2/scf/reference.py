@@ -451,10 +451,11 @@ def _converged_reference(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions)
     removed = removed_combinations(calc.mol, orbitals.mo_coeff)
     if removed:
         _warn_once_per_job("dependent", "the basis is nearly linearly dependent: %d of its %d "
-                           "functions' combinations (overlap eigenvalues below %.0e) were left "
+                           "functions' combinations (overlap eigenvalues below %.0e) %s left "
                            "out of the orbitals, as PySCF leaves them out; the energies are "
                            "those of the space that remains", removed, calc.mol.nao_nr(),
-                           scf.hf.overlap_zero_eigenvalue_threshold)
+                           scf.hf.overlap_zero_eigenvalue_threshold,
+                           "was" if removed == 1 else "were")
     log.info("SCF %s %s: E = %.10f after %d cycles (converged=%s)", calc.reference_name,
              calc.scf_method, e_tot, cycles, mf.converged)
     if tight is not None and tight.settled:
@@ -707,12 +708,13 @@ def warn_of_moving_basis(mol: gto.Mole, mo_coeff: np.ndarray) -> None:
     (PySCF's and ours) takes the space left out as fixed, while it turns with the atoms."""
     removed = removed_combinations(mol, mo_coeff)
     if removed:
-        _warn_once_per_job("moving basis", "the analytic gradient leaves out how the %d "
-                           "combinations of basis functions removed for near linear dependence "
-                           "move with the atoms, so it is not exactly the energy's derivative "
-                           "(9e-8 Eh/Bohr off for acetylene in aug-cc-pV5Z, 9e-6 for an H4 "
-                           "chain 0.45 A apart in aug-cc-pVTZ); a basis with fewer diffuse "
-                           "functions avoids it", removed)
+        _warn_once_per_job("moving basis", "the analytic gradient leaves out how the %d %s "
+                           "of basis functions removed for near linear dependence %s with the "
+                           "atoms, so it is not exactly the energy's derivative (9e-8 Eh/Bohr "
+                           "off for acetylene in aug-cc-pV5Z, 9e-6 for an H4 chain 0.45 A apart "
+                           "in aug-cc-pVTZ); a basis with fewer diffuse functions avoids it",
+                           removed, "combination" if removed == 1 else "combinations",
+                           "moves" if removed == 1 else "move")
 
 
 def _warn_undecided(calc: Calculation, toward: str, eigenvalue: float) -> None:
