@@ -87,8 +87,10 @@ CASES = [
                                           "batch"], 2, "write it as K/N"),
     ("empty output name", ["run", "water.xyz", "-o", ""], 2, "is empty"),
     ("empty scratch name", ["run", "water.xyz", "--scratch", ""], 2, "is empty"),
+    ("empty molden name", ["properties", "water.xyz", "--molden", ""], 2,
+     "'--molden': is empty; give a file's name, such as out.molden"),
     ("scratch where no file can be made", ["run", "water.xyz", "--scratch", "/proc"], 2,
-     "scratch folder /proc is not a writable folder"),
+     "scratch folder /proc is not a writable folder: no file can be created in it"),
     ("show a non-record", ["show", "notes.h5"], 2, "not a readable HDF5 run record"),
     ("compare a corrupt record", ["compare", "corrupt.h5"], 2, "not a readable"),
 ]

@@ -73,6 +73,25 @@ def test_an_address_space_limit_too_small_to_load_or_to_compute_is_one_line(tmp_
     assert not record.exists()
 
 
+def test_running_out_of_memory_under_an_address_space_limit_names_the_limit():
+    """Memory that ran out under ``ulimit -v`` (in a narrow band: reading the XYZ file, before
+    the headroom check) was 'lower --memory', with no --memory given."""
+    from dfmp2.system.memory import limit_reached
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    try:
+        if hard == resource.RLIM_INFINITY:
+            resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, hard))
+            assert "lower --memory" in limit_reached(MemoryError())
+            assert "ulimit -v" not in limit_reached(MemoryError())
+        limit = 2**45 if hard == resource.RLIM_INFINITY else hard
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        assert f"address-space limit (ulimit -v {limit // 1024} kB); raise the limit" in \
+            limit_reached(MemoryError())
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def test_a_budget_above_the_address_space_limit_is_warned_of(tmp_path):
     """README: more than the job's limit is taken with a warning; ``ulimit -v`` was not
     compared with an explicit --memory."""

@@ -174,9 +174,6 @@ def output_option(help_text: str) -> Callable[[Any], Any]:
 
 
 def _output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
-    if value == "":
-        raise click.BadParameter("is empty; give a record file's name, such as run.h5", ctx,
-                                 param)
     return file_path(ctx, param, value, "run.h5")
 
 
@@ -190,7 +187,10 @@ def molden_option(help_text: str) -> Callable[[Any], Any]:
 
 def file_path(ctx: click.Context, param: click.Parameter, value: str | None,
               example: str) -> Path | None:
-    """A file's path as typed, refused when it names a folder (Path() drops the ending)."""
+    """A file's path as typed, refused when it is empty or names a folder (Path() drops the
+    ending)."""
+    if value == "":
+        raise click.BadParameter(f"is empty; give a file's name, such as {example}", ctx, param)
     if value is not None and names_a_folder(value):
         folder = value if value.endswith(("/", os.sep)) else value + "/"
         raise click.BadParameter(f"{value!r} names a folder; give a file in it, such as "

@@ -170,9 +170,10 @@ def resolve_environment(settings: RunSettings, record_path: Path,
         # /proc and /sys pass the access test, and no file can be made in them.
         with tempfile.TemporaryFile(dir=scratch_dir):
             pass
-    except OSError as exc:
-        raise InputError(f"scratch folder {scratch_dir} is not a writable folder "
-                         f"({exc.strerror}); choose another with --scratch") from None
+    except OSError:
+        # The reason is of tempfile's last try (ENOENT from /proc), not of the folder.
+        raise InputError(f"scratch folder {scratch_dir} is not a writable folder: no file can "
+                         "be created in it; choose another with --scratch") from None
     check_pyscf_tmpdir()
     threads = apply_threads(settings.threads)
     return Environment(kernel_set, scf_kernel_sets, memory_budget(settings.memory), threads,

@@ -9,7 +9,8 @@ Beside ``/input`` and the calculation at the input geometry (``/scf`` with its o
   the number of points, the shard);
 - ``/frequencies``: the harmonic analysis (datasets ``hessian``, the symmetrised Cartesian
   Hessian in Eh/Bohr^2, ``frequencies`` in cm^-1, ``ir_intensities`` in km/mol,
-  ``normal_modes``, ``reduced_masses``, ``force_constants``, ``dipole_derivatives``) and the
+  ``normal_modes`` in amu^-1/2, ``reduced_masses`` in amu, ``force_constants``, the
+  mass-weighted Hessian's eigenvalues in Eh Bohr^-2 amu^-1, ``dipole_derivatives``) and the
   thermochemistry in its attributes.
 """
 from __future__ import annotations

@@ -149,6 +149,13 @@ def limit_reached(exc: BaseException) -> str | None:
     """The one line for ``exc`` when it says the process hit a limit of its own (memory, or
     the threads and processes it may start); None for any other exception."""
     if out_of_memory(exc):
+        limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if limit != resource.RLIM_INFINITY:
+            # The limit, not the machine, is then what ran out most often, and the run may
+            # not have been given a --memory to lower.
+            return (f"out of memory within this process's address-space limit (ulimit -v "
+                    f"{limit // 1024} kB); raise the limit, or lower --memory so that dfmp2 "
+                    "plans for less")
         return OUT_OF_MEMORY_MESSAGE
     if process_limit_reached(exc):
         return PROCESS_LIMIT_MESSAGE
