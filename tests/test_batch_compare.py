@@ -9,6 +9,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+from pyscf import scf
 
 from conftest import MOLECULES, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
 from dfmp2.jobs.manifest import without_comment
@@ -302,3 +303,35 @@ def test_a_batch_lines_output_errors_name_the_batchs_out_option(run_cli, tmp_pat
     [row] = json.loads(result.out)
     assert row["status"] == "failed"
     assert "choose another --out path" in row["error"] and "-o " not in row["error"]
+
+
+def test_compare_with_pyscf_refuses_a_basis_file_changed_since_the_run(run_cli, tmp_path,
+                                                                         monkeypatch):
+    """compare --reference pyscf read the record's basis file again by its name, without its
+    recorded digest: after the file was edited (or from a folder holding another file of
+    that name) it showed dfmp2 0.7 Eh off PySCF, exit 0; where no such file was, 'unknown
+    basis'."""
+    import pyscf
+
+    library = Path(pyscf.__file__).parent / "gto" / "basis"
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(library / "sto-3g.dat", "mine.nw")
+    args = ("--auxbasis", "def2-svp-ri", "--jk-auxbasis", "def2-universal-jkfit")
+    result = run_cli("run", MOLECULES / "water.xyz", "--basis", "./mine.nw", *args,
+                     "--threads", "1", "-o", "w.h5")
+    assert result.code == 0, result.err
+    same = run_cli("compare", "w.h5", "--reference", "pyscf")
+    assert same.code == 0, same.err
+    # The PySCF row is PySCF's own SCF in the library's STO-3G, the file's contents.
+    mf = scf.RHF(pyscf_molecule("water", "sto-3g")).density_fit(auxbasis="def2-universal-jkfit")
+    mf.conv_tol, mf.verbose = 1e-12, 0
+    fields = same.out.splitlines()[-1].split()
+    assert float(fields[4]) == pytest.approx(mf.kernel(), abs=1e-8)
+    assert abs(float(fields[-4])) < 1e-8
+    shutil.copy(library / "sto-6g.dat", "mine.nw")
+    edited = run_cli("compare", "w.h5", "--reference", "pyscf")
+    assert edited.code == 2 and "Error: w.h5 was computed with the basis file ./mine.nw, " \
+        "which holds other contents now" in edited.err
+    Path("mine.nw").unlink()
+    gone = run_cli("compare", "w.h5", "--reference", "pyscf")
+    assert gone.code == 2 and "which is not in this folder" in gone.err

@@ -7,11 +7,13 @@ fitting builds J and K) and runs its own DF-MP2 on it.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from dfmp2.input.basis_files import file_digest
 from dfmp2.input.calculation import define_calculation, request_from_inputs
 from dfmp2.errors import InputError
 from dfmp2.input.xyz import parse_xyz
@@ -103,11 +105,35 @@ def pyscf_row(path: Path, root: Node) -> Row:
     if inputs is None:
         raise InputError(f"{path} has no /input group, so its calculation cannot be "
                          "recomputed with PySCF; compare it with another record instead")
+    _refuse_changed_files(path, inputs)
     geometry, request = request_from_inputs(inputs)
     calc = define_calculation(geometry, request)
     recipe = pyscf_recipe(calc, str(path), inputs.follow_instability)
     return Row(f"pyscf ({path.name})", inputs.basis, calc.auxbasis.name, recipe.e_scf,
                recipe.mp2.e_corr, recipe.e_tot, kernels="pyscf")
+
+
+def _refuse_changed_files(path: Path, inputs: CalculationInputs) -> None:
+    """The basis and core-potential files the record was computed with must be the files the
+    same names give here (a name is read from the current folder, as the run read it): an
+    edited file, or another of that name in this folder, made PySCF compute another
+    calculation and the table showed dfmp2 0.7 Eh off it."""
+    ecp_names = sorted(set(json.loads(inputs.ecp).values())) if inputs.ecp else []
+    files = (("basis", inputs.basis, inputs.basis_file),
+             ("auxiliary basis", inputs.auxbasis_option, inputs.auxbasis_file),
+             ("JK-fit basis", inputs.jk_auxbasis_option, inputs.jk_auxbasis_file),
+             ("core-potential", ", ".join(ecp_names), inputs.ecp_file))
+    for kind, name, recorded in files:
+        if not recorded:
+            continue
+        found = ("".join(file_digest(one) for one in ecp_names) if kind == "core-potential"
+                 else file_digest(name))
+        if found != recorded:
+            state = "is not in this folder" if not found else "holds other contents now"
+            raise InputError(f"{path} was computed with the {kind} file "
+                             f"{printable(name, one_line=True)}, which {state}; PySCF cannot "
+                             "recompute that calculation here: run compare in the folder the "
+                             "run was in, with the file as it was")
 
 
 def compare(paths: list[Path], reference: str | None) -> list[tuple[Row, Row | None]]:
