@@ -48,6 +48,10 @@ CASES = [
     ("ECP that covers nothing", ["run", "water.xyz", "--ecp", "def2-svp"], 2,
      "has no core potential"),
     ("empty basis name", ["run", "water.xyz", "--basis", ""], 2, "--basis is empty"),
+    # The SCF's Fock matrix overflowed: a traceback, and 'internal error' in the record.
+    ("huge exchange-correlation coefficient",
+     ["run", "water.xyz", "--xc", "0.5*HF + 0.5*B88, 1e200*LYP", "--mp2-os", "0.2",
+      "--mp2-ss", "0.2"], 2, "has a coefficient of 1e+200: give coefficients between -100"),
     ("NaN SCS scale", ["run", "water.xyz", "--scs-os", "nan"], 2, "not a finite number"),
     ("infinite SCS scale", ["run", "water.xyz", "--scs-ss", "-inf"], 2, "not a finite number"),
     ("frozen beyond occupied, before the SCF", ["run", "water.xyz", "--frozen", "1000"], 2,

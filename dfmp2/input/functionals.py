@@ -19,6 +19,11 @@ from pyscf.dft import libxc
 from dfmp2.errors import InputError
 from dfmp2.input.dispersion import LABELS, MODELS, NONE, Dispersion, damping
 
+# Published SCS and double-hybrid scales, and the coefficients of an exchange-correlation mix,
+# lie between 0 and 2; this bound only stops factors whose products with an energy would be
+# meaningless or overflow (1e200*HF ended the SCF in a traceback).
+MAX_SCALE_FACTOR = 100.0
+
 
 @dataclass(frozen=True)
 class DoubleHybrid:
@@ -213,6 +218,12 @@ def check_xc_string(xc: str) -> None:
     if omega:
         raise InputError(f"--xc {xc!r} has range-separated exchange (omega = {omega}), which "
                          "dfmp2 does not build; use a global hybrid mix")
+    (hybrid, _, _), terms = libxc.parse_xc(xc)
+    for coefficient in (hybrid, *(factor for _, factor in terms)):
+        if not abs(coefficient) <= MAX_SCALE_FACTOR:
+            raise InputError(f"--xc {xc!r} has a coefficient of {coefficient:g}: give "
+                             f"coefficients between -{MAX_SCALE_FACTOR:g} and "
+                             f"{MAX_SCALE_FACTOR:g}")
 
 
 def stored_functional(name: str, xc: str, os_scale: float, ss_scale: float,

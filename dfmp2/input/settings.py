@@ -18,13 +18,10 @@ from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.scf.engine import ENGINES
 from dfmp2.scf.reference import SCF_METHODS
 from dfmp2.input.dispersion import NONE
-from dfmp2.input.functionals import GRID_LEVELS, named_functional
+from dfmp2.input.functionals import GRID_LEVELS, MAX_SCALE_FACTOR, named_functional
 from dfmp2.system.memory import checked_size
 
 DEFAULT_OUTPUT_DIR = Path("runs")
-# Published SCS and double-hybrid scales lie between 0 and 2; this bound only stops factors
-# whose products with an energy would be meaningless or overflow.
-MAX_SCALE_FACTOR = 100.0
 SCALE_FIELDS = ("scs_os", "scs_ss", "mp2_os", "mp2_ss")
 # Whole-number fields and their least value (None: not given).
 COUNT_FIELDS = {"threads": 1, "occ_block": 1, "frozen": 0}
