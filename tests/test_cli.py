@@ -342,3 +342,55 @@ def test_nki_variables_on_a_torch_run_are_said_to_apply_to_nki_only(variable, va
                      "-o", tmp_path / "w.h5")
     assert result.code == 0, result.err
     assert "apply to the NKI backend; this run uses torch" in caplog.text
+
+
+def test_a_benchmark_side_process_ends_with_the_command(tmp_path):
+    """A bench killed by SIGKILL (the OOM killer, kill -9) left its side computing a whole
+    calculation for no one, its files in $TMPDIR for good."""
+    script = ("import time\n"
+              "from dfmp2.jobs.bench import _in_fresh_process\n"
+              "_in_fresh_process(time.sleep, 120)\n")
+    parent = subprocess.Popen([python_exe(), "-c", script])
+    side = None
+    for _ in range(600):
+        side = next(iter(_children_of(parent.pid)), None)
+        if side is not None:
+            break
+        time.sleep(0.05)
+    assert side is not None, "no side process started"
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        if not _running(side):
+            break
+        time.sleep(0.05)
+    assert not _running(side), "the side process outlived the command"
+
+
+def _children_of(pid: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        # A spawn pool's worker is started through its resource tracker's sibling: take the
+        # ones running Python's multiprocessing spawn.
+        if int(fields[1]) == pid and "spawn_main" in _command_line(stat.parent):
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _command_line(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -427,3 +427,37 @@ def test_a_failed_text_output_leaves_the_earlier_file_whole(tmp_path):
                "choose another --molden").commit()
     assert target.read_text() == "the new file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.molden"]
+
+
+def test_a_bench_that_cannot_write_its_record_shows_its_measurements_and_puts_back_the_last(
+        run_cli, tmp_path, monkeypatch):
+    """On a full disk the earlier benchmark record stayed under its superseded name without a
+    word, and the measurements just made were neither printed nor kept."""
+    from dfmp2.jobs import bench
+    from dfmp2.records.tree import RecordWriteError
+
+    record = tmp_path / "b.h5"
+    args = ("bench", molecule_path("water"), "--basis", "sto-3g", "--threads", "1",
+            "--skip-pyscf", "-o", record)
+    assert run_cli(*args).code == 0
+    before = record.read_bytes()
+
+    def full_disk(path, root):
+        raise RecordWriteError(f"cannot write the run record {path}: No space left on device")
+
+    monkeypatch.setattr(bench, "write_record", full_disk)
+    result = run_cli(*args)
+    assert result.code == 1
+    assert "MP2 energy step:" in result.out and "record: not written" in result.out
+    assert result.err.strip() == (f"Error: cannot write the run record {record}: No space left "
+                                  f"on device (the earlier benchmark record is back at {record})")
+    assert record.read_bytes() == before and list(tmp_path.glob("b.*.h5")) == []
+
+
+def test_bad_input_that_only_the_bench_side_finds_is_bad_input(run_cli, tmp_path):
+    """A memory budget too small for the SCF was found in the benchmark's side process and
+    ended as 'benchmark side dfmp2_side failed', exit 1, where `run` exits 2."""
+    result = run_cli("bench", molecule_path("water"), "--basis", "sto-3g", "--threads", "1",
+                     "--skip-pyscf", "--memory", "1KB", "-o", tmp_path / "b.h5")
+    assert result.code == 2 and "benchmark side" not in result.err
+    assert "memory budget 1.0 kB is too small" in result.err

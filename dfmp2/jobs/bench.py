@@ -14,6 +14,7 @@ repeat, then the median is reported: the machine may be shared.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import resource
 import statistics
 import tempfile
@@ -33,8 +34,9 @@ from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
 from dfmp2.records.checkpoint import set_aside
 from dfmp2.records.lock import RecordLock
-from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, new_record, read_record, schema,
-                                set_status, write_record)
+from dfmp2.system.orphans import end_with_parent
+from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, RecordWriteError, new_record,
+                                read_record, schema, set_status, write_record)
 from dfmp2.records.sections import (Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings)
 from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.job_sections import write_bench
@@ -112,8 +114,10 @@ def k_build_rates(engine: ScfEngineSection, nao: int) -> list[float]:
 
 
 def _in_fresh_process(function, settings: RunSettings) -> dict:
+    """``function(settings)`` in a fresh process, which ends with this one (a SIGKILLed bench
+    left its side computing a whole calculation for no one)."""
     context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
+    with context.Pool(1, initializer=end_with_parent, initargs=(os.getpid(),)) as pool:
         try:
             return pool.apply(function, (settings,))
         except Interrupted as exc:
@@ -121,6 +125,10 @@ def _in_fresh_process(function, settings: RunSettings) -> dict:
             reason = str(exc).split(";")[0]
             raise Interrupted(f"{reason}; a benchmark keeps no partial result, so it starts "
                               "again when rerun", exc.exit_code) from None
+        except InputError as exc:
+            # Found only by the side (the memory budget, the scratch folder): the input's
+            # fault, as `dfmp2 run` says, with its status 2.
+            raise InputError(str(exc)) from None
         except Dfmp2Error as exc:
             raise RunFailure(f"benchmark side {function.__name__} failed: {exc}") from None
 
@@ -238,11 +246,27 @@ def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dic
         write_bench(root, summary, as_arrays(runs),
                     [{"k_build_gflops": r["dfmp2"]["k_build_gflops"]} for r in runs])
         # An earlier benchmark is other measurements: it moves aside, as a complete record
-        # of any command does.
-        if path.exists():
-            set_aside(path, read_record(path))
-        write_record(path, root)
+        # of any command does, and comes back where this one cannot be written.
+        earlier = set_aside(path, read_record(path)) if path.exists() else None
+        try:
+            write_record(path, root)
+        except RecordWriteError as exc:
+            summary["record"] = None
+            summary["record_error"] = f"{exc}{_put_back(earlier, path)}"
     return summary, format_table(summary, precision)
+
+
+def _put_back(earlier: Path | None, path: Path) -> str:
+    """Where the earlier benchmark record is, after this one could not be written."""
+    if earlier is None:
+        return ""
+    if not path.exists():
+        try:
+            os.rename(earlier, path)
+            return f" (the earlier benchmark record is back at {path})"
+        except OSError:
+            pass
+    return f" (the earlier benchmark record is kept as {earlier})"
 
 
 def _refuse_other_records(path: Path) -> None:
@@ -281,12 +305,13 @@ def format_table(s: dict, precision: str) -> str:
         f"J/K build: {s['k_build_gflops']:.1f} GFLOP/s = "
         f"{100 * s['k_build_fraction_of_gemm']:.0f}% of the dgemm rate "
         f"{s['gemm_gflops']:.1f} GFLOP/s (the faster of two measured in the same process, "
-        "before and after the run)",
+        "before and after the run)" if s["k_build_gflops"] == s["k_build_gflops"] else
+        "J/K build: not measured (no fp64 build of dfmp2's J/K engine after the first)",
         f"MP2 energy step: {s['energy_gflops']:.1f} GFLOP/s",
         f"peak RSS: PySCF {pyscf_peak}, dfmp2 {format_size(s['dfmp2_peak_rss_bytes'])}",
         f"|dE(SCF)| {shown('abs_delta_e_scf', '.1e')} Eh, "
         f"|dE_corr| {shown('abs_delta_e_corr', '.1e')} Eh",
         *verdicts(s, precision),
-        f"record: {s['record']}",
+        f"record: {s['record'] or 'not written'}",
     ]
     return "\n".join(lines)

@@ -12,7 +12,6 @@ pipes open. It ends itself by an alarm at its deadline and, on Linux, when its p
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import math
 import os
@@ -23,12 +22,12 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from dfmp2.system.orphans import end_with_parent
+
 Result = TypeVar("Result")
 # Reading a record takes well under a second; a slow shared disk gets ample room.
 DEADLINE_SECONDS = 60.0
 CHUNK_BYTES = 1 << 20
-# Linux's prctl option that sends a process a signal when its parent dies.
-PR_SET_PDEATHSIG = 1
 
 
 class ChildFailed(Exception):
@@ -107,7 +106,7 @@ def _child(reading: int, writing: int, function: Callable, args: tuple, parent: 
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM):
             signal.signal(signum, signal.SIG_DFL)
         signal.alarm(math.ceil(deadline) + 1)
-        _end_with_parent(parent)
+        end_with_parent(parent)
         try:
             result = ("returned", function(*args))
         except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
@@ -121,16 +120,6 @@ def _child(reading: int, writing: int, function: Callable, args: tuple, parent: 
             view = view[os.write(writing, view[:CHUNK_BYTES]):]
     finally:
         os._exit(0)
-
-
-def _end_with_parent(parent: int) -> None:
-    """Ask Linux to kill this child when its parent dies; where it cannot, the alarm still
-    ends it. A parent that died before the request was made is seen by its pid."""
-    # The process's own symbols include the C library's (find_library would start ldconfig).
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _read_until(reading: int, end: float) -> tuple[bytearray, bool]:
