@@ -144,3 +144,12 @@ def water_record(tmp_path_factory) -> Path:
 
 def python_exe() -> str:
     return sys.executable
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, left unreaped where no init reaps, has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -16,7 +16,8 @@ import h5py
 import pytest
 import torch
 
-from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe
+from conftest import (molecule_path, process_running, pyscf_df_rhf, pyscf_dfmp2_reference,
+                      pyscf_molecule, python_exe)
 from dfmp2.cli.options import environment_settings
 from dfmp2.entry import drop_invalid_openmp_threads
 from dfmp2.errors import Interrupted
@@ -361,10 +362,10 @@ def test_a_benchmark_side_process_ends_with_the_command(tmp_path):
     parent.kill()
     parent.wait()
     for _ in range(100):
-        if not _running(side):
+        if not process_running(side):
             break
         time.sleep(0.05)
-    assert not _running(side), "the side process outlived the command"
+    assert not process_running(side), "the side process outlived the command"
 
 
 def _children_of(pid: int) -> list[int]:
@@ -386,11 +387,3 @@ def _command_line(proc: Path) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import MOLECULES, WATER_RECORD_ARGS, molecule_path, pyscf_df_rhf, \
+from conftest import MOLECULES, WATER_RECORD_ARGS, process_running, molecule_path, pyscf_df_rhf, \
     pyscf_dfmp2_reference, pyscf_molecule, python_exe, stored_orbitals_e_corr
 from dfmp2 import cli
 from dfmp2.errors import InputError, Interrupted
@@ -1099,19 +1099,10 @@ def test_the_reading_child_ends_when_dfmp2_is_killed(tmp_path):
     parent.kill()
     parent.wait()
     for _ in range(100):
-        if not _running(child):
+        if not process_running(child):
             break
         time.sleep(0.05)
-    assert not _running(child), "the reader outlived its parent"
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, left unreaped where no init reaps, has ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+    assert not process_running(child), "the reader outlived its parent"
 
 
 def test_a_healthy_hdf5_file_of_another_program_is_not_called_damaged(tmp_path):
