@@ -335,3 +335,14 @@ def test_compare_with_pyscf_refuses_a_basis_file_changed_since_the_run(run_cli, 
     Path("mine.nw").unlink()
     gone = run_cli("compare", "w.h5", "--reference", "pyscf")
     assert gone.code == 2 and "which is not in this folder" in gone.err
+
+
+def test_a_folder_at_the_summarys_name_is_refused_before_any_molecule(run_cli, tmp_path):
+    """It failed the batch only after every molecule was computed, without the table."""
+    out = tmp_path / "out"
+    (out / "summary.json").mkdir(parents=True)
+    result = run_cli("batch", MOLECULES / "water.xyz", "--basis", "sto-3g", "--threads", "1",
+                     "--out", out)
+    assert result.code == 2 and "summary.json is a folder, where the batch writes its " \
+        "summary" in result.err
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]

@@ -49,6 +49,10 @@ CASES = [
      "has no core potential"),
     ("empty basis name", ["run", "water.xyz", "--basis", ""], 2, "--basis is empty"),
     # The SCF's Fock matrix overflowed: a traceback, and 'internal error' in the record.
+    # It blamed 'analytic gradients' where properties were asked for.
+    ("relaxed density of a meta-GGA mix",
+     ["properties", "water.xyz", "--xc", "0.5*HF + 0.5*TPSS, TPSS", "--mp2-os", "0.3",
+      "--mp2-ss", "0.3"], 2, "analytic gradients and relaxed densities of MGGA functionals"),
     ("huge exchange-correlation coefficient",
      ["run", "water.xyz", "--xc", "0.5*HF + 0.5*B88, 1e200*LYP", "--mp2-os", "0.2",
       "--mp2-ss", "0.2"], 2, "has a coefficient of 1e+200: give coefficients between -100"),

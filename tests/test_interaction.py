@@ -273,3 +273,18 @@ def test_an_unfinished_interaction_of_other_calculations_is_kept(run_cli, tmp_pa
     [kept] = out.glob("*-interaction.unfinished-*.h5")
     assert read_record(kept).attrs["status"] == "interrupted"
     assert read_record(record).attrs["status"] == "complete"
+
+
+@pytest.mark.parametrize("text, pair", [("0,0", (0, 0)), (" +1 , -1 ", (1, -1)),
+                                        ("1_0,-1_0", None), ("\uff10,\uff10", None),
+                                        ("1,2,3", None), ("1", None)])
+def test_charges_and_spins_are_two_integers_in_ascii_digits(text, pair):
+    """int() read --charges 1_0,-1_0 as +10 and -10, and full-width digits as digits."""
+    from dfmp2.errors import InputError
+    from dfmp2.jobs.interaction import parse_pair
+
+    if pair is None:
+        with pytest.raises(InputError, match="write two integers as a,b"):
+            parse_pair(text, "--charges")
+    else:
+        assert parse_pair(text, "--charges") == pair

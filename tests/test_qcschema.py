@@ -278,3 +278,13 @@ def test_a_fractional_multiplicity_is_an_input_error():
                               "dfmp2", return_version=2)
     assert not result.success and result.error.error_type == "input_error"
     assert "multiplicity 2.9 is not an integer" in result.error.error_message
+
+
+def test_a_molecule_of_ghost_atoms_only_is_said_to_be_one():
+    """It was told 'charge +0 leaves 0 electrons; lower the charge'."""
+    molecule = {**water_molecule(), "real": [False, False, False]}
+    result = qcengine.compute({"molecule": molecule, "driver": "energy",
+                               "model": {"method": "mp2", "basis": "sto-3g"}}, "dfmp2",
+                              return_version=2)
+    assert not result.success and result.error.error_type == "input_error"
+    assert "every atom of the molecule is a ghost" in result.error.error_message

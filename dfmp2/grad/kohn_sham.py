@@ -54,15 +54,16 @@ def refuse_undifferentiable(xc: str, spin: int = 0, numint=None, nlc: bool = Fal
     had moved a complete record aside."""
     numint = numint or dft.numint.NumInt()
     if numint.rsh_and_hybrid_coeff(xc, spin=spin)[0] != 0:
-        raise InputError(f"analytic gradients of range-separated functionals ({xc}) are "
-                         "not implemented; use a global hybrid mix")
+        raise InputError(f"analytic gradients and relaxed densities of range-separated "
+                         f"functionals ({xc}) are not implemented; use a global hybrid mix")
     if nlc or numint.libxc.is_nlc(xc):
-        raise InputError(f"analytic gradients with non-local correlation ({xc}) are not "
-                         "implemented")
+        raise InputError(f"analytic gradients and relaxed densities with non-local "
+                         f"correlation ({xc}) are not implemented")
     xc_type = numint._xc_type(xc)
     if xc_type not in ("HF", "LDA", "GGA"):
-        raise InputError(f"analytic gradients of {xc_type} functionals ({xc}) are not "
-                         "implemented; use an LDA or GGA mix")
+        raise InputError(f"analytic gradients and relaxed densities of {xc_type} functionals "
+                         f"({xc}) are not implemented; use an LDA or GGA mix (properties also "
+                         "take --density unrelaxed)")
 
 
 def response_function(mf):

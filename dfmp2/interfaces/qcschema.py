@@ -83,6 +83,10 @@ def molecule_geometry(molecule: Molecule) -> tuple[Geometry, frozenset[int]]:
     geometry = geometry_from_atoms(list(molecule.symbols), np.asarray(molecule.geometry),
                                    "bohr", f"qcschema:{molecule.get_molecular_formula()}")
     ghosts = frozenset(n for n, real in enumerate(molecule.real) if not real)
+    if len(ghosts) == len(molecule.symbols):
+        # Refused later as 'charge +0 leaves 0 electrons; lower the charge', no help here.
+        raise InputError("every atom of the molecule is a ghost (real false): there is "
+                         "nothing to compute; mark the atoms of the system real")
     return geometry, ghosts
 
 

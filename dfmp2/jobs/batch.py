@@ -28,7 +28,7 @@ from dfmp2.jobs import preamble, run as run_job
 from dfmp2.jobs.manifest import BatchItem, line_settings
 from dfmp2.system.distributed import environment_integer
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
-from dfmp2.system.files import create_folder, printable
+from dfmp2.system.files import create_folder, existing_kind, printable
 from dfmp2.system.progress import Progress
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA, Node,
                                 new_record, read_record, schema, set_status, status, write_record)
@@ -271,6 +271,12 @@ def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
     to its end). After a signal the molecule it interrupted is ``interrupted`` (its record
     resumes) and the ones after it ``not started``: none of them has failed."""
     create_folder(out_dir, "choose another --out")
+    for path in summary_paths(out_dir, shard):
+        # Found only when the summary was written, after every molecule was computed, and
+        # the results table was never printed.
+        if existing_kind(path) == "a directory":
+            raise InputError(f"{path} is a folder, where the batch writes its summary; move "
+                             "it, or choose another --out")
     all_settings = [line_settings(base, item) for item in items]
     names = record_names(items, all_settings)
     k, n = shard

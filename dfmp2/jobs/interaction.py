@@ -47,15 +47,19 @@ HARTREE_FOCK_KINDS = ("scf", "mp2", "scs", "sos")
 DOUBLE_HYBRID_KINDS = ("scf", "dh")
 
 
+# Two integers in ASCII digits, as a,b.
+INTEGER_PAIR = re.compile(r"\s*([+-]?[0-9]+)\s*,\s*([+-]?[0-9]+)\s*")
+
+
 def parse_pair(text: str | None, option: str) -> tuple[int, int] | None:
-    """``a,b`` as two integers; None when the option was not given."""
+    """``a,b`` as two integers in ASCII digits; None when the option was not given. (int()
+    read ``1_0`` as 10 and full-width digits as digits, as --shard once did.)"""
     if text is None:
         return None
-    try:
-        a, b = (int(part) for part in text.split(","))
-    except ValueError:
-        raise InputError(f"{option} {text!r}: write two integers as a,b (e.g. 0,0)") from None
-    return a, b
+    written = INTEGER_PAIR.fullmatch(text)
+    if written is None:
+        raise InputError(f"{option} {text!r}: write two integers as a,b (e.g. 0,0)")
+    return int(written[1]), int(written[2])
 
 
 def monomer_pair(given: tuple[int, int] | None, dimer_value: int | None, option: str,
