@@ -77,7 +77,7 @@ def in_child(function: Callable[..., Result], *args, deadline: float | None = No
     try:
         outcome, value = pickle.loads(data)
     except Exception:  # noqa: BLE001 - whatever a cut-off pickle raises
-        # Only where the child's end could not be seen (below): it died while writing.
+        # Only where its end could not be seen (SIGCHLD ignored): it died while writing.
         raise ChildFailed("it ended before handing back its result") from None
     if outcome == "raised":
         raise value
