@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels.nki.interpreter import Profile, install, simulate
+from kernels.nki.interpreter import NKIRuleError, Profile, install, simulate
 
 if not install():
     pytest.skip("the real nki is installed: these tests target the interpreter",
@@ -19,16 +19,23 @@ import nki.language as nl  # noqa: E402
 F32 = np.float32
 
 
+FRESH: list = []
+
+
 @nki.jit
 def fresh_memory(a):
-    """Outputs nothing writes (reading never-written SBUF / PSUM is a rule error instead)."""
+    """Outputs nothing writes: their fill is kept for the test to inspect, and returning them
+    is refused (reading never-written memory is a rule error everywhere)."""
     out_f = nl.ndarray((4, 8), dtype=nl.float32, buffer=nl.shared_hbm)
     out_i = nl.ndarray((4, 8), dtype=nl.int32, buffer=nl.shared_hbm)
+    FRESH[:] = [out_f.data.copy(), out_i.data.copy()]
     return out_f, out_i
 
 
-def test_ndarray_is_filled_with_nan_or_4():
-    out_f, out_i = simulate(fresh_memory)(np.zeros((1, 1), F32))
+def test_ndarray_is_filled_with_nan_or_4_and_an_unwritten_output_is_refused():
+    with pytest.raises(NKIRuleError, match=r"^\[output-unwritten\] returned tensor \(4, 8\)"):
+        simulate(fresh_memory)(np.zeros((1, 1), F32))
+    out_f, out_i = FRESH
     assert np.isnan(out_f).all()
     assert out_i.dtype == np.int32 and (out_i == 4).all()
 
@@ -60,8 +67,11 @@ ROUNDING = {
     ],
     "float16": [(1 + 2.0**-11, 1.0), (1 + 3 * 2.0**-11, 1 + 2.0**-9), (70000.0, np.inf)],
     "tfloat32": [(1 + 2.0**-11, 1.0), (1 + 3 * 2.0**-11, 1 + 2.0**-9), (70000.0, 70016.0)],
-    "float8_e4m3": [(1 + 2.0**-4, 1.0), (1 + 3 * 2.0**-4, 1.25), (500.0, 448.0),
-                    (2.0**-9, 2.0**-9)],
+    # trn1's IEEE-style E4M3: largest finite 240; 244 rounds down to it, 248 (the tie) rounds
+    # to even, past 240, and overflows to inf like everything above (no e4m3fn 256..448).
+    "float8_e4m3": [(1 + 2.0**-4, 1.0), (1 + 3 * 2.0**-4, 1.25), (240.0, 240.0),
+                    (244.0, 240.0), (248.0, np.inf), (256.0, np.inf), (448.0, np.inf),
+                    (-500.0, -np.inf), (2.0**-9, 2.0**-9)],
     "float8_e5m2": [(1 + 2.0**-3, 1.0), (1 + 3 * 2.0**-3, 1.5), (1e6, np.inf)],
 }
 
@@ -365,3 +375,66 @@ def test_nl_power_and_nl_equal():
     assert equal_ts.dtype == np.uint8
     np.testing.assert_array_equal(equal_ts, (a == 3.0).astype(np.uint8))
     assert profile.instructions["gpsimd"] == 1  # tile ** tile runs on GpSimd (tensor_tensor notes)
+
+
+@nki.jit
+def int_tensor_tensor(a, b, op_name, on_vector):
+    """op(a, b) for int32/uint32 tiles, on the default engine (GpSimd) or on Vector."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    x, y = nl.load(a), nl.load(b)
+    r = nl.ndarray(a.shape, dtype=x.dtype, buffer=nl.sbuf)
+    engine = nisa.engine.vector if on_vector else nisa.engine.unknown
+    nisa.tensor_tensor(dst=r, data1=x, data2=y, op=getattr(nl, op_name), engine=engine)
+    nl.store(out, r)
+    return out
+
+
+@pytest.mark.parametrize("dtype, x, y, op_name, expected", [
+    (np.int32, 16777217, 0, "add", 16777217),
+    (np.int32, 2**31 - 2, 1, "add", 2**31 - 1),
+    (np.int32, -2**31 + 2**24 + 3, 2**24 + 1, "subtract", -2**31 + 2),
+    (np.int32, 46341, 46340, "multiply", 46341 * 46340),
+    (np.int32, 16777217, 16777216, "maximum", 16777217),
+    (np.uint32, 2**32 - 1, 0, "add", 2**32 - 1),
+    (np.uint32, 4294967290, 4294967291, "minimum", 4294967290),
+])
+def test_int32_tensor_tensor_on_gpsimd_is_exact(dtype, x, y, op_name, expected):
+    a, b = np.full((128, 4), x, dtype), np.full((128, 4), y, dtype)
+    out = simulate(int_tensor_tensor)(a, b, op_name, False)
+    assert out.dtype == dtype and (out.astype(np.int64) == expected).all()
+
+
+def test_int32_tensor_tensor_on_the_vector_engine_computes_in_fp32():
+    a, b = np.full((128, 4), 16777217, np.int32), np.zeros((128, 4), np.int32)
+    assert (simulate(int_tensor_tensor)(a, b, "add", True) == 16777216).all()
+
+
+@nki.jit
+def dynamic_rows(a):
+    """Copy a (256, 4) tensor through SBUF in 128-row tiles indexed by a dynamic_range index."""
+    out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    for i in nl.dynamic_range(2):
+        t = nl.load(a[i * 128:(i + 1) * 128, 0:4])
+        nl.store(out[nl.ds(i * 128, 128), 0:4], t)
+    return out
+
+
+def test_dynamic_range_index_slices_hbm_tensors():
+    a = np.arange(256 * 4, dtype=F32).reshape(256, 4)
+    np.testing.assert_array_equal(simulate(dynamic_rows)(a), a)
+
+
+@nki.jit
+def bool_roundtrip(a):
+    out = nl.ndarray(a.shape, dtype=nl.bool_, buffer=nl.shared_hbm)
+    flags = nl.ndarray(a.shape, dtype=nl.bool_, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=flags, src=nl.load(a))
+    nl.store(out, flags)
+    return out
+
+
+def test_bool_tiles_hold_zero_or_one():
+    a = np.array([[0.0, 2.5, -1.0, 0.0]], F32)
+    out = simulate(bool_roundtrip)(a)
+    assert out.dtype == np.bool_
+    np.testing.assert_array_equal(out, [[False, True, True, False]])

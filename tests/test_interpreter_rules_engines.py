@@ -194,6 +194,28 @@ def k_broadcast_shape(a):
     nl.broadcast_to(nl.load(a), shape=(4, 4))
 
 
+@nki.jit
+def k_tensor_scalar_divide(a):
+    nisa.tensor_scalar(dst=sbuf((128, 8)), data=nl.load(a), op0=nl.divide, operand0=3.0)
+
+
+@nki.jit
+def k_nl_divide_scalar(a):
+    nl.divide(nl.load(a), 3.0)
+
+
+@nki.jit
+def k_int32_overflow(a):
+    t = nl.load(a)
+    nisa.tensor_tensor(dst=nl.ndarray((128, 8), dtype=nl.int32, buffer=nl.sbuf), data1=t,
+                       data2=t, op=nl.multiply)
+
+
+@nki.jit
+def k_negative_axis(a):
+    nl.sum(nl.load(a), axis=-1)
+
+
 CASES = [
     # (kernel, args, rule id, text that must appear: the offending shape or value)
     (k_matmul_m, (arr(64, 256), arr(64, 64)), "matmul-limit", "M=256"),
@@ -210,6 +232,10 @@ CASES = [
     (k_tensor_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
     (k_nl_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
     (k_np_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
+    (k_tensor_scalar_divide, (arr(128, 8),), "scalar-divide", "op0=nl.divide"),
+    (k_nl_divide_scalar, (arr(128, 8),), "scalar-divide", "(128, 8)"),
+    (k_int32_overflow, (np.full((128, 8), 2**20, np.int32),), "integer-overflow", "nl.int32"),
+    (k_negative_axis, (arr(128, 8),), "reduce-axis", "negative axes are not supported"),
     (k_raw_engine, (arr(128, 8),), "raw-enum", "engine"),
     (k_partition_mismatch, (arr(128, 8), arr(64, 8)), "partition-mismatch", "(128, 8)"),
     (k_free_size_mismatch, (arr(128, 8), arr(128, 16)), "free-size-mismatch", "(128, 16)"),

@@ -212,6 +212,42 @@ def k_keyword_only(a, *, n=2):
     return a
 
 
+@nki.jit
+def k_psum_banks_live_before_hbm(a):
+    tiles = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(9)]
+    nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)  # checks the 9th bank
+    del tiles  # nothing after the HBM allocation sees the 9 banks
+
+
+@nki.jit
+def k_sbuf_capacity_at_exit(a):
+    out = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(a))
+    x = nl.ndarray((128, 40000), dtype=nl.float32, buffer=nl.sbuf)  # noqa: F841 - live
+    y = nl.ndarray((128, 40000), dtype=nl.float32, buffer=nl.sbuf)  # noqa: F841 - last word
+    return out
+
+
+@nki.jit
+def k_return_input(a):
+    return a
+
+
+@nki.jit
+def k_half_written_output(a):
+    out = nl.ndarray((8, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out[0:4, 0:4], nl.load(a))
+    return out
+
+
+@nki.jit
+def k_hbm_scratch_unwritten(a):
+    out = out_like((4, 4))
+    scratch = nl.ndarray((4, 4), dtype=nl.float32, buffer=nl.hbm)
+    nl.store(out, nl.load(scratch))
+    return out
+
+
 CASES = [
     # (kernel, args, rule id, text that must appear: the offending shape or value)
     (k_partition_limit, (), "partition-limit", "(256, 4)"),
@@ -243,6 +279,11 @@ CASES = [
     (k_psum_banks_live, (), "psum-banks-live", "(128, 512)"),
     (k_sbuf_capacity, (), "sbuf-capacity", "(128, 32768)"),
     (k_sbuf_tile_too_big, (), "sbuf-capacity", "(128, 50000)"),
+    (k_psum_banks_live_before_hbm, (arr(4, 4),), "psum-banks-live", "9 PSUM banks"),
+    (k_sbuf_capacity_at_exit, (arr(4, 4),), "sbuf-capacity", "(128, 40000)"),
+    (k_return_input, (arr(4, 4),), "output-buffer", "kernel input"),
+    (k_half_written_output, (arr(4, 4),), "output-unwritten", "(8, 4)"),
+    (k_hbm_scratch_unwritten, (arr(4, 4),), "hbm-uninitialized", "(4, 4)"),
     (k_return_sbuf, (arr(4, 4),), "output-buffer", "(4, 4)"),
     (k_return_private_hbm, (arr(4, 4),), "output-buffer", "(4, 4)"),
     (k_return_int, (arr(4, 4),), "output-type", "int"),

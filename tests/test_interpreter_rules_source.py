@@ -247,6 +247,69 @@ def k_equal_no_tile():
     nl.equal(1.0, 1.0)
 
 
+@nki.jit
+def k_dynamic_if(a):
+    t = nl.load(a)
+    for i in nl.dynamic_range(2):
+        if i == 0:
+            nisa.memset(dst=t, value=0.0)
+
+
+@nki.jit
+def k_dynamic_bool(a):
+    for i in nl.dynamic_range(2):
+        if i:
+            nl.load(a)
+
+
+@nki.jit
+def k_dynamic_tuple_index(a):
+    tiles = (nl.load(a), nl.load(a))
+    for i in nl.dynamic_range(2):
+        nisa.memset(dst=tiles[i], value=0.0)
+
+
+@nki.jit
+def k_dynamic_accumulate(a, b):
+    ps = psum((64, 64))
+    for k in nl.dynamic_range(2):
+        nisa.nc_matmul(dst=ps, stationary=nl.load(a), moving=nl.load(b), accumulate=k)
+
+
+@nki.jit
+def k_dynamic_shape(a):
+    for i in nl.dynamic_range(1, 3):
+        nl.ndarray((4, i), dtype=nl.float32, buffer=nl.sbuf)
+
+
+@nki.jit
+def k_nisa_iota(a):
+    nisa.iota(dst=sbuf((4, 4)), expr=0)
+
+
+@nki.jit
+def k_nisa_scalar_tensor_tensor(a):
+    t = nl.load(a)
+    nisa.scalar_tensor_tensor(dst=sbuf((4, 4)), data=t, op0=nl.add, operand0=1.0, op1=nl.add,
+                              operand1=t)
+
+
+@nki.jit
+def k_nisa_tensor_partition_reduce(a):
+    nisa.tensor_partition_reduce(dst=sbuf((1, 4)), op=nl.add, data=nl.load(a))
+
+
+@nki.jit
+def k_tile_plus_tile(a):
+    t = nl.load(a)
+    return t + t
+
+
+@nki.jit
+def k_tile_times_scalar(a):
+    return 2.0 * nl.load(a)
+
+
 CASES = [
     # (kernel, args, rule id, text that must appear: the offending shape or value)
     (k_is, (arr(4, 4),), "is-operator", "`is` in k_is"),
@@ -278,6 +341,17 @@ CASES = [
     (k_power_reduce, (arr(128, 8),), "unsupported-op", "nl.power"),
     (k_equal_unbroadcast, (arr(1, 1), arr(128, 1)), "unbroadcast", "(128, 1)"),
     (k_equal_no_tile, (), "operand-type", "nl.equal"),
+    (k_dynamic_if, (arr(4, 4),), "dynamic-loop-index", "comparing with 0"),
+    (k_dynamic_bool, (arr(4, 4),), "dynamic-loop-index", "control flow"),
+    (k_dynamic_tuple_index, (arr(4, 4),), "dynamic-loop-index", "Python index"),
+    (k_dynamic_accumulate, (arr(64, 64), arr(64, 64)), "dynamic-loop-index", "comparing"),
+    (k_dynamic_shape, (arr(4, 4),), "shape", "(4, <dynamic_range index i>)"),
+    (k_nisa_iota, (arr(4, 4),), "not-in-subset", "nisa.iota"),
+    (k_nisa_scalar_tensor_tensor, (arr(4, 4),), "not-in-subset", "nisa.scalar_tensor_tensor"),
+    (k_nisa_tensor_partition_reduce, (arr(4, 4),), "not-in-subset",
+     "nisa.tensor_partition_reduce"),
+    (k_tile_plus_tile, (arr(4, 4),), "not-in-subset", "Python arithmetic operator"),
+    (k_tile_times_scalar, (arr(4, 4),), "not-in-subset", "Python arithmetic operator"),
 ]
 
 

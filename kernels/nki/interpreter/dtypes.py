@@ -46,11 +46,13 @@ def _round_fp16(x: np.ndarray) -> np.ndarray:
         return np.asarray(x, dtype=_F32).astype(np.float16).astype(_F32)
 
 
-def _minifloat(mantissa_bits: int, min_exponent: int, max_value: float, saturate: bool) -> Rounder:
-    """Rounder for an fp8 format: RNE in the normal and subnormal ranges, then overflow."""
+def _minifloat(mantissa_bits: int, min_exponent: int, max_value: float) -> Rounder:
+    """Rounder for an IEEE-style fp8 format (the top exponent reserved for inf/NaN): RNE in the
+    normal and subnormal ranges; what rounds past ``max_value`` overflows to inf, as IEEE
+    rounding does (the documents do not describe saturation for these types)."""
     quantum = _F32(2.0 ** (min_exponent - mantissa_bits))
     smallest_normal = _F32(2.0 ** min_exponent)
-    overflow_value = _F32(max_value) if saturate else _F32(np.inf)
+    overflow_value = _F32(np.inf)
     limit = _F32(max_value)
 
     def rounder(x: np.ndarray) -> np.ndarray:
@@ -108,22 +110,42 @@ class DType:
         np.copyto(target, self.convert(values), casting="unsafe")
 
 
+class BoolDType(DType):
+    """``nl.bool_``: a boolean stored as one uint8 byte (NKI "Supported Data Types":
+    "boolean stored as uint8"); every written value becomes 0 or 1."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__("bool_", np.uint8, 1)
+
+    def convert(self, values: np.ndarray) -> np.ndarray:
+        """Nonzero -> 1, zero -> 0 (NaN counts as nonzero, as in numpy)."""
+        return (np.asarray(values) != 0).astype(self.storage)
+
+
 float32 = DType("float32", np.float32, 4)
 tfloat32 = DType("tfloat32", np.float32, 4, _round_tf32)
 bfloat16 = DType("bfloat16", np.float32, 2, _round_bf16)
 float16 = DType("float16", np.float32, 2, _round_fp16)
-float8_e4m3 = DType("float8_e4m3", np.float32, 1, _minifloat(3, -6, 448.0, saturate=True))
-float8_e5m2 = DType("float8_e5m2", np.float32, 1, _minifloat(2, -14, 57344.0, saturate=False))
+# trn1's float8_e4m3 is the IEEE-style E4M3 (bias 7, exponent 1111 reserved for inf/NaN):
+# largest finite 1.111b x 2^7 = 240. The extended-range, no-inf format (largest 448) is the
+# separate nl.float8_e4m3fn, which trn1/trn2 do not support (docs/kernels.md FACTS Memory).
+FP8_E4M3_MAX = 240.0
+FP8_E5M2_MAX = 57344.0
+float8_e4m3 = DType("float8_e4m3", np.float32, 1, _minifloat(3, -6, FP8_E4M3_MAX))
+float8_e5m2 = DType("float8_e5m2", np.float32, 1, _minifloat(2, -14, FP8_E5M2_MAX))
 int8 = DType("int8", np.int8, 1)
 int16 = DType("int16", np.int16, 2)
 int32 = DType("int32", np.int32, 4)
 uint8 = DType("uint8", np.uint8, 1)
 uint16 = DType("uint16", np.uint16, 2)
 uint32 = DType("uint32", np.uint32, 4)
+bool_ = BoolDType()
 
 ALL_DTYPES: tuple[DType, ...] = (
     float32, tfloat32, bfloat16, float16, float8_e4m3, float8_e5m2,
-    int8, int16, int32, uint8, uint16, uint32,
+    int8, int16, int32, uint8, uint16, uint32, bool_,
 )
 
 _FROM_NUMPY: dict[np.dtype, DType] = {
@@ -135,6 +157,7 @@ _FROM_NUMPY: dict[np.dtype, DType] = {
     np.dtype(np.uint8): uint8,
     np.dtype(np.uint16): uint16,
     np.dtype(np.uint32): uint32,
+    np.dtype(np.bool_): bool_,
 }
 
 FP32_CLASS = (float32, tfloat32)  # the Tensor Engine's "fp32" input family
@@ -172,4 +195,6 @@ def output_numpy_dtype(dtype: DType) -> np.dtype:
     """numpy dtype of a kernel output handed back to the caller (bf16/tf32/fp8 -> float32)."""
     if dtype is float16:
         return np.dtype(np.float16)
+    if dtype is bool_:
+        return np.dtype(np.bool_)
     return dtype.storage

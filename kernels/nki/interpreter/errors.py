@@ -18,3 +18,16 @@ class NKIRuleError(Exception):
 def shape_str(shape: tuple[int, ...]) -> str:
     """Format a shape the way every rule message names it: ``(128, 512)``."""
     return "(" + ", ".join(str(int(d)) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+NOT_IN_SUBSET = "not-in-subset"
+
+
+def not_in_subset(what: str) -> NKIRuleError:
+    """The error for an NKI API or Python form the interpreter does not model (it may exist in
+    NKI 0.3.0): refusing it names the gap instead of failing with an AttributeError/TypeError."""
+    return NKIRuleError(
+        NOT_IN_SUBSET,
+        f"{what} is not in the interpreter's NKI 0.3.0 subset (docs/kernels.md lists what is "
+        "modelled); kernels tested here may use only that subset",
+    )

@@ -13,7 +13,7 @@ from kernels.trn1 import (MATMUL_K_MAX, MATMUL_M_MAX, MATMUL_N_MAX, PE_TRANSPOSE
 from . import buffers as _buffers
 from .dma import dma_copy, dge_mode, oob_mode
 from .dtypes import FP32_CLASS, float32
-from .errors import NKIRuleError, shape_str
+from .errors import NKIRuleError, not_in_subset, shape_str
 from .ops import Op, canonical
 from .operands import (in_buffer, on_chip, read, read_f32, same_layout, same_partitions,
                        scalar_f32, vector_operand, write)
@@ -222,14 +222,43 @@ def _tensor_tensor_default_engine(op: Op, *tiles) -> str:
     all-int32/uint32 operands go to GpSimd unless a tile is in PSUM; the rest to Vector."""
     if op.name == "power":
         return "gpsimd"
-    all_int32 = all(t.dtype.name in _INT32_CLASS for t in tiles)
-    if all_int32 and not any(t.buffer is _buffers.psum for t in tiles):
+    if _all_int32(*tiles) and not any(t.buffer is _buffers.psum for t in tiles):
         return "gpsimd"
     return "vector"
 
 
+def _all_int32(*tiles) -> bool:
+    return all(t.dtype.name in _INT32_CLASS for t in tiles)
+
+
+def _exact_integer(op: Op, dst, data1, data2) -> np.ndarray:
+    """op(data1, data2) in exact integer arithmetic: GpSimd's native int32/uint32 path (nki.isa
+    tensor_tensor: "ensures exact results for all 32-bit integer values"). Computed on Python
+    ints, so no intermediate wraps; whether the engine wraps or saturates a result outside the
+    dst dtype is not documented, so such a result is refused rather than guessed."""
+    a = read(data1, "data1").astype(object)
+    b = read(data2, "data2").astype(object).reshape(a.shape)
+    if op.name == "power" and (b < 0).any():
+        raise NKIRuleError(
+            "integer-overflow",
+            f"tensor_tensor(op=nl.power) of int tiles {shape_str(data1.shape)} with a negative "
+            "exponent has no integer result")
+    result = np.asarray(op.binary(a, b), dtype=object)
+    if op.name == "equal":
+        result = result.astype(bool).astype(np.int64)
+    low, high = dst.dtype.low, dst.dtype.high
+    if ((result < low) | (result > high)).any():
+        raise NKIRuleError(
+            "integer-overflow",
+            f"tensor_tensor(op={op!r}) on the GpSimd engine gives values outside {dst.dtype!r} "
+            f"for dst {shape_str(dst.shape)}; the documents do not say whether native integer "
+            "arithmetic wraps or saturates")
+    return result.astype(np.int64)
+
+
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> None:
-    """dst = op(data1, data2) elementwise in fp32 (Vector or GpSimd Engine)."""
+    """dst = op(data1, data2) elementwise: fp32 on the Vector Engine (and on GpSimd for float
+    tiles), exact integers on GpSimd when every tile is int32/uint32."""
     dst = on_chip(dst, "dst")
     data1 = on_chip(data1, "data1")
     data2 = on_chip(data2, "data2")
@@ -252,11 +281,14 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None) -> No
             f"data1 {shape_str(data1.shape)} and data2 {shape_str(data2.shape)} are both in PSUM")
     same_layout(data1, data2, "data1", "data2")
     same_layout(dst, data1, "dst", "data1")
-    a = read_f32(data1, "data1")
-    b = read_f32(data2, "data2")
-    if b.shape != a.shape:
-        b = b.reshape(a.shape)
-    write(dst, op.binary(a, b))
+    if where == "gpsimd" and _all_int32(dst, data1, data2):
+        write(dst, _exact_integer(op, dst, data1, data2))
+    else:
+        a = read_f32(data1, "data1")
+        b = read_f32(data2, "data2")
+        if b.shape != a.shape:
+            b = b.reshape(a.shape)
+        write(dst, op.binary(a, b))
     current().profile.record_elementwise(where, data1.partitions, data1.free_size)
 
 
@@ -274,6 +306,20 @@ def _gpsimd_scalar_ops_only_rsqrt(*ops: object) -> None:
             )
 
 
+def _no_divide(op: object, what: str, data) -> None:
+    """NKI 0.3.0 has no divide operator at all (docs/kernels.md FACTS Instructions: OPS lists
+    none, the nki.language list has no divide): dividing by a scalar is refused like dividing
+    by a tile."""
+    op = canonical(op)
+    if isinstance(op, Op) and op.name == "divide":
+        raise NKIRuleError(
+            "scalar-divide",
+            f"tensor_scalar({what}=nl.divide) of {shape_str(data.shape)}: NKI 0.3.0 has no "
+            "divide operator; multiply by the reciprocal (op=nl.multiply with 1/x, or "
+            "nisa.reciprocal of a (P, 1) tile)",
+        )
+
+
 def _apply_scalar_op(values: np.ndarray, op: Op, operand, reverse: bool) -> np.ndarray:
     return op.binary(operand, values) if reverse else op.binary(values, operand)
 
@@ -287,6 +333,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     if where == "gpsimd":
         _gpsimd_scalar_ops_only_rsqrt(op0, op1)
     _gpsimd_keeps_off_psum(where, "tensor_scalar", dst=dst, data=data)
+    _no_divide(op0, "op0", data)
+    _no_divide(op1, "op1", data)
     same_layout(dst, data, "dst", "data")
     values = read_f32(data, "data")
     values = _apply_scalar_op(values, _op(op0, "binary", "op0"),
@@ -340,8 +388,12 @@ def reduce_axes(axis: object, data_shape: tuple[int, ...]) -> tuple[int, ...]:
     rank = len(data_shape)
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < rank:
-            raise NKIRuleError("reduce-axis",
-                               f"axis {axis!r} invalid for data {shape_str(data_shape)}")
+            raise NKIRuleError(
+                "reduce-axis",
+                f"axis {axis!r} invalid for data {shape_str(data_shape)}: axes are the "
+                f"non-negative tensor axes 1..{rank - 1} (negative axes are not supported: the "
+                "nki.language.sum / nki.isa.tensor_reduce pages list the legal axes as [1], "
+                "[1, 2], ...)")
     axes = tuple(sorted(int(a) for a in axes))
     if 0 in axes:
         raise NKIRuleError(
@@ -394,3 +446,11 @@ def memset(dst, value, engine=engine.unknown, name=None) -> None:
         value = scalar_f32(value, "value")
     write(dst, np.full(dst.shape, value))
     current().profile.record_elementwise(where, dst.partitions, dst.free_size)
+
+
+def __getattr__(name: str) -> object:
+    """``nisa.<name>`` outside the subset (``iota``, ``scalar_tensor_tensor``,
+    ``tensor_partition_reduce``, ...): a rule error naming it, not an AttributeError."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    raise not_in_subset(f"nisa.{name}")

@@ -11,9 +11,10 @@ from . import ops as _ops
 from .buffers import check_buffer as _check_buffer
 from .buffers import hbm, private_hbm, psum, sbuf, shared_hbm
 from .dma import load, load_transpose2d, store
-from .dtypes import (bfloat16, float8_e4m3, float8_e5m2, float16, float32, int8, int16, int32,
-                     resolve as _resolve, tfloat32, uint8, uint16, uint32)
-from .errors import NKIRuleError
+from .dtypes import (bfloat16, bool_, float8_e4m3, float8_e5m2, float16, float32, int8, int16,
+                     int32, resolve as _resolve, tfloat32, uint8, uint16, uint32)
+from .errors import NKIRuleError, not_in_subset
+from .loops import dynamic_range
 from .ops import Op
 from .state import current as _current
 from .tensor import DynSlice, Tensor, allocate as _allocate, check_address as _check_address
@@ -21,7 +22,7 @@ from .tensor import DynSlice, Tensor, allocate as _allocate, check_address as _c
 __all__ = [
     "sbuf", "psum", "shared_hbm", "hbm", "private_hbm",
     "float32", "tfloat32", "bfloat16", "float16", "float8_e4m3", "float8_e5m2",
-    "int8", "int16", "int32", "uint8", "uint16", "uint32",
+    "int8", "int16", "int32", "uint8", "uint16", "uint32", "bool_",
     "ndarray", "zeros", "ones", "full", "zeros_like", "load", "load_transpose2d", "store",
     "ds", "arange", "static_range", "affine_range", "sequential_range", "dynamic_range",
     "tile_size", "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "equal",
@@ -105,7 +106,7 @@ def static_range(*args) -> range:
 
 affine_range = static_range
 sequential_range = static_range
-dynamic_range = static_range
+# dynamic_range (a device loop whose index is a runtime value) comes from .loops.
 
 
 def sum(x, axis, dtype=None, keepdims=False) -> Tensor:  # noqa: A001 - the nl.sum name
@@ -139,3 +140,10 @@ sigmoid = Op("sigmoid", _conv.activation, unary=_ops.sigmoid)
 broadcast_to = _conv.broadcast_to
 transpose = _conv.transpose
 matmul = _conv.matmul
+
+
+def __getattr__(name: str) -> object:
+    """``nl.<name>`` outside the subset: a rule error naming it, not an AttributeError."""
+    if name.startswith("_"):
+        raise AttributeError(name)
+    raise not_in_subset(f"nl.{name}")

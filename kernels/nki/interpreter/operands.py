@@ -10,6 +10,7 @@ from .state import current
 from .tensor import Tensor
 
 _F32 = np.float32
+_UNINITIALIZED_RULE = {_buffers.psum: "psum-uninitialized", _buffers.sbuf: "sbuf-uninitialized"}
 
 
 def tensor_arg(value: object, what: str) -> Tensor:
@@ -52,10 +53,11 @@ def in_buffer(t: Tensor, buffer: _buffers.Buffer, rule: str, what: str) -> None:
 
 
 def read(t: Tensor, what: str) -> np.ndarray:
-    """The stored values of ``t`` (a view); never-written SBUF or PSUM elements are an error."""
+    """The stored values of ``t`` (a view); never-written elements are an error (kernel inputs
+    are written by the caller)."""
     written = t.written
     if written is not None and not t.storage.fully_written and not written.all():
-        rule = "psum-uninitialized" if t.buffer is _buffers.psum else "sbuf-uninitialized"
+        rule = _UNINITIALIZED_RULE.get(t.buffer, "hbm-uninitialized")
         raise NKIRuleError(
             rule,
             f"{what} reads {t.buffer!r} tile {shape_str(t.shape)} where some elements were never "

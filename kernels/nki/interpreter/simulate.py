@@ -55,11 +55,18 @@ def _convert_output(value: object) -> object:
         return None
     if not isinstance(value, Tensor):
         raise NKIRuleError("output-type", f"kernel returned {type(value).__name__}, not a tensor")
-    if value.buffer is not _buffers.shared_hbm:
+    if value.buffer is not _buffers.shared_hbm or value.storage.is_input:
+        where = "a kernel input" if value.storage.is_input else f"in {value.buffer!r}"
         raise NKIRuleError(
             "output-buffer",
-            f"returned tensor {shape_str(value.shape)} is in {value.buffer!r}; kernel outputs "
-            "must be allocated with buffer=nl.shared_hbm",
+            f"returned tensor {shape_str(value.shape)} is {where}; kernel outputs must be "
+            "allocated in the kernel with buffer=nl.shared_hbm",
+        )
+    if not value.storage.fully_written and not value.written.all():
+        raise NKIRuleError(
+            "output-unwritten",
+            f"returned tensor {shape_str(value.shape)} has elements nothing stored; fill every "
+            "element of an output (nl.store / nisa.dma_copy) before returning it",
         )
     return value.data.astype(output_numpy_dtype(value.dtype), copy=True)
 
@@ -78,9 +85,16 @@ def simulate(kernel: Any, *, profile: Profile | None = None) -> Callable[..., An
         bound = _check_signature(func).bind(*args, **kwargs)
         check_kernel_source(func)
         with launch() as state:
-            for name, value in bound.arguments.items():
-                bound.arguments[name] = _convert_argument(value, name)
-            result = _convert_output(func(*bound.args, **bound.kwargs))
+            state.memory.kernel_code = getattr(func, "__code__", None)
+            returned = False
+            try:
+                for name, value in bound.arguments.items():
+                    bound.arguments[name] = _convert_argument(value, name)
+                output = func(*bound.args, **bound.kwargs)
+                returned = True
+            finally:
+                state.memory.close(returned)
+            result = _convert_output(output)
         if profile is not None:
             profile.add(state.profile)
         return result

@@ -5,6 +5,8 @@ use too)."""
 
 from __future__ import annotations
 
+import sys
+import types
 import weakref
 from contextlib import contextmanager
 from typing import Iterator
@@ -19,9 +21,12 @@ class MemoryTracker:
     """Live on-chip bytes per partition (SBUF) and live PSUM banks of one launch.
 
     A tile is live while any view of it is referenced; ``weakref.finalize`` releases it. The
-    capacity check of a new tile is deferred to the next allocation or instruction, so that
-    ``t = nl.ndarray(...)`` inside an unrolled loop is not charged while the previous ``t`` is
-    still bound during the assignment.
+    capacity check of a new tile is deferred to the next allocation (HBM ones included) or
+    instruction, so that ``t = nl.ndarray(...)`` inside an unrolled loop is not charged while
+    the previous ``t`` is still bound during the assignment, and to the kernel's return
+    (:meth:`close`). At the return the kernel's locals would die with its frame before anything
+    could look at them, so the tracker holds the kernel's frame (found at its first allocation)
+    until :meth:`close` has checked the tiles they keep live.
     """
 
     def __init__(self, profile: Profile) -> None:
@@ -30,6 +35,28 @@ class MemoryTracker:
         self.psum_banks = 0
         self.pending: tuple[int, ...] | None = None
         self.placed: list[tuple[weakref.ref, object, tuple[int, int], list]] = []
+        self.kernel_code: types.CodeType | None = None
+        self._kernel_frame: types.FrameType | None = None
+
+    def _hold_kernel_frame(self) -> None:
+        """Keep a reference to the running kernel's frame (see the class notes)."""
+        if self._kernel_frame is not None or self.kernel_code is None:
+            return
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code is not self.kernel_code:
+            frame = frame.f_back
+        self._kernel_frame = frame
+
+    def close(self, returned: bool) -> None:
+        """At the kernel's end: when it ``returned`` (rather than raised), run the deferred
+        capacity check while the kernel's locals are still held; then let them go."""
+        frame, self._kernel_frame = self._kernel_frame, None
+        try:
+            if returned:
+                self.verify()
+        finally:
+            if frame is not None:
+                frame.clear()
 
     def place(self, owner: object, buffer: object, partitions: tuple[int, int],
               spans: list[tuple[int, int]]) -> None:
@@ -60,6 +87,7 @@ class MemoryTracker:
                 f"{SBUF_BYTES_PER_PARTITION} B per partition",
             )
         self.verify()
+        self._hold_kernel_frame()
         self.sbuf_bytes += nbytes
         self.pending = shape
         weakref.finalize(owner, self._release_sbuf, nbytes)
@@ -73,6 +101,7 @@ class MemoryTracker:
                 f"holds {PSUM_BANK_BYTES} B per partition (512 fp32)",
             )
         self.verify()
+        self._hold_kernel_frame()
         self.psum_banks += 1
         self.pending = shape
         weakref.finalize(owner, self._release_psum)

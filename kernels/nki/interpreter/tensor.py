@@ -21,7 +21,8 @@ from kernels.trn1 import (PARTITIONS, PSUM_BANK_BYTES, PSUM_BYTES_PER_PARTITION,
 from . import buffers as _buffers
 from .buffers import Buffer
 from .dtypes import DType
-from .errors import NKIRuleError, shape_str
+from .errors import NKIRuleError, not_in_subset, shape_str
+from .loops import LoopValue, concrete
 from .state import current
 
 
@@ -30,8 +31,9 @@ class DynSlice:
 
     __slots__ = ("start", "size")
 
-    def __init__(self, start: int, size: int) -> None:
-        self.start = int(start)
+    def __init__(self, start: int | LoopValue, size: int) -> None:
+        # start may be a dynamic_range index (a runtime offset); the size is a trace-time int.
+        self.start = start if isinstance(start, LoopValue) else int(start)
         self.size = int(size)
 
     def __repr__(self) -> str:
@@ -70,7 +72,7 @@ class Tensor:
                  matmul_written: np.ndarray | None = None, indexed: bool = False) -> None:
         self.storage = storage
         self.data = data
-        self.written = written  # on chip; None for HBM
+        self.written = written  # None only for kernel inputs (written by the caller)
         self.matmul_written = matmul_written  # PSUM only: last written by the Tensor Engine
         self.shape: tuple[int, ...] = data.shape
         self.dtype: DType = storage.dtype
@@ -120,6 +122,16 @@ class Tensor:
             f"item assignment into {self!r} is not part of the subset: write with "
             "nl.store / nisa.dma_copy (HBM) or an nisa instruction's dst= (on-chip)",
         )
+
+    def _python_operator(self, *other: object) -> Tensor:
+        raise not_in_subset(
+            f"a Python arithmetic operator on {self!r} (t + t, t * 2.0, -t, ...); call nl.add / "
+            "nl.multiply / nisa.tensor_tensor / nisa.tensor_scalar")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _python_operator
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _python_operator
+    __mod__ = __rmod__ = __pow__ = __rpow__ = __matmul__ = __rmatmul__ = _python_operator
+    __neg__ = __pos__ = __abs__ = _python_operator
 
     def reshape(self, *shape: object) -> Tensor:
         """Reshape an HBM tensor (contiguous), or an on-chip tile keeping its partition dim."""
@@ -183,10 +195,14 @@ def allocate(shape: object, dtype: DType, buffer: Buffer, name: str = "",
         else:
             memory.acquire_sbuf(storage, shape, nbytes)
     else:
-        current()  # HBM tensors too exist only inside a kernel launch
+        # HBM tensors too exist only inside a kernel launch; an HBM allocation is also a point
+        # after which the latest on-chip allocation's capacity check is due.
+        current().memory.verify()
     value = dtype.fill_value() if fill is None else dtype.convert(np.asarray(fill))
     data = np.full(shape, value, dtype=dtype.storage)
-    written = np.full(shape, fill is not None, dtype=bool) if buffer.on_chip else None
+    # Every allocation tracks which elements were written (HBM too: a load of never-written
+    # scratch, or an output returned half-filled, is refused); kernel inputs are not tracked.
+    written = np.full(shape, fill is not None, dtype=bool)
     by_matmul = np.zeros(shape, dtype=bool) if buffer is _buffers.psum else None
     return Tensor(storage, data, written, by_matmul)
 
@@ -267,13 +283,15 @@ def _normalize_key(key: object, shape: tuple[int, ...], on_chip: bool) -> tuple:
     out = []
     for axis, k in enumerate(key):
         n = shape[axis]
+        k = concrete(k)  # a dynamic_range index: its value in the iteration being executed
         if isinstance(k, DynSlice):
-            k = slice(k.start, k.start + k.size)
+            start = concrete(k.start)
+            k = slice(start, start + k.size)
         elif isinstance(k, np.ndarray):
             k = _progression_slice(k, axis, shape)
         if isinstance(k, slice):
-            start = 0 if k.start is None else int(k.start)
-            stop = n if k.stop is None else int(k.stop)
+            start = 0 if k.start is None else int(concrete(k.start))
+            stop = n if k.stop is None else int(concrete(k.stop))
             step = 1 if k.step is None else int(k.step)
             if not 0 <= start < stop <= n or step <= 0:
                 raise NKIRuleError(
