@@ -95,6 +95,11 @@ CASES = [
                                           "batch"], 2, "write it as K/N"),
     ("empty output name", ["run", "water.xyz", "-o", ""], 2, "is empty"),
     ("empty scratch name", ["run", "water.xyz", "--scratch", ""], 2, "is empty"),
+    # int() read 1_0 as 10 and full-width digits as digits: a +10 ion, a run on 1 thread.
+    ("charge with an underscore", ["run", "water.xyz", "--charge", "1_0"], 2,
+     "'--charge': '1_0' is not an integer (ASCII digits"),
+    ("threads in full-width digits", ["run", "water.xyz", "--threads", "\uff11"], 2,
+     "'--threads': '\uff11' is not an integer (ASCII digits"),
     ("empty molden name", ["properties", "water.xyz", "--molden", ""], 2,
      "'--molden': is empty; give a file's name, such as out.molden"),
     ("scratch where no file can be made", ["run", "water.xyz", "--scratch", "/proc"], 2,

@@ -12,7 +12,7 @@ import click
 
 from dfmp2.cli import views
 from dfmp2.cli.group import cli
-from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
+from dfmp2.cli.options import (AsciiInt, CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
                                XYZ_FILE, environment_settings, output_option,
                                record_options, refuse_unused_scales, with_options)
 from dfmp2.input.settings import RunSettings
@@ -117,7 +117,7 @@ def gradient_command(obj: dict, molecule: Path, as_json: bool, **options) -> int
                                  "NWCHEM_LOOSE", "TURBOMOLE", "INTERFRAG_TIGHT"],
                                 case_sensitive=False),
               help="geomeTRIC's convergence criteria.")
-@click.option("--max-steps", type=click.IntRange(min=1, max=optimize.MAX_STEPS_LIMIT),
+@click.option("--max-steps", type=AsciiInt(min=1, max=optimize.MAX_STEPS_LIMIT),
               default=optimize.DEFAULT_MAX_STEPS, show_default=True)
 @with_options(*record_options(
     "Record (default: runs/<molecule>-<basis>-opt.h5); the final geometry goes beside it as "
@@ -140,7 +140,7 @@ def optimize_command(obj: dict, molecule: Path, convergence: str, max_steps: int
 @cli.command("interaction")
 @click.argument("dimer", type=XYZ_FILE)
 @with_options(*CALCULATION_OPTIONS, *XC_OPTIONS)
-@click.option("--split", type=click.IntRange(min=1), default=None,
+@click.option("--split", type=AsciiInt(min=1), default=None,
               help="Monomer A is the first N atoms (default: 'monomer A = first N atoms' in the "
                    "comment line).")
 @click.option("--charges", default=None, help="Monomer charges a,b (default 0,0).")

@@ -11,7 +11,7 @@ import click
 from dfmp2.cli import views
 from dfmp2.cli.calculate import interaction_command, refuse_ranks, run_command
 from dfmp2.cli.group import cli
-from dfmp2.cli.options import (CALCULATION_OPTIONS, MOLECULE_OPTIONS, VERBOSE, XC_OPTIONS,
+from dfmp2.cli.options import (AsciiInt, CALCULATION_OPTIONS, MOLECULE_OPTIONS, VERBOSE, XC_OPTIONS,
                                XYZ_FILE, environment_settings, output_option,
                                with_options)
 from dfmp2.errors import RunFailure
@@ -107,7 +107,7 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
 @cli.command("bench")
 @click.argument("molecule", type=XYZ_FILE)
 @with_options(*CALCULATION_OPTIONS, *MOLECULE_OPTIONS)
-@click.option("--repeat", type=click.IntRange(min=1, max=MAX_REPEATS), default=1,
+@click.option("--repeat", type=AsciiInt(min=1, max=MAX_REPEATS), default=1,
               show_default=True,
               help="Timed repeats; medians are reported (the machine may be shared).")
 @click.option("--skip-pyscf", is_flag=True, help="Time dfmp2 only.")

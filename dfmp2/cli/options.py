@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,25 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("", "0", "false", "no", "off")
 # The real NKI simulator targets trn3 unless told otherwise; our kernels are written for trn1.
 NKI_PLATFORM_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+# An integer as typed on a command line: ASCII digits and an optional sign.
+ASCII_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+class AsciiInt(click.IntRange):
+    """An integer option, optionally bounded. click converts with int(), which reads 1_0 as
+    10 and full-width or other scripts' digits as digits: --charge 1_0 ran a +10 ion."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        if isinstance(value, str) and not ASCII_INTEGER.fullmatch(value.strip()):
+            self.fail(f"{value!r} is not an integer (ASCII digits, with an optional sign)",
+                      param, ctx)
+        return super().convert(value, param, ctx)
+
+    def _describe_range(self) -> str:
+        # Unbounded, it is a plain integer: click would show "[x<=None]".
+        return "" if self.min is None and self.max is None else super()._describe_range()
 
 
 class MemorySize(click.ParamType):
@@ -95,7 +115,7 @@ CALCULATION_OPTIONS = (
     click.option("--scf-engine", type=click.Choice(ENGINES), default="kernels",
                  show_default=True,
                  help="Who builds the density-fitted SCF's J and K: our kernels or PySCF."),
-    click.option("--threads", type=click.IntRange(min=1), default=None,
+    click.option("--threads", type=AsciiInt(min=1), default=None,
                  help="Threads for torch and PySCF (default: OMP_NUM_THREADS, else all "
                  "available cores; at most the available cores)."),
     click.option("--scs-os", type=ScaleFactor(), default=SCS_OS_DEFAULT, show_default=True,
@@ -124,7 +144,7 @@ XC_OPTIONS = (
     click.option("--dispersion", type=click.Choice(DISPERSION_CHOICES), default=None,
                  help="Dispersion added to a named --xc (dftd3/dftd4 with their parameters for "
                       "it; needs 'dfmp2[dispersion]'); default: the functional's own, if any."),
-    click.option("--grid", type=click.IntRange(GRID_LEVELS.start, GRID_LEVELS.stop - 1),
+    click.option("--grid", type=AsciiInt(GRID_LEVELS.start, GRID_LEVELS.stop - 1),
                  default=None, help="PySCF integration grid level for --xc (default: PySCF's, 3)."),
 )
 
@@ -137,17 +157,17 @@ def _named_folder(ctx: click.Context, param: click.Parameter, value: str | None
 
 
 MOLECULE_OPTIONS = (
-    click.option("--charge", type=int, default=None,
+    click.option("--charge", type=AsciiInt(), default=None,
                  help="Total charge (default: 'charge=N' in the XYZ comment, else 0)."),
-    click.option("--spin", type=int, default=None,
+    click.option("--spin", type=AsciiInt(), default=None,
                  help="2S = N_alpha - N_beta (default: from 'multiplicity=M' in the comment, "
                       "else 0)."),
-    click.option("--frozen", type=click.IntRange(min=0), default=None,
+    click.option("--frozen", type=AsciiInt(min=0), default=None,
                  help="Freeze this many lowest occupied orbitals."),
     click.option("--reference", type=click.Choice(REFERENCES), default="auto",
                  show_default=True,
                  help="SCF reference: RHF for closed shells and UHF for spin > 0 unless given."),
-    click.option("--occ-block", type=click.IntRange(min=1), default=None,
+    click.option("--occ-block", type=AsciiInt(min=1), default=None,
                  help="Occupied orbitals per energy block (default: from --memory)."),
     click.option("--scratch", type=click.Path(file_okay=False), default=None,
                  callback=_named_folder,

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 # Hartree to kcal/mol (CODATA 2018: 1 Eh = 4.3597447222071e-18 J; N_A; 4184 J/kcal).
 KCAL_PER_HARTREE = 627.5094740631
-SPLIT_IN_COMMENT = re.compile(r"monomer A\s*=\s*first\s+(\d+)\s+atoms", re.IGNORECASE)
+SPLIT_IN_COMMENT = re.compile(r"monomer A\s*=\s*first\s+(\d+)\s+atoms", re.IGNORECASE | re.ASCII)
 CALCULATIONS = ("dimer", "monomer_a_cp", "monomer_b_cp", "monomer_a", "monomer_b")
 HARTREE_FOCK_KINDS = ("scf", "mp2", "scs", "sos")
 # A double hybrid's energies: its Kohn-Sham reference and its total (SCS and SOS sums of
