@@ -1,6 +1,8 @@
 """The ASE calculator against `dfmp2 run` and `dfmp2 gradient` on the same molecule."""
 from __future__ import annotations
 
+import re
+
 import ase.io
 import numpy as np
 import pytest
@@ -123,13 +125,20 @@ def test_a_changed_parameter_discards_the_results(tmp_path):
     ({"reference": "rohf"}, "reference 'rohf': choose one of auto, rhf, uhf"),
     ({"scs_os": "1.2"}, "scs_os '1.2' must be a number"),
     ({"scf_method": "junk"}, "scf_method 'junk': choose one of df, conventional"),
+    # Accepted, then refused at the first forces (an optimiser's first step): no result of
+    # an MP2 calculator uses them.
+    ({"scs_os": 1.2}, "scs_os scales SCS-MP2, and this calculator computes MP2; give "
+                      "method='scs-mp2', or drop it"),
+    ({"method": "sos-mp2", "scs_ss": 0.5}, "scs_ss scales SCS-MP2, and this calculator "
+                                          "computes SOS-MP2"),
 ])
 def test_options_are_checked_as_the_command_line_checks_them(options, message):
-    with pytest.raises(InputError, match=message.replace("+", r"\+")):
+    with pytest.raises(InputError, match=re.escape(message)):
         DFMP2(**options)
     calc = DFMP2()
-    with pytest.raises(InputError, match=message.replace("+", r"\+")):
+    with pytest.raises(InputError, match=re.escape(message)):
         calc.set(**options)
+    DFMP2(method="scs-mp2", scs_os=1.3, scs_ss=0.4)
 
 
 def test_memory_as_a_size_and_a_lone_atom_without_force(tmp_path):

@@ -361,11 +361,15 @@ def test_a_benchmark_side_process_ends_with_the_command(tmp_path):
     assert side is not None, "no side process started"
     parent.kill()
     parent.wait()
-    for _ in range(100):
-        if not process_running(side):
-            break
-        time.sleep(0.05)
-    assert not process_running(side), "the side process outlived the command"
+    try:
+        for _ in range(100):
+            if not process_running(side):
+                break
+            time.sleep(0.05)
+        assert not process_running(side), "the side process outlived the command"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(side, signal.SIGKILL)
 
 
 def _children_of(pid: int) -> list[int]:

@@ -461,3 +461,45 @@ def test_bad_input_that_only_the_bench_side_finds_is_bad_input(run_cli, tmp_path
                      "--skip-pyscf", "--memory", "1KB", "-o", tmp_path / "b.h5")
     assert result.code == 2 and "benchmark side" not in result.err
     assert "memory budget 1.0 kB is too small" in result.err
+
+
+def test_a_bench_whose_earlier_record_cannot_be_moved_keeps_its_measurements_shown(
+        run_cli, tmp_path, monkeypatch):
+    """An earlier record that cannot be moved aside (immutable, another user's in /tmp) was
+    found after every repeat: no table, 'so nothing was run', exit 2."""
+    from dfmp2.jobs import bench
+    from dfmp2.records.checkpoint import CannotSetAside
+
+    record = tmp_path / "b.h5"
+    args = ("bench", molecule_path("water"), "--basis", "sto-3g", "--threads", "1",
+            "--skip-pyscf", "-o", record)
+    assert run_cli(*args).code == 0
+    before = record.read_bytes()
+
+    def immutable(path, previous, kind="superseded"):
+        raise CannotSetAside(f"cannot move the complete record {path} aside", "Operation not "
+                             "permitted")
+
+    monkeypatch.setattr(bench, "set_aside", immutable)
+    result = run_cli(*args)
+    assert result.code == 1 and "MP2 energy step:" in result.out
+    assert result.err.strip() == (f"Error: the earlier benchmark record {record} cannot be "
+                                  "moved aside (Operation not permitted), so this benchmark's "
+                                  "record was not written; move it yourself, or give another -o")
+    assert record.read_bytes() == before
+
+
+def test_a_full_scratch_file_system_keeps_its_reason(run_cli, tmp_path, monkeypatch):
+    """ENOSPC (and a quota, the open-file limits) were told 'no file can be created in it',
+    as if the folder were the fault, while /proc's ENOENT is."""
+    import errno
+    from dfmp2.jobs import preamble
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(preamble.tempfile, "TemporaryFile", full)
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--scratch", tmp_path,
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 2 and (f"no file can be created in the scratch folder {tmp_path} (No "
+                                 "space left on device); free some space") in result.err

@@ -261,4 +261,4 @@ def test_an_undecided_check_of_an_open_shell_names_only_the_check_it_has(run_cli
     assert result.code == 0, result.err
     assert json.loads(result.out)["stability"] == "undecided"
     shown = run_cli("show", record).out
-    assert "eigenvalues so far: internal" in shown and "nan" not in shown
+    assert "eigenvalue so far: internal" in shown and "nan" not in shown

@@ -165,6 +165,14 @@ def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
       "keywords": {"scs_os": 2.0}}, "keyword scs_os scales SCS-MP2, and this computes SOS-MP2"),
     ({"driver": "properties", "model": {"method": "mp2", "basis": "sto-3g"},
       "keywords": {"scs_ss": 0.5}}, "keyword scs_ss scales SCS-MP2, and this computes MP2"),
+    # Given at its default value it still asks for SCS-MP2, as on the command line.
+    ({"driver": "gradient", "model": {"method": "mp2", "basis": "sto-3g"},
+      "keywords": {"scs_os": 1.2}},
+     "keyword scs_os scales SCS-MP2, and this computes MP2; set model.method to scs-mp2"),
+    # PySCF reads the string; its own reason, not 'not an exchange-correlation string'.
+    ({"driver": "energy", "model": {"method": "0.5*HF + 0.5*B88, 1e200*LYP", "basis": "sto-3g"},
+      "keywords": {"mp2_os": 0.27, "mp2_ss": 0.27}},
+     "has a coefficient of 1e+200: give coefficients between -100 and 100"),
 ])
 def test_bad_inputs_are_input_errors(spec, message):
     result = qcengine.compute({"molecule": water_molecule(), **spec}, "dfmp2",

@@ -2,6 +2,7 @@
 after the SCF, signals, and batch reruns with changed options."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import os
@@ -1098,11 +1099,15 @@ def test_the_reading_child_ends_when_dfmp2_is_killed(tmp_path):
     child = int(pid_file.read_text())
     parent.kill()
     parent.wait()
-    for _ in range(100):
-        if not process_running(child):
-            break
-        time.sleep(0.05)
-    assert not process_running(child), "the reader outlived its parent"
+    try:
+        for _ in range(100):
+            if not process_running(child):
+                break
+            time.sleep(0.05)
+        assert not process_running(child), "the reader outlived its parent"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_a_healthy_hdf5_file_of_another_program_is_not_called_damaged(tmp_path):

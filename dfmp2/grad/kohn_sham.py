@@ -62,8 +62,7 @@ def refuse_undifferentiable(xc: str, spin: int = 0, numint=None, nlc: bool = Fal
     xc_type = numint._xc_type(xc)
     if xc_type not in ("HF", "LDA", "GGA"):
         raise InputError(f"analytic gradients and relaxed densities of {xc_type} functionals "
-                         f"({xc}) are not implemented; use an LDA or GGA mix (properties also "
-                         "take --density unrelaxed)")
+                         f"({xc}) are not implemented; use an LDA or GGA mix")
 
 
 def response_function(mf):

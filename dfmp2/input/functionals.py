@@ -204,6 +204,10 @@ def resolve_functional(xc: str | None, mp2_os: float | None = None,
     return DoubleHybrid(xc.strip(), xc.strip(), float(mp2_os), float(mp2_ss))
 
 
+class UnknownFunctional(InputError):
+    """A functional PySCF cannot read (not one it reads with a coefficient out of range)."""
+
+
 def check_xc_string(xc: str) -> None:
     """Refuse what PySCF cannot parse, and range-separated exchange (the J/K engine builds
     full-range exchange only)."""
@@ -212,7 +216,7 @@ def check_xc_string(xc: str) -> None:
         omega = libxc.rsh_coeff(xc)[0]
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         detail = exc.args[0] if exc.args else exc
-        raise InputError(f"unknown functional --xc {xc!r} ({detail}); known double hybrids: "
+        raise UnknownFunctional(f"unknown functional --xc {xc!r} ({detail}); known double hybrids: "
                          f"{known_names()}, or a PySCF exchange-correlation string such as "
                          "'0.53*HF + 0.47*B88, 0.73*LYP' with --mp2-os and --mp2-ss") from None
     if omega:
@@ -221,7 +225,7 @@ def check_xc_string(xc: str) -> None:
     (hybrid, _, _), terms = libxc.parse_xc(xc)
     for coefficient in (hybrid, *(factor for _, factor in terms)):
         if not abs(coefficient) <= MAX_SCALE_FACTOR:
-            raise InputError(f"--xc {xc!r} has a coefficient of {coefficient:g}: give "
+            raise InputError(f"--xc {xc!r} has a coefficient of {coefficient!r}: give "
                              f"coefficients between -{MAX_SCALE_FACTOR:g} and "
                              f"{MAX_SCALE_FACTOR:g}")
 

@@ -176,7 +176,8 @@ class RunSettings:
             options = " and ".join(given)
             scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
             raise InputError(f"{options} {scale} SCS-MP2, and this computes "
-                             f"{self.method.upper()}; add --method scs-mp2, or drop {them}")
+                             f"{self.method.upper()}; ask for the method scs-mp2, or drop "
+                             f"{them}")
 
     def xc_suffix(self) -> str:
         """``-<functional>[-<dispersion>]`` in default record names of a double hybrid (``-xc``

@@ -82,6 +82,7 @@ class DFMP2(Calculator):
         options = {**{key: value for key, value in self.parameters.items() if key in checked},
                    **{key: value for key, value in changes.items() if key in checked}}
         RunSettings(molecule=Path("ase"), **options)
+        _refuse_unused_scales(options)
         changed = super().set(**changes)
         if changed:
             self.reset()
@@ -174,6 +175,18 @@ class DFMP2(Calculator):
         if self.atoms is not None and _charge_info(self.atoms.info) != _charge_info(atoms.info):
             changes.append("info")
         return changes
+
+
+def _refuse_unused_scales(options: dict) -> None:
+    """SCS scales beside MP2 or SOS-MP2 change none of the calculator's results (its energy
+    is the method's): they were accepted, then refused at the first forces, an optimiser's
+    first step. The command line refuses them even at their default values, and so does this."""
+    method = str(options.get("method", "mp2")).strip().lower()
+    given = [name for name in ("scs_os", "scs_ss") if name in options]
+    if given and method != "scs-mp2" and not options.get("xc"):
+        scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
+        raise InputError(f"{' and '.join(given)} {scale} SCS-MP2, and this calculator computes "
+                         f"{method.upper()}; give method='scs-mp2', or drop {them}")
 
 
 def _parameter_spelling(option: str) -> str | None:

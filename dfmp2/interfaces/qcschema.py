@@ -31,7 +31,8 @@ from dfmp2.records import report
 from dfmp2.mp2.methods import METHODS
 from dfmp2.errors import InputError
 from dfmp2.interfaces.messages import interface_errors
-from dfmp2.input.functionals import check_xc_string, known_names, named_functional
+from dfmp2.input.functionals import (UnknownFunctional, check_xc_string, known_names,
+                                     named_functional)
 from dfmp2.records.sections import (DoubleHybridSection, Mp2Section, ScfSection, read_gradient,
                                     read_inputs, read_scf)
 from dfmp2.records.frequencies_section import read_frequencies
@@ -125,7 +126,9 @@ def method_options(method: str, keywords: dict) -> dict:
     if named_functional(method) is None:
         try:
             check_xc_string(method)
-        except InputError:
+        except UnknownFunctional:
+            # A string PySCF reads, refused for what it holds (a coefficient out of range,
+            # range separation), keeps its own reason.
             raise InputError(f"method {method!r} is not an MP2 method ({', '.join(METHODS)}), "
                              f"a double hybrid ({known_names()}) or a PySCF "
                              "exchange-correlation string") from None
@@ -158,6 +161,18 @@ def keyword_options(keywords: dict) -> dict:
     return options
 
 
+def _refuse_unused_scales(task: str, options: dict, keywords: dict) -> None:
+    """scs_os or scs_ss given to a gradient, Hessian or density of MP2 or SOS-MP2, even at
+    their default values (RunSettings sees only values): the command line refuses them, and
+    a user who wrote scs_os 1.2 meaning SCS-MP2 got MP2's gradient without a word."""
+    given = [f"keyword {name}" for name in ("scs_os", "scs_ss") if name in keywords]
+    method = options.get("method", "mp2")
+    if given and task != "energy" and "xc" not in options and method != "scs-mp2":
+        scale, them = ("scale", "them") if len(given) > 1 else ("scales", "it")
+        raise InputError(f"{' and '.join(given)} {scale} SCS-MP2, and this computes "
+                         f"{method.upper()}; set model.method to scs-mp2, or drop {them}")
+
+
 def input_settings(atomic_input: AtomicInput, output: Path, scratch: Path, threads: int | None,
                    memory_gib: float | None) -> RunSettings:
     """The ``dfmp2 run`` settings of an AtomicInput: energy, or the gradient or relaxed-density
@@ -173,6 +188,7 @@ def input_settings(atomic_input: AtomicInput, output: Path, scratch: Path, threa
     charge, spin = _charge_spin(atomic_input.molecule)
     options = {**method_options(specification.model.method, keywords),
                **keyword_options(keywords)}
+    _refuse_unused_scales(TASKS[driver], options, keywords)
     if "memory" not in options and memory_gib:
         options["memory"] = int(memory_gib * BYTES_PER_GIB * MEMORY_SHARE)
     return RunSettings(molecule=Path(f"qcschema-{atomic_input.molecule.name}"),

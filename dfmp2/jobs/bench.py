@@ -32,7 +32,7 @@ from dfmp2.jobs.measure import energy_flops, gemm_rate
 from dfmp2.system.memory import format_size
 from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
-from dfmp2.records.checkpoint import set_aside
+from dfmp2.records.checkpoint import CannotSetAside, set_aside
 from dfmp2.records.lock import RecordLock
 from dfmp2.system.orphans import end_with_parent
 from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, RecordWriteError, new_record,
@@ -247,9 +247,15 @@ def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dic
                     [{"k_build_gflops": r["dfmp2"]["k_build_gflops"]} for r in runs])
         # An earlier benchmark is other measurements: it moves aside, as a complete record
         # of any command does, and comes back where this one cannot be written.
-        earlier = set_aside(path, read_record(path)) if path.exists() else None
         try:
+            earlier = set_aside(path, read_record(path)) if path.exists() else None
             write_record(path, root)
+        except CannotSetAside as exc:
+            # Found after the repeats: the measurements are still shown.
+            summary["record"] = None
+            summary["record_error"] = (f"the earlier benchmark record {path} cannot be moved "
+                                       f"aside ({exc.reason}), so this benchmark's record was "
+                                       "not written; move it yourself, or give another -o")
         except RecordWriteError as exc:
             summary["record"] = None
             summary["record_error"] = f"{exc}{_put_back(earlier, path)}"

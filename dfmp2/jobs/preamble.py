@@ -8,6 +8,7 @@ its inputs as the record will hold them.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -46,6 +47,9 @@ from dfmp2.system.limits import cpu_quota_cores
 from dfmp2.system.memory import memory_budget
 
 log = logging.getLogger(__name__)
+# Why no file can be made anywhere on a file system or in this process, not in one folder: a
+# full disk or inode table, a quota, the open-file limits.
+RESOURCE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE)
 
 
 def check_output_path(path: Path, resume: bool = False) -> None:
@@ -170,8 +174,12 @@ def resolve_environment(settings: RunSettings, record_path: Path,
         # /proc and /sys pass the access test, and no file can be made in them.
         with tempfile.TemporaryFile(dir=scratch_dir):
             pass
-    except OSError:
-        # The reason is of tempfile's last try (ENOENT from /proc), not of the folder.
+    except OSError as exc:
+        if exc.errno in RESOURCE_ERRORS:
+            raise InputError(f"no file can be created in the scratch folder {scratch_dir} "
+                             f"({exc.strerror}); free some space or raise the limit, or choose "
+                             "another with --scratch") from None
+        # Any other reason is of tempfile's last try (ENOENT from /proc), not of the folder.
         raise InputError(f"scratch folder {scratch_dir} is not a writable folder: no file can "
                          "be created in it; choose another with --scratch") from None
     check_pyscf_tmpdir()

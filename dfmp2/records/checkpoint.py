@@ -179,6 +179,17 @@ def complete_copies_beside(path: Path) -> str:
             if kept else "")
 
 
+class CannotSetAside(InputError):
+    """A record that could not be moved aside; ``reason`` says why (the system's words)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):
+        return type(self), (str(self), self.reason)
+
+
 def set_aside(path: Path, previous: Node, kind: str = "superseded") -> Path:
     """Move a record out of the way as ``<stem>.<kind>-<created>``: a complete one
     (``superseded``), or an unfinished one a batch line no longer asks for."""
@@ -193,10 +204,10 @@ def set_aside(path: Path, previous: Node, kind: str = "superseded") -> Path:
         path.rename(target)
     except OSError as exc:
         # An immutable record, or another user's in a sticky folder such as /tmp.
-        raise InputError(f"cannot move the {'complete' if kind == 'superseded' else kind} "
-                         f"record {path} aside to {target.name} ({exc.strerror}), so nothing "
-                         "was run; move or remove it yourself, or write the new record "
-                         "elsewhere") from None
+        raise CannotSetAside(
+            f"cannot move the {'complete' if kind == 'superseded' else kind} record {path} "
+            f"aside to {target.name} ({exc.strerror}), so nothing was run; move or remove it "
+            "yourself, or write the new record elsewhere", exc.strerror or str(exc)) from None
     # Whether the copy stays is known once the new run completes (settle_superseded).
     log.info("moved the %s record %s to %s", "complete" if kind == "superseded" else kind,
              path, target)

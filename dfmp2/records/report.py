@@ -300,11 +300,12 @@ def _undecided_line(scf: ScfSection) -> str:
     that the other check proved (stretched H2) is no longer in doubt, and an open shell has
     no check toward unrestricted (its value is NaN)."""
     name = scf.reference.upper()
-    values = f"internal {scf.stability_eigenvalue:.4g}"
+    values = f"eigenvalue so far: internal {scf.stability_eigenvalue:.4g}"
     if not math.isnan(scf.unpairing_eigenvalue):
-        values += f", toward unrestricted {scf.unpairing_eigenvalue:.4g}"
+        values = (f"eigenvalues so far: internal {scf.stability_eigenvalue:.4g}, toward "
+                  f"unrestricted {scf.unpairing_eigenvalue:.4g}")
     unknown = (f"a lower {name}" if scf.unpairing_eigenvalue < UNSTABLE_BELOW
                else "a lower SCF")
     return (f"  Warning: the check of the {name} reference's stability did not converge "
-            f"(lowest orbital-Hessian eigenvalues so far: {values}; an unconverged one is an "
+            f"(lowest orbital-Hessian {values}; an unconverged one is an "
             f"upper bound); whether {unknown} solution exists is not known")
