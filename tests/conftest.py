@@ -4,7 +4,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 # A pytest-xdist worker shares the cores with another worker: one thread for it and for the
@@ -153,3 +156,19 @@ def process_running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def assert_ends_with(parent: subprocess.Popen, child: int, what: str) -> None:
+    """SIGKILL ``parent`` and assert that its ``child`` ends within 5 s; a child that does
+    not is killed, so that a failing test leaves nothing running."""
+    parent.kill()
+    parent.wait()
+    try:
+        for _ in range(100):
+            if not process_running(child):
+                break
+            time.sleep(0.05)
+        assert not process_running(child), f"{what} outlived its parent"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)

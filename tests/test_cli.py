@@ -16,7 +16,7 @@ import h5py
 import pytest
 import torch
 
-from conftest import (molecule_path, process_running, pyscf_df_rhf, pyscf_dfmp2_reference,
+from conftest import (assert_ends_with, molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference,
                       pyscf_molecule, python_exe)
 from dfmp2.cli.options import environment_settings
 from dfmp2.entry import drop_invalid_openmp_threads
@@ -359,17 +359,7 @@ def test_a_benchmark_side_process_ends_with_the_command(tmp_path):
             break
         time.sleep(0.05)
     assert side is not None, "no side process started"
-    parent.kill()
-    parent.wait()
-    try:
-        for _ in range(100):
-            if not process_running(side):
-                break
-            time.sleep(0.05)
-        assert not process_running(side), "the side process outlived the command"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(side, signal.SIGKILL)
+    assert_ends_with(parent, side, "the side process")
 
 
 def _children_of(pid: int) -> list[int]:

@@ -2,7 +2,6 @@
 after the SCF, signals, and batch reruns with changed options."""
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import os
@@ -19,8 +18,8 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import MOLECULES, WATER_RECORD_ARGS, process_running, molecule_path, pyscf_df_rhf, \
-    pyscf_dfmp2_reference, pyscf_molecule, python_exe, stored_orbitals_e_corr
+from conftest import MOLECULES, WATER_RECORD_ARGS, assert_ends_with, molecule_path, \
+    pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe, stored_orbitals_e_corr
 from dfmp2 import cli
 from dfmp2.errors import InputError, Interrupted
 from dfmp2.records.checkpoint import RecordSaver
@@ -1096,18 +1095,7 @@ def test_the_reading_child_ends_when_dfmp2_is_killed(tmp_path):
         if pid_file.exists() and pid_file.read_text():
             break
         time.sleep(0.05)
-    child = int(pid_file.read_text())
-    parent.kill()
-    parent.wait()
-    try:
-        for _ in range(100):
-            if not process_running(child):
-                break
-            time.sleep(0.05)
-        assert not process_running(child), "the reader outlived its parent"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
+    assert_ends_with(parent, int(pid_file.read_text()), "the reader")
 
 
 def test_a_healthy_hdf5_file_of_another_program_is_not_called_damaged(tmp_path):
