@@ -303,6 +303,16 @@ def test_a_folder_at_the_lock_name_is_bad_input(run_cli, tmp_path):
     assert result.code == 2 and "the lock file" in result.err and "is a folder" in result.err
 
 
+@pytest.fixture
+def bench_side_here(monkeypatch):
+    """bench's side run in this process: the tests using it are of the record's handling,
+    not of the side process (tests/test_cli.py has those), and a spawned side costs seconds."""
+    from dfmp2.jobs import bench
+
+    monkeypatch.setattr(bench, "_in_fresh_process", lambda side, settings: side(settings))
+
+
+@pytest.mark.usefixtures("bench_side_here")
 def test_bench_never_replaces_a_record_of_another_command(run_cli, tmp_path):
     """bench wrote its record over whatever was at -o: a complete run record was lost without
     a word, and it took no lock. Another command's record is now refused before any work, and
@@ -429,6 +439,7 @@ def test_a_failed_text_output_leaves_the_earlier_file_whole(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.molden"]
 
 
+@pytest.mark.usefixtures("bench_side_here")
 def test_a_bench_that_cannot_write_its_record_shows_its_measurements_and_puts_back_the_last(
         run_cli, tmp_path, monkeypatch):
     """On a full disk the earlier benchmark record stayed under its superseded name without a
@@ -463,6 +474,7 @@ def test_bad_input_that_only_the_bench_side_finds_is_bad_input(run_cli, tmp_path
     assert "memory budget 1.0 kB is too small" in result.err
 
 
+@pytest.mark.usefixtures("bench_side_here")
 def test_a_bench_whose_earlier_record_cannot_be_moved_keeps_its_measurements_shown(
         run_cli, tmp_path, monkeypatch):
     """An earlier record that cannot be moved aside (immutable, another user's in /tmp) was

@@ -3,6 +3,7 @@
 configuration file that fails, and a complete record that cannot be moved aside."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -46,6 +47,7 @@ def _one_error_line(done: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@functools.cache
 def _mapped_after_import_kb() -> int:
     """What a process has mapped once the command line (torch, PySCF) is imported."""
     done = subprocess.run([python_exe(), "-c", "import dfmp2.cli; print(open('/proc/self/status')"
@@ -103,18 +105,19 @@ def test_a_budget_above_the_address_space_limit_is_warned_of(tmp_path):
     assert "may still map under its address-space limit (ulimit -v)" in done.stderr
 
 
-def test_a_process_limit_lets_a_one_thread_run_finish_and_ends_others_in_one_line(tmp_path):
+def test_a_process_limit_lets_a_one_thread_run_finish_and_ends_others_in_one_line(run_cli,
+                                                                                  tmp_path):
     """No thread can start (a pids limit reached): the energy step's read-ahead thread ended
     a --threads 1 run in 'internal error: RuntimeError' with a traceback. Reading ahead only
     saves time: the run now reads in turn, with the same energy; a run that needs threads
     for its products ends in one line naming the limit."""
-    plain = _dfmp2("run", WATER, "--basis", "cc-pvdz", "--threads", "1", "--json",
-                   "-o", tmp_path / "plain.h5")
-    assert plain.returncode == 0, plain.stderr
+    plain = run_cli("run", WATER, "--basis", "cc-pvdz", "--threads", "1", "--json",
+                    "-o", tmp_path / "plain.h5")
+    assert plain.code == 0, plain.err
     alone = _dfmp2("run", WATER, "--basis", "cc-pvdz", "--threads", "1", "--json",
                    "-o", tmp_path / "alone.h5", code=["-c", NO_THREADS])
     assert alone.returncode == 0, alone.stderr
-    assert json.loads(alone.stdout)["e_tot"] == json.loads(plain.stdout)["e_tot"]
+    assert json.loads(alone.stdout)["e_tot"] == json.loads(plain.out)["e_tot"]
 
     record = tmp_path / "two.h5"
     two = _dfmp2("run", molecule_path("water_dimer"), "--basis", "cc-pvdz", "--threads", "2",
