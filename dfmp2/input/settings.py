@@ -165,8 +165,9 @@ class RunSettings:
     def _refuse_scs_scales_of_another_method(self) -> None:
         """A gradient, density or Hessian of MP2 or SOS-MP2 has no SCS-MP2 energy to report
         beside it, as an energy run does: scales given to one (QCSchema's scs_os with the
-        gradient driver) were dropped without a word. The command line refuses them earlier,
-        also where they equal the defaults (``refuse_unused_scales``)."""
+        gradient driver) were dropped without a word. The command line, QCSchema and the ASE
+        calculator refuse them earlier, also at their default values, which only they can
+        tell from not given; this holds for every other caller."""
         if self.task == "energy" or self.xc is not None or self.method == "scs-mp2":
             return
         given = [f"--{name.replace('_', '-')}" for name, value, default in
