@@ -32,7 +32,7 @@ from dfmp2.jobs.measure import energy_flops, gemm_rate
 from dfmp2.system.memory import format_size
 from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
-from dfmp2.records.checkpoint import CannotSetAside, set_aside
+from dfmp2.records.checkpoint import CannotSetAside, put_back, set_aside
 from dfmp2.records.lock import RecordLock
 from dfmp2.system.orphans import end_with_parent
 from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, RecordWriteError, new_record,
@@ -266,12 +266,8 @@ def _put_back(earlier: Path | None, path: Path) -> str:
     """Where the earlier benchmark record is, after this one could not be written."""
     if earlier is None:
         return ""
-    if not path.exists():
-        try:
-            os.rename(earlier, path)
-            return f" (the earlier benchmark record is back at {path})"
-        except OSError:
-            pass
+    if put_back(earlier, path):
+        return f" (the earlier benchmark record is back at {path})"
     return f" (the earlier benchmark record is kept as {earlier})"
 
 

@@ -18,7 +18,7 @@ from dfmp2.df.store import ScratchArea
 from kernels.accounting import NkiRequired
 from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
-from dfmp2.records.checkpoint import FRESH, RESUME, PreviousRun, examine_previous
+from dfmp2.records.checkpoint import FRESH, RESUME, PreviousRun, examine_previous, put_back
 from dfmp2.records.lock import RecordInUse, RecordLock
 from dfmp2.records.ledger import write_accounting
 from dfmp2.records.sections import (CalculationInputs, ScfEngineSection, read_inputs,
@@ -275,16 +275,10 @@ def _superseded_note(session: RecordSession) -> str:
     superseded = session.superseded
     if superseded is None:
         return ""
-    if not session.path.exists():
-        try:
-            os.rename(superseded, session.path)
-        except OSError:
-            return f" (the earlier complete record is kept as {superseded})"
+    if put_back(superseded, session.path):
         session.superseded = None
         for aside, place in session.superseded_outputs:
-            if not place.exists():
-                with contextlib.suppress(OSError):
-                    os.rename(aside, place)
+            put_back(aside, place)
         return f" (the earlier complete record is back at {session.path})"
     return f" (the earlier complete record is kept as {superseded})"
 

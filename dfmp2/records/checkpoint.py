@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import logging
 import math
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -188,6 +189,18 @@ class CannotSetAside(InputError):
 
     def __reduce__(self):
         return type(self), (str(self), self.reason)
+
+
+def put_back(aside: Path, path: Path) -> bool:
+    """Move a file set aside (a record, or an output beside it) back to ``path`` where
+    nothing took its place (a rerun that wrote nothing there); whether it is back."""
+    if path.exists():
+        return False
+    try:
+        os.rename(aside, path)
+    except OSError:
+        return False
+    return True
 
 
 def set_aside(path: Path, previous: Node, kind: str = "superseded") -> Path:
