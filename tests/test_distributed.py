@@ -20,7 +20,8 @@ from conftest import (CliResult, molecule_path, python_exe, run_in_process,
                       stored_orbitals_e_corr)
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import read_record
-from dfmp2.system.distributed import PeerWatch, _process_state, _wait
+from dfmp2.system.distributed import PeerWatch, _wait
+from dfmp2.system.orphans import process_state
 
 JOB_TIMEOUT_SECONDS = 240
 
@@ -502,7 +503,7 @@ def test_a_wait_ends_when_a_peer_on_the_host_has_ended():
     message; live ones never do."""
     reaped = subprocess.Popen(["sleep", "0.2"])
     zombie = subprocess.Popen(["sleep", "0.2"])
-    started = {proc.pid: _process_state(proc.pid)[1] for proc in (reaped, zombie)}
+    started = {proc.pid: process_state(proc.pid)[1] for proc in (reaped, zombie)}
     reaped.wait()
     time.sleep(0.5)
     try:
@@ -514,7 +515,7 @@ def test_a_wait_ends_when_a_peer_on_the_host_has_ended():
             assert time.monotonic() - start < 5
     finally:
         zombie.wait()
-    live = {rank: (pid, _process_state(pid)[1])
+    live = {rank: (pid, process_state(pid)[1])
             for rank, pid in ((1, os.getpid()), (2, os.getppid()))}
     start = time.monotonic()
     _wait(_DoneAfter(2.5), "sharing", 60, PeerWatch(live))

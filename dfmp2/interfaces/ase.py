@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import geometry_from_atoms
 from dfmp2.system.memory import parse_size
 from dfmp2.system.files import create_folder
+from dfmp2.system.orphans import OwnedFolder
 
 # RunSettings fields that are not options of a calculation (the calculator sets them).
 NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
@@ -103,9 +103,9 @@ class DFMP2(Calculator):
         """One dfmp2 calculation (``energy``, ``gradient`` or ``properties``) into the
         results."""
         self.count += 1
-        with tempfile.TemporaryDirectory(prefix="dfmp2-ase-") as scratch:
+        with OwnedFolder("dfmp2-ase-") as scratch:
             with interface_errors(None, False, _parameter_spelling):
-                settings = self._settings(Path(scratch), task)
+                settings = self._settings(scratch, task)
             geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
                                            self.atoms.positions, "angstrom",
                                            f"ase:{self.atoms.get_chemical_formula()}")

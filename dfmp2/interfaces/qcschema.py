@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import shlex
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +40,7 @@ from dfmp2.records.tree import Node
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry, geometry_from_atoms, parse_xyz
 from dfmp2.system.files import names_a_folder
+from dfmp2.system.orphans import OwnedFolder
 
 # QCSchema keyword -> (RunSettings field, type).
 KEYWORDS: dict[str, tuple[str, type]] = {
@@ -212,15 +212,15 @@ def compute(atomic_input: AtomicInput, threads: int | None = None,
         raise InputError(f"keyword {RECORD_KEYWORD} {kept!r} names a folder; give a file in "
                          "it, such as run.h5 there")
     try:
-        folder = tempfile.TemporaryDirectory(prefix="dfmp2-qcschema-", dir=scratch_root)
+        folder = OwnedFolder("dfmp2-qcschema-", scratch_root)
     except OSError as exc:
         raise InputError(f"the task's scratch_directory {scratch_root} cannot hold dfmp2's "
                          f"scratch folder ({exc.strerror or exc}); give a writable one"
                          ) from None
     with folder as scratch:
-        output = Path(kept) if kept else Path(scratch) / "record.h5"
+        output = Path(kept) if kept else scratch / "record.h5"
         with interface_errors(output, not kept, keyword_spelling):
-            settings = input_settings(atomic_input, output, Path(scratch), threads, memory_gib)
+            settings = input_settings(atomic_input, output, scratch, threads, memory_gib)
             geometry, ghosts = molecule_geometry(atomic_input.molecule)
             if settings.task == properties_job.TASK:
                 outcome = properties_job.run(settings, properties_job.PropertiesRequest(),

@@ -17,7 +17,6 @@ import multiprocessing
 import os
 import resource
 import statistics
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
 from dfmp2.records.checkpoint import CannotSetAside, put_back, set_aside
 from dfmp2.records.lock import RecordLock
-from dfmp2.system.orphans import end_with_parent
+from dfmp2.system.orphans import OwnedFolder, end_with_parent
 from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, RecordWriteError, new_record,
                                 read_record, schema, set_status, write_record)
 from dfmp2.records.sections import (Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings)
@@ -134,8 +133,8 @@ def _in_fresh_process(function, settings: RunSettings) -> dict:
 
 
 def bench_once(settings: RunSettings, skip_pyscf: bool) -> dict:
-    with tempfile.TemporaryDirectory(prefix="dfmp2-bench-") as folder:
-        ours = _in_fresh_process(dfmp2_side, replace(settings, output=Path(folder) / "run.h5",
+    with OwnedFolder("dfmp2-bench-") as folder:
+        ours = _in_fresh_process(dfmp2_side, replace(settings, output=folder / "run.h5",
                                                      show_progress=False))
     theirs = None if skip_pyscf else _in_fresh_process(pyscf_side, settings)
     return {"dfmp2": ours, "pyscf": theirs}

@@ -13,7 +13,6 @@ import json
 import logging
 import numbers
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -171,6 +170,16 @@ def _engine(start: Geometry, evaluate: Evaluator, steps: StepLog):
     from geometric.molecule import Molecule
 
     class DfMp2Engine(Engine):
+        def calc(self, coords, dirname, read_data=False, copydir=None):
+            """geomeTRIC's calculation at ``coords``, kept as its own calc keeps it, without
+            the folder its calc makes for a program's files: this engine writes none, and a
+            killed optimisation left that folder in $TMPDIR."""
+            key = hash(coords.tobytes())
+            if key not in self.stored_calcs:
+                self.stored_calcs[key] = {"coords": coords,
+                                          "result": self.calc_new(coords, dirname)}
+            return self.stored_calcs[key]["result"]
+
         def calc_new(self, coords, dirname):
             coords = np.asarray(coords, dtype=float).reshape(-1, 3)
             known = steps.find(coords)
@@ -223,10 +232,12 @@ def optimize(start: Geometry, evaluate: Evaluator, steps: StepLog, convergence: 
     params = OptParams(convergence_set=convergence, maxiter=max_steps + done)
     coordinates = DelocalizedInternalCoordinates(molecule, build=True, connect=False,
                                                  addcart=False)
-    with tempfile.TemporaryDirectory(prefix="dfmp2-geometric-") as folder, _quiet_geometric():
+    with _quiet_geometric():
         try:
+            # No folder: geomeTRIC hands it to the engine alone (whose calc above makes none)
+            # and to Hessian and frequency steps, which these parameters never take.
             progress = Optimize(np.asarray(start.coords).ravel() / param.BOHR, molecule,
-                                coordinates, engine, folder, params, print_info=False)
+                                coordinates, engine, None, params, print_info=False)
         except GeomOptNotConvergedError:
             raise RunFailure(f"the geometry did not converge in {max_steps} steps "
                              f"({convergence} criteria); raise --max-steps or start from a "

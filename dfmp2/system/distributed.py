@@ -32,6 +32,7 @@ import torch.distributed as torch_dist
 
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.system import interrupts
+from dfmp2.system.orphans import process_ended, process_state
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_SECONDS = 300
@@ -151,20 +152,9 @@ class PeerWatch:
     def lost(self) -> str | None:
         """Which peer has ended, if one has (Linux; elsewhere the timeout alone tells)."""
         for rank, (pid, started) in self.processes.items():
-            state = _process_state(pid)
-            if state is None or state[0] in ("Z", "X") or state[1] != started:
+            if process_ended(pid, started):
                 return f"rank {rank} (process {pid}) has ended"
         return None
-
-
-def _process_state(pid: int) -> tuple[str, str] | None:
-    """A process's state letter and start time (clock ticks since boot), or None when there
-    is no such process."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], fields[19]
 
 
 def _machine() -> tuple[str, str]:
@@ -185,7 +175,7 @@ def _watch_peers(places: list, rank: int) -> PeerWatch:
     for other, (machine, pid, started) in enumerate(places):
         if other == rank or machine != here or not here[1] or started is None:
             continue
-        state = _process_state(pid)
+        state = process_state(pid)
         if state is not None and state[1] == started:
             watched[other] = (pid, started)
     return PeerWatch(watched)
@@ -437,7 +427,7 @@ def init_world(launch: Launch) -> World:
                              "torchrun or srun, with MASTER_ADDR/MASTER_PORT reachable") from None
         world = World(launch.size, torch_dist.get_rank(), backend,
                       timeout_seconds=launch.timeout_seconds, key_store=key_store)
-        own = _process_state(os.getpid())
+        own = process_state(os.getpid())
         places = world.gather((_machine(), os.getpid(), None if own is None else own[1]),
                               "meeting the other ranks")
         world.hosts = len({host for (host, _), _, _ in places})
