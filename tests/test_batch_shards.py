@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
 
 import pytest
 
@@ -333,3 +335,59 @@ def test_a_signal_stops_the_batch(hydrogens, tmp_path, run_cli, monkeypatch, no_
     assert [row["status"] for row in rows] == ["complete", "interrupted", "not started",
                                               "not started"]
     assert sorted(path.name for path in out.glob("*.h5")) == ["h2_0-sto-3g.h5"]
+
+
+def _signal_on_second_call(monkeypatch, module, name: str) -> list:
+    """``module.name`` sends this process SIGTERM (the command's own handler takes it) on its
+    second call, then goes on; returns what happened at each call."""
+    real, calls = getattr(module, name), []
+
+    def hooked(*args, **kwargs):
+        calls.append("called")
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            calls.append("went on after the signal")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, hooked)
+    return calls
+
+
+@pytest.mark.parametrize("where", ["deciding to skip it", "reporting on it"])
+def test_a_signal_while_a_complete_record_is_skipped_leaves_it_complete(
+        where, hydrogens, tmp_path, run_cli, monkeypatch, no_slurm_array):
+    """SIGTERM while the batch skips the second molecule, whose record is complete: the batch
+    finishes that row and stops with 143 (the row said 'interrupted', the record 'complete')."""
+    from dfmp2.jobs import batch, run as run_job
+
+    out = tmp_path / "out"
+    first = run_batch(run_cli, hydrogens[:3], out, "--threads", "1", "--json")
+    assert first.code == 0, first.err
+    module, name = ((run_job, "shared_previous_run") if where == "deciding to skip it"
+                    else (batch, "_energies"))
+    calls = _signal_on_second_call(monkeypatch, module, name)
+    result = run_batch(run_cli, hydrogens[:3], out, "--threads", "1")
+    assert result.code == 143, result.err
+    assert result.err.strip().splitlines()[-1] == "Error: terminated by signal SIGTERM"
+    rows = json.loads((out / "summary.json").read_text())
+    assert [row["status"] for row in rows] == ["complete (skipped)", "complete (skipped)",
+                                              "not started"]
+    assert rows[1]["e_tot"] == json.loads(first.out)[1]["e_tot"] and rows[1]["error"] == ""
+    assert status(read_record(out / "h2_1-sto-3g.h5")) == "complete"
+    assert calls == ["called", "called", "went on after the signal"]
+
+
+def test_a_signal_still_stops_a_batchs_calculation_at_once(hydrogens, tmp_path, run_cli,
+                                                           monkeypatch, no_slurm_array):
+    """The batch waits for a skip's row, not for a calculation: SIGTERM as the second molecule
+    starts computing ends it there, its record interrupted."""
+    from dfmp2.jobs import run as run_job
+
+    calls = _signal_on_second_call(monkeypatch, run_job, "calculate")
+    out = tmp_path / "out"
+    result = run_batch(run_cli, hydrogens[:3], out, "--threads", "1")
+    assert result.code == 143, result.err
+    assert calls == ["called", "called"], "the signal was held through the calculation"
+    rows = json.loads((out / "summary.json").read_text())
+    assert [row["status"] for row in rows] == ["complete", "interrupted", "not started"]
+    assert status(read_record(out / "h2_1-sto-3g.h5")) == "interrupted"

@@ -28,6 +28,7 @@ from dfmp2.jobs import preamble, run as run_job
 from dfmp2.jobs.manifest import BatchItem, line_settings
 from dfmp2.system.distributed import environment_integer
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
+from dfmp2.system import interrupts
 from dfmp2.system.files import create_folder, existing_kind, printable
 from dfmp2.system.progress import Progress
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA, Node,
@@ -269,7 +270,10 @@ def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
               ) -> tuple[list[dict], Interrupted | None]:
     """One row per molecule of the shard, and the signal that stopped the batch (None: it ran
     to its end). After a signal the molecule it interrupted is ``interrupted`` (its record
-    resumes) and the ones after it ``not started``: none of them has failed."""
+    resumes) and the ones after it ``not started``: none of them has failed. A signal stops a
+    calculation at once, but one that comes while the batch finds out whether a molecule needs
+    computing, or reports on it, waits for its row: a complete record it was skipping was
+    listed ``interrupted``."""
     create_folder(out_dir, "choose another --out")
     for path in summary_paths(out_dir, shard):
         # Found only when the summary was written, after every molecule was computed, and
@@ -288,7 +292,8 @@ def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
     try:
         for item, settings in chosen:
             running, start = item, time.perf_counter()
-            rows.append(run_item(item, settings))
+            with interrupts.signals_held():
+                rows.append(run_item(item, settings))
             running = None
             progress.advance()
     except Interrupted as stop:

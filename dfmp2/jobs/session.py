@@ -228,10 +228,13 @@ def without_datasets(node: Node) -> Node:
                 groups={name: without_datasets(child) for name, child in node.groups.items()})
 
 def guarded(session: RecordSession, root: Node, work):
-    """Run ``work()``; any failure ends the record as failed (or interrupted) before it is
-    raised again, with the record's path in the message of user-facing errors."""
+    """Run ``work()``, which a signal stops at once even where the caller holds stops (see
+    :func:`dfmp2.system.interrupts.raised_at_once`); any failure ends the record as failed (or
+    interrupted) before it is raised again, with the record's path in the message of
+    user-facing errors."""
     try:
-        return work()
+        with interrupts.raised_at_once():
+            return work()
     except BaseException as exc:
         stop = interrupts.requested()
         if stop is not None and not isinstance(exc, Interrupted):

@@ -78,6 +78,26 @@ def signals_held() -> Iterator[None]:
         raise stop
 
 
+@contextlib.contextmanager
+def raised_at_once() -> Iterator[None]:
+    """A stop that lands in the body is raised there, even inside a caller's
+    :func:`signals_held`, and one that caller holds already is raised on entry: a batch holds
+    stops while it finds out whether a molecule needs computing (a skip is nothing else) and
+    while it reports on it, but the calculation stops at once, as a run's does."""
+    global _depth, _held
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    outer, _depth = _depth, 0
+    try:
+        if _held is not None:
+            stop, _held = _held, None
+            raise stop
+        yield
+    finally:
+        _depth = outer
+
+
 def written_whole(writer: Writer) -> Writer:
     """``writer`` (a change of the record in memory) under :func:`signals_held`."""
     @functools.wraps(writer)
