@@ -85,6 +85,51 @@ def test_a_calculation_listed_twice_is_computed_once(tmp_path, run_cli):
         "water-cc-pvdz-line3.h5", "water-sto-3g-0.h5", "water-sto-3g-2.h5"]
 
 
+def test_listings_that_differ_only_in_how_they_run_share_a_record(tmp_path, run_cli):
+    """--memory, --occ-block, --scratch or --resume on one listing change how it runs, not
+    its result (a rerun reuses a record made with others): the second listing reuses the
+    first's record. They were numbered as two calculations and computed twice, and the one
+    left alone in the manifest was renamed and computed a third time."""
+    (tmp_path / "h2.xyz").write_text("2\n\nH 0 0 0\nH 0 0 0.74\n")
+    (tmp_path / "scratch").mkdir()
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text(f"h2.xyz\nh2.xyz --memory 2GB --occ-block 1 --resume "
+                        f"--scratch {shlex.quote(str(tmp_path / 'scratch'))}\n")
+    out = tmp_path / "out"
+    result = run_cli("batch", manifest, "--basis", "sto-3g", "--threads", "1", "--out", out,
+                     "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    assert [row["status"] for row in rows] == ["complete", "complete (skipped)"]
+    assert rows[0]["record"] == rows[1]["record"] == str(out / "h2-sto-3g.h5")
+    manifest.write_text("h2.xyz --memory 2GB\n")
+    again = run_cli("batch", manifest, "--basis", "sto-3g", "--threads", "1", "--out", out,
+                    "--json")
+    assert [row["status"] for row in json.loads(again.out)] == ["complete (skipped)"]
+    assert sorted(p.name for p in out.glob("*.h5")) == ["h2-sto-3g.h5"]
+
+
+def test_a_line_that_fails_when_it_runs_is_named_so_that_mending_it_renames_nothing(
+        tmp_path, run_cli):
+    """An impossible charge is found only when the line runs: the line is named (and numbers
+    its neighbour) as the calculation it asks for, so once mended in place the neighbour's
+    record is reused, not renamed and computed again."""
+    (tmp_path / "h2.xyz").write_text("2\n\nH 0 0 0\nH 0 0 0.74\n")
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text("h2.xyz --charge 1\nh2.xyz\n")
+    out = tmp_path / "out"
+    first = run_cli("batch", manifest, "--basis", "sto-3g", "--threads", "1", "--out", out,
+                    "--json")
+    assert [row["status"] for row in json.loads(first.out)] == ["failed", "complete"]
+    manifest.write_text("h2.xyz --charge 1 --spin 1\nh2.xyz\n")
+    mended = run_cli("batch", manifest, "--basis", "sto-3g", "--threads", "1", "--out", out,
+                     "--json")
+    assert mended.code == 0, mended.err
+    assert [row["status"] for row in json.loads(mended.out)] == ["complete",
+                                                                "complete (skipped)"]
+    assert sorted(p.name for p in out.glob("*.h5")) == ["h2-sto-3g-0.h5", "h2-sto-3g-1.h5"]
+
+
 def test_a_line_that_cannot_run_does_not_rename_a_good_lines_record(tmp_path, run_cli):
     """A failed line took the batch's default name, which could be a good line's: the good
     record became water-sto-3g-0.h5, and once the manifest was mended it was named

@@ -129,9 +129,12 @@ def slurm_array_shard(environ: Mapping[str, str]) -> tuple[int, int] | None:
 
 def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
     """``<molecule>-<basis>[-<functional>].h5``, numbered where two different calculations
-    would share a name. The same calculation listed twice (the same file, options and split)
-    shares one record, so it is computed once and the second listing reuses it. A line that
-    cannot run gets ``-line<index>`` instead."""
+    would share a name. The same calculation listed twice (the same file, options and split,
+    whatever ``HOW_IT_RUNS`` says) shares one record, so it is computed once and the second
+    listing reuses it. A line that cannot run gets ``-line<index>`` instead. A line that
+    fails only when it runs is named as any other: its failure is not known here (nor on the
+    other shards, which must name it alike), and mending it or its file in place then leaves
+    every name as it was."""
     names = [f"{s.molecule.stem}-{s.basis_label()}{s.xc_suffix()}"
              + ("-interaction" if item.interaction is not None else "")
              for s, item in zip(settings, items)]
@@ -165,6 +168,12 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
 
 # The settings that name a basis set: STO-3G, sto-3g and sto3g are one (PySCF's lookup).
 BASIS_OPTIONS = ("basis", "auxbasis", "jk_auxbasis")
+# Options of a line that change how its calculation runs, not what its record holds: a
+# complete record made with others is reused (they are not among the inputs a reuse
+# compares), so a line that differs from another only in them was numbered as a clash and
+# computed twice, and adding one to a line renamed both records.
+HOW_IT_RUNS = {"memory": None, "threads": None, "occ_block": None, "scratch": None,
+               "resume": False}
 
 
 def _calculation(item: BatchItem, settings: RunSettings) -> tuple | None:
@@ -176,7 +185,7 @@ def _calculation(item: BatchItem, settings: RunSettings) -> tuple | None:
     named = {field: same_basis_name(getattr(settings, field)) for field in BASIS_OPTIONS
              if getattr(settings, field) is not None}
     return (settings.molecule.resolve(),
-            dataclasses.replace(settings, molecule=Path(), **named), split)
+            dataclasses.replace(settings, molecule=Path(), **named, **HOW_IT_RUNS), split)
 
 
 def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
