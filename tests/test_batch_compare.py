@@ -130,6 +130,49 @@ def test_a_line_that_fails_when_it_runs_is_named_so_that_mending_it_renames_noth
     assert sorted(p.name for p in out.glob("*.h5")) == ["h2-sto-3g-0.h5", "h2-sto-3g-1.h5"]
 
 
+def test_names_pyscf_loads_as_one_basis_are_one_calculation(tmp_path, run_cli):
+    """ano and ano-rcc (aliases of PySCF's ano.dat), and a Pople name that PySCF composes in
+    another case (6-31G(d,p), 6-31g(d,p)), are one basis: the later listing, and a later
+    batch, reuse the record. They were computed again (ano-rcc into a record of its own, the
+    Pople names numbered as two calculations, and the later batch's spelling recomputed)."""
+    (tmp_path / "h2.xyz").write_text("2\n\nH 0 0 0\nH 0 0 0.74\n")
+    manifest = tmp_path / "jobs.txt"
+    # PySCF's own default RI partner of a polarised 6-31G cannot be loaded by PySCF.
+    pople = "--auxbasis cc-pvdz-ri --basis"
+    manifest.write_text(f"h2.xyz --basis ano\nh2.xyz --basis ANO-RCC\n"
+                        f"h2.xyz {pople} '6-31G(d,p)'\nh2.xyz {pople} '6-31g(d,p)'\n")
+    out = tmp_path / "out"
+    result = run_cli("batch", manifest, "--threads", "1", "--out", out, "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    assert [row["status"] for row in rows] == ["complete", "complete (skipped)"] * 2
+    assert rows[0]["record"] == rows[1]["record"] != rows[2]["record"] == rows[3]["record"]
+    manifest.write_text(f"h2.xyz {pople} '6-31G(D,P)'\n")
+    again = run_cli("batch", manifest, "--threads", "1", "--out", out, "--json")
+    assert [row["status"] for row in json.loads(again.out)] == ["complete (skipped)"]
+    assert sorted(p.name for p in out.glob("*.h5")) == ["h2-6-31g(d,p).h5", "h2-ano.h5"]
+
+
+def test_basis_names_of_other_bases_never_compare_equal(tmp_path, monkeypatch):
+    """The names are compared by what PySCF loads, never one basis for another: one file
+    with another fitting partner, another polarisation, or a file beside a library name."""
+    from dfmp2.input.basis_files import library_name_key, same_basis_name
+
+    def same(a: str, b: str) -> bool:
+        return library_name_key(a) == library_name_key(b)
+
+    assert same("ano", "ano-rcc") and same("STO-3G", "sto3g") and same("cc-pVDZ", "ccpvdz")
+    assert same("6-311++G(2df,2pd)", "6-311++g(2DF, 2PD)")
+    # One library file, but PySCF pairs only 6-31g** with an RI basis.
+    assert not same("6-31g**", "6-31gss") and not same("cc-pvdz-pp", "stuttgart_rsc_mdf")
+    assert not same("6-31g(d,p)", "6-31g(d)") and not same("6-31g(d,p)", "6-31g**")
+    assert not same("6-31g(d,p)", "6-311g(d,p)") and not same("name(d,p)", "NAME(d,p)")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ano.dat").write_text("# a file of this name\n")
+    assert same_basis_name("ano.dat") != same_basis_name("ano")
+    assert same_basis_name("ano.dat") == ("file", "ano.dat")
+
+
 def test_a_line_that_cannot_run_does_not_rename_a_good_lines_record(tmp_path, run_cli):
     """A failed line took the batch's default name, which could be a good line's: the good
     record became water-sto-3g-0.h5, and once the manifest was mended it was named

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 
-from pyscf import gto
+from pyscf import df, gto
 
 from dfmp2.errors import InputError
 
@@ -40,14 +41,47 @@ def is_library_name(name: str) -> bool:
 
 
 def library_name_key(name: str) -> str:
-    """A library basis name as PySCF looks it up (case, hyphens, underscores and spaces do not
-    matter: STO-3G, sto-3g and sto3g are one basis); any other text as given."""
-    if any(mark in name for mark in ":,{}[]/") or not is_library_name(name):
-        return name
-    return gto.basis._format_basis_name(name)
+    """A library basis name by what PySCF loads for it, so that two names of one basis
+    compare equal and two bases never do: a name of PySCF's alias table by the file it reads
+    (``ano`` and ``ano-rcc`` both read ano.dat; STO-3G, sto-3g and sto3g are one) and the
+    fitting bases PySCF pairs with that name (6-31g** and 6-31gss read one file, but only
+    6-31g** has an RI partner, so they stay two); a polarised Pople name that PySCF composes
+    from its parts (6-31G(d,p)) by the name as PySCF reads it (case, hyphens, underscores and
+    spaces do not matter); any other text as given."""
+    formatted = gto.basis._format_basis_name(name)
+    files = gto.basis.ALIAS.get(formatted)
+    if files is not None:
+        return f"PySCF library {files!r}, fitting partners {_fitting_partners(formatted)!r}"
+    composed = POLARISED_POPLE.fullmatch(formatted)
+    if composed is not None and composed["base"] in gto.basis.ALIAS:
+        return formatted
+    return name
 
 
-def same_basis_name(name: str) -> str:
-    """The key two requests' ``--basis``-like names are compared by: a file's name as given
-    (another file is another basis), a library name by :func:`library_name_key`."""
-    return name if os.path.isfile(name) else library_name_key(name)
+# PySCF's own spelling (lower case, no hyphens) of a Pople basis it composes from the base's
+# file and polarisation files: heavy atoms' functions, then hydrogen's after a comma.
+POLARISED_POPLE = re.compile(r"(?P<base>[0-9]+\+*g)\([0-9a-z]+(,[0-9a-z]+)?\)")
+# Where PySCF would log the partners it finds: never, so that nothing reaches stdout.
+_SILENT = gto.Mole(verbose=0)
+
+
+def _fitting_partners(formatted: str) -> tuple:
+    """The RI and JK-fit bases PySCF's make_auxbasis (the default fitting bases) looks up by
+    an orbital basis's name, a Pople name also by its family (6-31g for 6-31g**)."""
+    predefined = getattr(df.addons, "predefined_auxbasis", None)
+    if predefined is None:
+        # An older PySCF looks its partners up by the whole name: the name keeps them apart.
+        return (formatted,)
+    names = [formatted]
+    if gto.basis._is_pople_basis(formatted):
+        names.append(formatted.split("g")[0] + "g")
+    return tuple(predefined(_SILENT, each, "HF", mp2fit) for each in names
+                 for mp2fit in (True, False))
+
+
+def same_basis_name(name: str) -> tuple[str, str]:
+    """The key two requests' ``--basis``-like names are compared by: a file by its name as
+    given (another file is another basis; a record keeps its contents' digest), anything
+    else by :func:`library_name_key`, each marked as which, so that no file's name can pass
+    for a library basis."""
+    return ("file", name) if os.path.isfile(name) else ("name", library_name_key(name))

@@ -166,7 +166,8 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
     return chosen
 
 
-# The settings that name a basis set: STO-3G, sto-3g and sto3g are one (PySCF's lookup).
+# The settings that name a basis set, compared by what PySCF loads for them: STO-3G, sto-3g
+# and sto3g are one, and so are ano and ano-rcc (one library file).
 BASIS_OPTIONS = ("basis", "auxbasis", "jk_auxbasis")
 # Options of a line that change how its calculation runs, not what its record holds: a
 # complete record made with others is reused (they are not among the inputs a reuse
@@ -182,10 +183,12 @@ def _calculation(item: BatchItem, settings: RunSettings) -> tuple | None:
     if item.error is not None:
         return None
     split = None if item.interaction is None else sorted(item.interaction.items())
-    named = {field: same_basis_name(getattr(settings, field)) for field in BASIS_OPTIONS
-             if getattr(settings, field) is not None}
-    return (settings.molecule.resolve(),
-            dataclasses.replace(settings, molecule=Path(), **named, **HOW_IT_RUNS), split)
+    named = {field: same_basis_name(value) for field in BASIS_OPTIONS
+             if (value := getattr(settings, field)) is not None}
+    # The settings without the names, which are compared by their keys beside them.
+    unnamed = dataclasses.replace(settings, molecule=Path(), **dict.fromkeys(BASIS_OPTIONS, ""),
+                                  **HOW_IT_RUNS)
+    return settings.molecule.resolve(), named, unnamed, split
 
 
 def _failed_record(path: Path, settings: RunSettings, error: str) -> None:
