@@ -5,13 +5,14 @@ import shutil
 import csv
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import h5py
 import pytest
 from pyscf import scf
 
-from conftest import MOLECULES, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
+from conftest import MOLECULES, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule, python_exe
 from dfmp2.jobs.manifest import without_comment
 
 
@@ -434,3 +435,27 @@ def test_a_folder_at_the_summarys_name_is_refused_before_any_molecule(run_cli, t
     assert result.code == 2 and "summary.json is a folder, where the batch writes its " \
         "summary" in result.err
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+@pytest.mark.parametrize("fed_by", ["a pipe", "a redirected file"])
+def test_a_batch_given_standard_input_says_how_to_give_its_list(fed_by, tmp_path):
+    """`dfmp2 batch /dev/stdin` fed by a pipe made one failed line, 'not a regular file', and a
+    failed record; fed by a redirected list, it looked every molecule up in /dev. Now one
+    line, status 2, and nothing written."""
+    (tmp_path / "h2.xyz").write_text("2\n\nH 0 0 0\nH 0 0 0.74\n")
+    (tmp_path / "jobs.txt").write_text("h2.xyz\n")
+    command = [python_exe(), "-m", "dfmp2", "batch", "/dev/stdin", "--out", "out"]
+    if fed_by == "a pipe":
+        proc = subprocess.run(command, input="h2.xyz\n", capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+    else:
+        with open(tmp_path / "jobs.txt") as list_file:
+            proc = subprocess.run(command, stdin=list_file, capture_output=True, text=True,
+                                  cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "Error: /dev/stdin is standard input, which dfmp2 batch does not read (each rank reads "
+        "the list itself, and a list's paths are relative to its folder); give the list's own "
+        "file (dfmp2 batch jobs.txt) or the XYZ files, or pipe one molecule to dfmp2 run "
+        "/dev/stdin"]
+    assert proc.stdout == "" and not (tmp_path / "out").exists()

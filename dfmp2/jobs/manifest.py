@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import os
 import shlex
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +143,16 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     return BatchItem(index, path, overrides, interaction, where=where)
 
 
+def _standard_input(path: Path) -> bool:
+    """Whether ``path`` reaches this process's standard input through a link (/dev/stdin,
+    /dev/fd/0, /proc/self/fd/0), rather than naming a file that is also redirected to it."""
+    try:
+        return (os.path.samestat(os.stat(path), os.fstat(0))
+                and stat.S_ISLNK(os.lstat(path).st_mode))
+    except (OSError, ValueError):
+        return False
+
+
 def collect_items(inputs: list[str], commands: dict[str, click.Command],
                   dimers: bool = False) -> list[BatchItem]:
     """XYZ files, globs of them, and manifests, in the order given. With ``dimers`` every XYZ
@@ -158,6 +170,14 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
                       for n, m in enumerate(matches)]
             continue
         path = Path(text)
+        if _standard_input(path):
+            # Taken as a manifest, a pipe became one failed line ('not a regular file') and a
+            # failed record; a redirected list, one failed line per molecule (its paths were
+            # looked up in /dev). Every rank and array task reads the list for itself.
+            raise InputError(f"{text} is standard input, which dfmp2 batch does not read (each "
+                             "rank reads the list itself, and a list's paths are relative to "
+                             "its folder); give the list's own file (dfmp2 batch jobs.txt) or "
+                             "the XYZ files, or pipe one molecule to dfmp2 run /dev/stdin")
         problem = lookup_problem(path)
         if problem is not None:
             items.append(BatchItem(len(items), path, {}, error=problem))
