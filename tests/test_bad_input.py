@@ -80,6 +80,17 @@ def test_basis_lacking_an_element(run_cli, tmp_path):
     _assert_one_line_error(result, "has no functions for Xe")
 
 
+@pytest.mark.parametrize("basis", ["6-31g**", "6-31G(d,p)", "6-311g**"])
+def test_a_basis_whose_default_ri_partner_pyscf_cannot_load_asks_for_one(basis, run_cli,
+                                                                          tmp_path):
+    # PySCF 2.14's make_auxbasis raises KeyError for these; before, a traceback.
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    result = run_cli("run", path, "--basis", basis, "-o", tmp_path / "out.h5")
+    _assert_one_line_error(result, f"pairs with {basis!r}; give one with --auxbasis")
+    assert not (tmp_path / "out.h5").exists()
+
+
 def test_memory_too_small_names_the_minimum(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--memory", "10kB", "--backend", "torch",
                      "-o", tmp_path / "o.h5")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pyscf import df, gto
 from pyscf.data import elements
+from pyscf.lib.exceptions import BasisNotFoundError
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import refuse_shadowed_library_name
@@ -76,9 +77,7 @@ def default_spec(mol: gto.Mole, mp2fit: bool) -> dict:
     predefined = getattr(df.addons, "predefined_auxbasis", None)
     partner = (predefined(mol, mol.basis, "HF", mp2fit)
                if predefined is not None and isinstance(mol.basis, str) else None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spec = df.make_auxbasis(mol, mp2fit=mp2fit)
+    spec = _pyscf_default(mol, mp2fit)
     names = {value for value in spec.values() if isinstance(value, str)}
     for name in sorted(names | ({partner} if isinstance(partner, str) else set())):
         refuse_shadowed_library_name(name, "the default fitting basis")
@@ -86,11 +85,25 @@ def default_spec(mol: gto.Mole, mp2fit: bool) -> dict:
                         if _element(label) != label and not isinstance(value, str)]
     if not generated_ghosts:
         return spec
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        real = df.make_auxbasis(_ghosts_made_real(mol), mp2fit=mp2fit)
+    real = _pyscf_default(_ghosts_made_real(mol), mp2fit)
     spec.update((label, real[_element(label)]) for label in generated_ghosts)
     return spec
+
+
+def _pyscf_default(mol: gto.Mole, mp2fit: bool) -> dict:
+    """PySCF's ``make_auxbasis``. For some bases it names a partner that it cannot load
+    itself (6-31G** and 6-311G**: a KeyError from its Pople-name parser in PySCF 2.14, with
+    or without basis-set-exchange), so the user must name one."""
+    option, kind, example = ("--auxbasis", "RI", "cc-pvdz-ri") if mp2fit else (
+        "--jk-auxbasis", "JK-fit", "def2-universal-jkfit")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return df.make_auxbasis(mol, mp2fit=mp2fit)
+    except (KeyError, BasisNotFoundError):
+        raise InputError(f"PySCF cannot load the {kind} fitting basis it pairs with "
+                         f"{mol.basis!r}; give one with {option}, for example "
+                         f"{option} {example}") from None
 
 
 def _element(label: str) -> str:
