@@ -201,6 +201,11 @@ def test_a_basis_file_is_known_by_its_contents(run_cli, tmp_path, monkeypatch):
     (tmp_path / "def2-svp-jkfit").write_text("notes\n")
     shadowed = run_cli("run", "water.xyz", "--basis", "sto-3g", "-o", "s.h5")
     assert shadowed.code == 2 and "default fitting basis 'def2-svp-jkfit'" in shadowed.err
+    # A polarised Pople name, which PySCF composes from its library files, too.
+    (tmp_path / "6-31g(d,p)").write_text("notes\n")
+    shadowed = run_cli("run", "water.xyz", "--basis", "6-31g(d,p)", "--auxbasis", "cc-pvdz-ri",
+                       "-o", "s.h5")
+    assert shadowed.code == 2 and "give the file as ./6-31g(d,p)" in shadowed.err
 
 
 def test_a_resumed_run_accounts_for_the_pairs_it_did_not_compute(run_cli, tmp_path):

@@ -36,8 +36,15 @@ def refuse_shadowed_library_name(name: str, option: str) -> None:
 
 
 def is_library_name(name: str) -> bool:
-    """Whether PySCF's library has a basis of this name."""
-    return gto.basis.ALIAS.get(gto.basis._format_basis_name(name)) is not None
+    """Whether PySCF's library has a basis of this name, or composes one from its files
+    (a polarised Pople name such as 6-31G(d,p))."""
+    formatted = gto.basis._format_basis_name(name)
+    return formatted in gto.basis.ALIAS or _composed_pople(formatted)
+
+
+def _composed_pople(formatted: str) -> bool:
+    composed = POLARISED_POPLE.fullmatch(formatted)
+    return composed is not None and composed["base"] in gto.basis.ALIAS
 
 
 def library_name_key(name: str) -> str:
@@ -52,8 +59,7 @@ def library_name_key(name: str) -> str:
     files = gto.basis.ALIAS.get(formatted)
     if files is not None:
         return f"PySCF library {files!r}, fitting partners {_fitting_partners(formatted)!r}"
-    composed = POLARISED_POPLE.fullmatch(formatted)
-    if composed is not None and composed["base"] in gto.basis.ALIAS:
+    if _composed_pople(formatted):
         return formatted
     return name
 
