@@ -11,6 +11,8 @@ from pyscf import df, gto, scf
 from pyscf.data import elements
 from pyscf.mp import dfmp2 as pyscf_dfmp2
 
+from conftest import molecule_path
+
 HOSTILE = Path(__file__).resolve().parent / "hostile"
 METHYL_IODIDE = HOSTILE / "methyl_iodide.xyz"
 
@@ -47,6 +49,42 @@ def test_def2_basis_brings_its_core_potential(run_cli, tmp_path):
         assert len(h5["input"].attrs["auxbasis"]) < 80
 
 
+@pytest.mark.parametrize("basis,potentials", [("ccecp-cc-pVDZ", "ccecp"),
+                                               ("bfd-vdz", "bfdpp")])
+def test_a_basis_made_for_the_librarys_separate_potentials_gets_them(basis, potentials,
+                                                                      run_cli, tmp_path,
+                                                                      caplog):
+    """PySCF keeps the ccECP and BFD potentials apart from their valence bases: without
+    them water ran all-electron in a basis with no core functions (E(SCF) -34.7 Eh), status
+    0 and no warning."""
+    water = molecule_path("water")
+    mol = gto.M(atom="\n".join(water.read_text().splitlines()[2:]), basis=basis,
+                ecp=potentials, verbose=0)
+    mf = scf.RHF(mol).density_fit()
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    mf.kernel()
+    pt = pyscf_dfmp2.DFMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis=df.make_auxbasis(mol, mp2fit=True))
+    pt.verbose = 0
+    pt.kernel(with_t2=False)
+    for ecp in ((), ("--ecp", potentials)):
+        record = tmp_path / f"w{len(ecp)}.h5"
+        result = run_cli("run", water, "--basis", basis, *ecp, "--json", "-o", record)
+        assert result.code == 0, result.err
+        summary = json.loads(result.out)
+        assert abs(summary["e_scf"] - mf.e_tot) <= 1e-9
+        assert summary["e_scf"] == pytest.approx(-17.0, abs=0.1)
+        assert abs(summary["e_corr"] - pt.e_corr) <= 1e-8
+        with h5py.File(record, "r") as h5:
+            assert json.loads(h5["input"].attrs["ecp"]) == {"H": potentials, "O": potentials}
+    # Naming the set the basis is made for is no mismatch to warn about.
+    assert not any(r.levelname == "WARNING" for r in caplog.records)
+    result = run_cli("run", water, "--basis", basis, "--ecp", "none", "--json", "-o",
+                     tmp_path / "ae.h5")
+    assert result.code == 0 and json.loads(result.out)["e_scf"] < -30
+    assert any("all-electron" in r.getMessage() for r in caplog.records)
+
+
 def test_ecp_none_runs_all_electron_with_a_warning(run_cli, tmp_path, caplog):
     result = run_cli("run", METHYL_IODIDE, "--basis", "def2-svp", "--ecp", "none",
                      "--frozen-core", "--backend", "torch", "--json", "-o", tmp_path / "ae.h5")
@@ -70,6 +108,21 @@ def test_bad_ecp_is_refused(args, fragment, run_cli, tmp_path):
     assert result.code == 2
     assert result.err.startswith("Error:") and fragment in result.err
     assert len(result.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("basis,ecp,missing", [("def2-svp", "none", 56),
+                                               ("lanl2dz", "def2-svp", 36)])
+def test_electrons_that_do_not_fit_for_want_of_the_bases_potentials_say_so(
+        basis, ecp, missing, run_cli, tmp_path):
+    # It said "check --charge and --spin", which were right.
+    iodine = tmp_path / "i2.xyz"
+    iodine.write_text("2\n\nI 0 0 0\nI 0 0 2.67\n")
+    result = run_cli("run", iodine, "--basis", basis, "--ecp", ecp, "-o", tmp_path / "x.h5")
+    assert result.code == 2
+    line = result.err.strip().splitlines()[-1]
+    assert line.startswith("Error:") and "do not fit" in line
+    assert f"{basis} is made for core potentials that replace {missing} more electrons" in line
+    assert "--charge" not in line
 
 
 def test_explicit_ecp_name_on_another_basis(run_cli, tmp_path):

@@ -180,12 +180,26 @@ def _check_frozen(calc: Calculation) -> None:
     nao = calc.mol.nao_nr()
     if nalpha > nao:
         raise InputError(f"{nalpha} alpha electrons (charge {calc.mol.charge}, 2S "
-                         f"{calc.mol.spin}) do not fit in the basis's {nao} orbitals; check "
-                         "--charge and --spin")
+                         f"{calc.mol.spin}) do not fit in the basis's {nao} orbitals; "
+                         + (_fewer_core_electrons(calc) or "check --charge and --spin"))
     if nao <= nalpha:
         filled = "doubly occupied" if calc.reference == "rhf" else "occupied by alpha electrons"
         raise InputError(f"the basis has {nao} orbital{'s' if nao > 1 else ''}, all {filled}: "
                          "MP2 needs virtual orbitals; choose a larger basis")
+
+
+def _fewer_core_electrons(calc: Calculation) -> str | None:
+    """Why electrons would not fit when the core potentials chosen replace fewer electrons
+    than those the basis is made for (HI in def2-SVP with --ecp none: iodine's 28 core
+    electrons in a basis with no core functions), or None."""
+    basis = calc.mol.basis
+    made_for = resolve_ecp(basis, None, calc.geometry.symbols)
+    missing = (ecp_core_electrons(calc.geometry, made_for, calc.ghosts)
+               - ecp_core_electrons(calc.geometry, calc.ecp, calc.ghosts))
+    if missing <= 0:
+        return None
+    return (f"{basis} is made for core potentials that replace {missing} more electrons "
+            "than those chosen; leave --ecp out to use them")
 
 
 def request_from_inputs(inputs: CalculationInputs) -> tuple[Geometry, CalculationRequest]:

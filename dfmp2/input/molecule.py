@@ -1,6 +1,7 @@
 """The PySCF molecule of a geometry: charge and spin, basis set and effective core potentials."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -86,13 +87,60 @@ def _starts_with_ecp_line(path: str) -> bool:
     return first.strip().upper() == "ECP"
 
 
+def companion_ecp(basis: str) -> str | None:
+    """The library's core potentials that a library basis is made for but does not carry:
+    PySCF keeps the ccECP and BFD potentials in entries of their own (``ccecp``,
+    ``bfd-pp``) beside the valence bases built for them (ccECP-cc-pVDZ in the same folder,
+    BFD-VDZ under the same file-name stem), where def2-SVP carries its own. None for any
+    other basis, or when more than one set of files would fit."""
+    return _companion_ecp(gto.basis._format_basis_name(basis))
+
+
+@functools.cache
+def _companion_ecp(formatted: str) -> str | None:
+    files = gto.basis.ALIAS.get(formatted)
+    if files is None:
+        return None
+    family = {_file_family(path) for path in _files(files)}
+    fitting: dict[tuple[str, ...], list[str]] = {}
+    for key, value in gto.basis.ALIAS.items():
+        if key != formatted and {_file_family(path) for path in _files(value)} & family:
+            fitting.setdefault(_files(value), []).append(key)
+    found = [max(keys, key=len) for keys in fitting.values() if _carries_potentials(keys[0])]
+    return found[0] if len(found) == 1 else None
+
+
+def _files(value: str | tuple) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _file_family(path: str) -> tuple[str, str]:
+    """A library file's folder and the start of its name: ccECP_cc-pVDZ.dat and ccECP.dat
+    share ('ccecp-basis/ccECP', 'ccECP'), bfd_vdz.dat and bfd_pp.dat ('', 'bfd')."""
+    folder, name = os.path.split(path)
+    return folder, name.split(".")[0].split("_")[0]
+
+
+def _carries_potentials(key: str) -> bool:
+    return any(element_ecp(key, symbol) for symbol in ("H", "C", "O", "Na", "Fe", "I", "Bi"))
+
+
+def _potentials_made_for(basis: str, symbol: str) -> bool:
+    """Whether ``basis`` carries a core potential for ``symbol`` or is made for one."""
+    companion = companion_ecp(basis)
+    return bool(element_ecp(basis, symbol)
+                or (companion is not None and element_ecp(companion, symbol)))
+
+
 def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[str, str]:
     """Element -> ECP name. By default a basis brings its own core potentials (def2-* from Rb
-    on, LANL2DZ, cc-pVnZ-PP ...), as PySCF does with ``ecp=basis``; ``none`` runs all-electron;
-    any other name is an ECP set that must cover at least one element of the molecule."""
+    on, LANL2DZ, cc-pVnZ-PP ...), as PySCF does with ``ecp=basis``, or the library's set it
+    is made for (:func:`companion_ecp`: ccECP-cc-pVDZ ran all-electron, water 18 Eh below
+    the valence calculation meant, with status 0); ``none`` runs all-electron; any other
+    name is an ECP set that must cover at least one element of the molecule."""
     present = sorted(set(symbols), key=elements.charge)
     if ecp is not None and ecp.strip().lower() == NO_ECP:
-        carried = [s for s in present if element_ecp(basis, s)]
+        carried = [s for s in present if _potentials_made_for(basis, s)]
         if carried:
             log.warning("--ecp none: %s run all-electron in %s, a basis made for core "
                         "potentials there", ", ".join(carried), basis)
@@ -111,6 +159,10 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
             raise InputError(f"--ecp {name} is {kind}, not a regular file; give an ECP name "
                              "or a basis file")
     chosen = {symbol: name for symbol in present if element_ecp(name, symbol)}
+    companion = companion_ecp(basis) if ecp is None else None
+    if companion is not None:
+        chosen.update((symbol, companion) for symbol in present
+                      if symbol not in chosen and element_ecp(companion, symbol))
     if ecp is not None and not chosen:
         if _starts_with_ecp_line(name):
             raise InputError(f"ECP file '{ecp}' starts with its ECP line, where PySCF's "
@@ -119,7 +171,7 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
         raise InputError(f"ECP '{ecp}' has no core potential for any of "
                          f"{', '.join(present)}; choose another --ecp or 'none'")
     if ecp is not None and is_library_name(basis):
-        all_electron = [s for s in chosen if not element_ecp(basis, s)]
+        all_electron = [s for s in chosen if not _potentials_made_for(basis, s)]
         if all_electron:
             log.warning("--ecp %s: %s get%s a core potential, but %s has all-electron functions "
                         "there (their core functions stay, as low virtual orbitals); leave "
