@@ -91,6 +91,30 @@ def test_a_basis_whose_default_ri_partner_pyscf_cannot_load_asks_for_one(basis, 
     assert not (tmp_path / "out.h5").exists()
 
 
+def test_such_a_basis_with_its_auxbasis_given_checks_a_conventional_scf(run_cli, tmp_path):
+    """PySCF's DFMP2 constructor, given an SCF without a DF object, looked up its default
+    RI basis for the check and raised KeyError: the finished run was recorded failed."""
+    from pyscf import df, gto, scf
+    from pyscf.mp import dfmp2 as pyscf_dfmp2
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    mol = gto.M(atom=WATER.split("\n", 2)[2], basis="6-31g**", verbose=0)
+    mf = scf.RHF(mol)
+    mf.conv_tol, mf.conv_tol_grad = 1e-12, 1e-7
+    mf.kernel()
+    fitted = mf.copy()
+    fitted.with_df = df.DF(mol, auxbasis="cc-pvdz-ri")
+    pt = pyscf_dfmp2.DFMP2(fitted)
+    pt.verbose = 0
+    pt.kernel(with_t2=False)
+    result = run_cli("run", path, "--basis", "6-31g**", "--auxbasis", "cc-pvdz-ri", "--scf",
+                     "conventional", "--check", "--json", "-o", tmp_path / "out.h5")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)
+    assert summary["check_passed"]
+    assert abs(summary["e_corr"] - pt.e_corr) <= 1e-8
+
+
 def test_memory_too_small_names_the_minimum(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--memory", "10kB", "--backend", "torch",
                      "-o", tmp_path / "o.h5")

@@ -4,6 +4,7 @@ its SCF with its own density fitting (the same JK-fit basis), then its DF-MP2, s
 double hybrid, plus the functional's dispersion from the same library (dftd3 or dftd4)."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -45,9 +46,13 @@ def pyscf_dfmp2_energy(mf, nfrozen: int, auxbasis: str | dict) -> ReferenceEnerg
     allocating O^2 V^2 amplitudes."""
     start = time.perf_counter()
     method = pyscf_dfump2.DFUMP2 if isinstance(mf, scf.uhf.UHF) else pyscf_dfmp2.DFMP2
-    pt = method(mf, frozen=nfrozen if nfrozen else None)
+    # Given an SCF without a DF object (--scf conventional), PySCF's constructor looks up
+    # its own default RI basis, which raised KeyError for 6-31G** even with --auxbasis
+    # given: a copy of the SCF carries the DF object it is to use.
+    fitted = copy.copy(mf)
+    fitted.with_df = df.DF(mf.mol, auxbasis=auxbasis)
+    pt = method(fitted, frozen=nfrozen if nfrozen else None)
     pt.max_memory = max(mf.max_memory, lib.current_memory()[0] + REFERENCE_MEMORY_MB)
-    pt.with_df = df.DF(mf.mol, auxbasis=auxbasis)
     pt.verbose = 0
     pt.kernel(with_t2=False)
     return ReferenceEnergies(float(pt.e_corr), float(pt.e_corr_os), float(pt.e_corr_ss),
