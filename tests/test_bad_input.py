@@ -60,6 +60,12 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
 @pytest.mark.parametrize("args,fragment", [
     (("--basis", "no-such-basis"), "unknown basis 'no-such-basis'"),
     (("--basis", "6-31g*", "--auxbasis", "no-such-fit"), "auxiliary basis"),
+    # Pople names PySCF composes from polarisation files it lacks: FileNotFoundError before.
+    (("--basis", "6-31G(d')"), "unknown basis '6-31G(d')'"),
+    (("--basis", "3-21G(d)"), "unknown basis '3-21G(d)'"),
+    (("--auxbasis", "6-31G(d')"), "(PySCF's library has no file for it); choose another with "
+                                  "--auxbasis"),
+    (("--jk-auxbasis", "3-21G(d)"), "choose another with --jk-auxbasis"),
     (("--memory", "lots"), "cannot read memory size"),
     (("--backend", "cuda-magic"), None),
 ])
@@ -80,14 +86,17 @@ def test_basis_lacking_an_element(run_cli, tmp_path):
     _assert_one_line_error(result, "has no functions for Xe")
 
 
-@pytest.mark.parametrize("basis", ["6-31g**", "6-31G(d,p)", "6-311g**"])
-def test_a_basis_whose_default_ri_partner_pyscf_cannot_load_asks_for_one(basis, run_cli,
-                                                                          tmp_path):
+@pytest.mark.parametrize("basis,example", [("6-31g**", "cc-pvdz-ri"),
+                                           ("6-31G(d,p)", "cc-pvdz-ri"),
+                                           ("6-311g**", "cc-pvtz-ri")])
+def test_a_basis_whose_default_ri_partner_pyscf_cannot_load_asks_for_one(basis, example,
+                                                                          run_cli, tmp_path):
     # PySCF 2.14's make_auxbasis raises KeyError for these; before, a traceback.
     path = tmp_path / "water.xyz"
     path.write_text(WATER)
     result = run_cli("run", path, "--basis", basis, "-o", tmp_path / "out.h5")
-    _assert_one_line_error(result, f"pairs with {basis!r}; give one with --auxbasis")
+    _assert_one_line_error(result, f"pairs with {basis!r}; give one with --auxbasis, for "
+                                   f"example --auxbasis {example}")
     assert not (tmp_path / "out.h5").exists()
 
 

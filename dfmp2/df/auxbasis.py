@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -18,7 +19,8 @@ from pyscf.data import elements
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from dfmp2.errors import InputError
-from dfmp2.input.basis_files import refuse_shadowed_library_name
+from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text,
+                                     refuse_shadowed_library_name)
 
 GENERATED = "even-tempered (PySCF)"
 DEFAULT_OPTION = "default"
@@ -90,12 +92,22 @@ def default_spec(mol: gto.Mole, mp2fit: bool) -> dict:
     return spec
 
 
+# The family of a Pople name in PySCF's spelling: 6311g of 6311g** or 6311g(d,p).
+POPLE_FAMILY = re.compile(r"[0-9]+\+*g")
+
+
 def _pyscf_default(mol: gto.Mole, mp2fit: bool) -> dict:
     """PySCF's ``make_auxbasis``. For some bases it names a partner that it cannot load
     itself (6-31G** and 6-311G**: a KeyError from its Pople-name parser in PySCF 2.14, with
     or without basis-set-exchange), so the user must name one."""
     option, kind, example = ("--auxbasis", "RI", "cc-pvdz-ri") if mp2fit else (
         "--jk-auxbasis", "JK-fit", "def2-universal-jkfit")
+    family = (POPLE_FAMILY.match(gto.basis._format_basis_name(mol.basis))
+              if isinstance(mol.basis, str) else None)
+    partners = getattr(df.addons, "DEFAULT_AUXBASIS", {}).get(family[0] if family else None)
+    if partners:
+        # 6-311G** is triple zeta: the 6-311G family's partner, not a double-zeta example.
+        example = partners[1 if mp2fit else 0]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -140,10 +152,9 @@ def make_auxmol(mol: gto.Mole, aux: AuxBasis, option: str = "--auxbasis") -> gto
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             return df.addons.make_auxmol(mol, aux.spec)
-    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except BASIS_ERRORS as exc:
         raise InputError(f"auxiliary basis '{aux.name}' cannot be used for this molecule "
-                         f"({first.strip()}); choose another with {option}") from None
+                         f"({basis_error_text(exc)}); choose another with {option}") from None
 
 
 def _checked(mol: gto.Mole, aux: AuxBasis, option: str, example: str) -> AuxBasis:

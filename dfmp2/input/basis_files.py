@@ -16,6 +16,20 @@ from pyscf import df, gto
 from dfmp2.errors import InputError
 
 
+# What PySCF raises for a basis it cannot build: an unknown name or element (RuntimeError,
+# KeyError), a malformed one (ValueError, TypeError), or a Pople name whose polarisation
+# file its library lacks (FileNotFoundError: 6-31G(d'), 3-21G(d)).
+BASIS_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, OSError)
+
+
+def basis_error_text(exc: Exception) -> str:
+    """The first line of what PySCF raised, without the library's file paths."""
+    if isinstance(exc, OSError):
+        return "PySCF's library has no file for it"
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
 def file_digest(name: str) -> str:
     """``sha256:<hex>`` of the file a basis name reads, or empty for a library name."""
     if not os.path.isfile(name):

@@ -12,7 +12,8 @@ from pyscf import gto
 from pyscf.data import elements
 
 from dfmp2.errors import InputError
-from dfmp2.input.basis_files import is_library_name, refuse_shadowed_library_name
+from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
+                                     refuse_shadowed_library_name)
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
 
@@ -201,18 +202,18 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mol.build(parse_arg=False, dump_input=False)
-    except (RuntimeError, KeyError, ValueError, TypeError) as exc:
+    except BASIS_ERRORS as exc:
         raise InputError(_basis_message(basis, exc, geometry.symbols)) from None
     return mol
 
 
 def _basis_message(basis: str, exc: Exception, symbols: tuple[str, ...]) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = basis_error_text(exc)
     match = re.search(r"not found for (\w+)", text)
     if match:
         return (f"basis '{basis}' has no functions for {match.group(1)}; "
                 "choose a basis that covers it")
-    if "Unknown basis" in text or "basis" in text.lower():
+    if "Unknown basis" in text or "basis" in text.lower() or isinstance(exc, OSError):
         return f"unknown basis '{basis}'; use a PySCF basis name such as cc-pvdz or def2-svp"
     elements_present = ", ".join(sorted(set(symbols)))
     return f"cannot build the molecule ({elements_present}) with basis '{basis}': {text}"
