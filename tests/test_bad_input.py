@@ -66,6 +66,8 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
     (("--auxbasis", "6-31G(d')"), "(PySCF's library has no file for it); choose another with "
                                   "--auxbasis"),
     (("--jk-auxbasis", "3-21G(d)"), "choose another with --jk-auxbasis"),
+    # --jk-auxbasis '' and --basis '' were refused, but --auxbasis '' meant the default.
+    (("--auxbasis", ""), "--auxbasis is empty"),
     (("--memory", "lots"), "cannot read memory size"),
     (("--backend", "cuda-magic"), None),
 ])

@@ -50,7 +50,7 @@ def describe(spec: str | dict) -> str:
 
 def ri_basis(mol: gto.Mole, option: str | None) -> AuxBasis:
     """The MP2 fitting basis: ``option`` (a PySCF basis name) or the RI partner of the basis."""
-    if option:
+    if option is not None:
         return _checked(mol, AuxBasis(option, option, option), "--auxbasis", "cc-pvdz-ri")
     spec = default_spec(mol, mp2fit=True)
     return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--auxbasis",
