@@ -90,15 +90,17 @@ def test_basis_lacking_an_element(run_cli, tmp_path):
 
 @pytest.mark.parametrize("basis,example", [("6-31g**", "cc-pvdz-ri"),
                                            ("6-31G(d,p)", "cc-pvdz-ri"),
-                                           ("6-311g**", "cc-pvtz-ri")])
+                                           ("6-311g**", "cc-pvtz-ri"),
+                                           # PySCF's generator fails for its lithium.
+                                           ("weigend", "cc-pvdz-ri")])
 def test_a_basis_whose_default_ri_partner_pyscf_cannot_load_asks_for_one(basis, example,
                                                                           run_cli, tmp_path):
-    # PySCF 2.14's make_auxbasis raises KeyError for these; before, a traceback.
+    # PySCF 2.14's make_auxbasis raises KeyError or ValueError for these; a traceback before.
     path = tmp_path / "water.xyz"
-    path.write_text(WATER)
+    path.write_text(WATER if basis != "weigend" else "2\n\nLi 0 0 0\nH 0 0 1.6\n")
     result = run_cli("run", path, "--basis", basis, "-o", tmp_path / "out.h5")
-    _assert_one_line_error(result, f"pairs with {basis!r}; give one with --auxbasis, for "
-                                   f"example --auxbasis {example}")
+    _assert_one_line_error(result, f"fitting basis for {basis!r} on this molecule; give one "
+                                   f"with --auxbasis, for example --auxbasis {example}")
     assert not (tmp_path / "out.h5").exists()
 
 
@@ -124,6 +126,14 @@ def test_such_a_basis_with_its_auxbasis_given_checks_a_conventional_scf(run_cli,
     summary = json.loads(result.out)
     assert summary["check_passed"]
     assert abs(summary["e_corr"] - pt.e_corr) <= 1e-8
+
+
+def test_a_basis_with_a_shell_given_twice_is_refused_in_one_line(run_cli, tmp_path):
+    # 6-31G*(d) adds the d shell twice: PySCF's guess failed on the singular overlap.
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    result = run_cli("run", path, "--basis", "6-31G*(d)", "-o", tmp_path / "out.h5")
+    _assert_one_line_error(result, "are linearly dependent on this molecule")
 
 
 def test_memory_too_small_names_the_minimum(run_cli, tmp_path):

@@ -99,7 +99,9 @@ POPLE_FAMILY = re.compile(r"[0-9]+\+*g")
 def _pyscf_default(mol: gto.Mole, mp2fit: bool) -> dict:
     """PySCF's ``make_auxbasis``. For some bases it names a partner that it cannot load
     itself (6-31G** and 6-311G**: a KeyError from its Pople-name parser in PySCF 2.14, with
-    or without basis-set-exchange), so the user must name one."""
+    or without basis-set-exchange), or its even-tempered generator fails (a ValueError for
+    lithium in the weigend fitting set taken as the orbital basis), so the user must name
+    one."""
     option, kind, example = ("--auxbasis", "RI", "cc-pvdz-ri") if mp2fit else (
         "--jk-auxbasis", "JK-fit", "def2-universal-jkfit")
     family = (POPLE_FAMILY.match(gto.basis._format_basis_name(mol.basis))
@@ -112,10 +114,10 @@ def _pyscf_default(mol: gto.Mole, mp2fit: bool) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return df.make_auxbasis(mol, mp2fit=mp2fit)
-    except (KeyError, BasisNotFoundError):
-        raise InputError(f"PySCF cannot load the {kind} fitting basis it pairs with "
-                         f"{mol.basis!r}; give one with {option}, for example "
-                         f"{option} {example}") from None
+    except (KeyError, BasisNotFoundError, ValueError):
+        raise InputError(f"PySCF cannot make its default {kind} fitting basis for "
+                         f"{mol.basis!r} on this molecule; give one with {option}, for "
+                         f"example {option} {example}") from None
 
 
 def _element(label: str) -> str:

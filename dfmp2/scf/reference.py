@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,9 @@ UNSTABLE_BELOW = -1e-5
 # 3.5e-7): no minimiser converges there, and following the instability does.
 STALLED_ENERGY_CHANGE = 1e-8
 STALL_CYCLES = 5
+# An overlap eigenvalue below this is linear dependence to machine precision (a duplicated
+# function gives ~1e-16); PySCF's SCF drops combinations up to its own 1e-8 threshold.
+SINGULAR_OVERLAP = 1e-13
 # Davidson's eigenvalue convergence, its iterations, its start vectors among the rotations
 # of the lowest diagonal Hessian elements, and the seed of one more that reaches every
 # symmetry block. Unconverged, its lowest value is only an upper bound of the lowest
@@ -395,7 +399,10 @@ def _converged_reference(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions)
         if tight is not None:
             tight.restart()
         try:
-            with blas():
+            with blas(), warnings.catch_warnings():
+                # PySCF's guess warns of a singular overlap before it fails on it; the
+                # failure is explained in one line below.
+                warnings.filterwarnings("ignore", message=".*not strictly positive definite")
                 return mf.kernel(dm0=density)
         except OSError as exc:
             raise RunFailure(f"the SCF could not write its JK-fit tensor file: "
@@ -405,6 +412,8 @@ def _converged_reference(mf: scf.hf.SCF, calc: Calculation, options: ScfOptions)
                 raise RunFailure(f"the SCF ran out of memory ({calc.mol.nao_nr()} basis "
                                  "functions); raise --memory if the machine has more, or use "
                                  "a smaller basis") from None
+            if isinstance(exc, np.linalg.LinAlgError):
+                _refuse_singular_overlap(calc.mol)
             raise
         finally:
             _unpin(mf, "diis")
@@ -695,6 +704,19 @@ def _warn_unstable(calc: Calculation, eigenvalue: float, followed: int = 0) -> N
     _warn_once_per_job("unstable", "the %s reference is internally unstable (lowest "
                        "orbital-Hessian eigenvalue %.4g): a lower %s solution exists, and MP2 "
                        "on this one is questionable%s", name, eigenvalue, name, remedy)
+
+
+def _refuse_singular_overlap(mol: gto.Mole) -> None:
+    """After a linear-algebra failure in the SCF: an InputError when the basis functions
+    are linearly dependent to machine precision, which no SCF can run (a shell given twice,
+    as in 6-31G*(d): PySCF's initial guess failed on its singular overlap, a traceback).
+    Nearly dependent bases are not this: the SCF drops their few combinations."""
+    overlap = mol.intor_symmetric("int1e_ovlp")
+    smallest = float(np.linalg.eigvalsh(overlap)[0])
+    if smallest < SINGULAR_OVERLAP:
+        raise InputError(f"the functions of basis {mol.basis!r} are linearly dependent on "
+                         f"this molecule (the overlap's smallest eigenvalue is "
+                         f"{smallest:.1e}: a shell given twice?); choose another basis")
 
 
 def removed_combinations(mol: gto.Mole, mo_coeff: np.ndarray) -> int:
