@@ -68,6 +68,10 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
     (("--jk-auxbasis", "3-21G(d)"), "choose another with --jk-auxbasis"),
     # --jk-auxbasis '' and --basis '' were refused, but --auxbasis '' meant the default.
     (("--auxbasis", ""), "--auxbasis is empty"),
+    # Pasted from a PDF: an en dash for the hyphen.
+    (("--basis", "6\u201331G*"), "(it holds '\u2013', not the plain hyphen '-')"),
+    # PySCF's KeyError text ("'321+gs'") was shown as the reason.
+    (("--basis", "3-21+G*"), "unknown basis '3-21+G*'; use a PySCF basis name"),
     (("--memory", "lots"), "cannot read memory size"),
     (("--backend", "cuda-magic"), None),
 ])
@@ -512,15 +516,19 @@ def test_a_manifest_line_asking_for_help_or_holding_a_nul_byte_fails_that_line_o
     water = molecule_path("water")
     manifest = tmp_path / "jobs.txt"
     manifest.write_text(f"{water} --basis sto-3g --help\n{water} --basis sto-3g\n"
-                        f"{water} --basis sto-3g\x00x\nwat\x00er.xyz\n")
+                        f"{water} --basis sto-3g\x00x\nwat\x00er.xyz\n"
+                        f"{water} --basis 6-31G(d')\n")
     result = run_cli("batch", manifest, "--out", tmp_path / "out", "--json")
     assert result.code == 1 and "Traceback" not in result.err
     rows = json.loads(result.out)
-    assert [row["status"] for row in rows] == ["failed", "complete", "failed", "failed"]
+    assert [row["status"] for row in rows] == ["failed", "complete", "failed", "failed",
+                                               "failed"]
+    assert rows[4]["error"] == (f"{manifest}, line 5: No closing quotation (a line is read as "
+                                "a shell reads it: put a name holding ' in double quotes)")
     assert rows[0]["error"] == (f"{manifest}, line 1: a help option has no place in a "
                                 "manifest line; 'dfmp2 run --help' lists the options")
-    assert [row["error"] for row in rows[2:]] == [f"{manifest}, line {n}: holds a NUL byte"
-                                                  for n in (3, 4)]
+    assert [row["error"] for row in rows[2:4]] == [f"{manifest}, line {n}: holds a NUL byte"
+                                                   for n in (3, 4)]
     assert (tmp_path / "out" / "summary.json").exists()
     with pytest.raises(InputError, match="scratch '/tmp/a\\\\x00b' holds a NUL byte"):
         RunSettings(molecule=Path("w.xyz"), scratch=Path("/tmp/a\x00b"))

@@ -100,6 +100,8 @@ def test_ecp_none_runs_all_electron_with_a_warning(run_cli, tmp_path, caplog):
 
 @pytest.mark.parametrize("args,fragment", [
     (("--ecp", "cc-pvdz"), "has no core potential for any of"),
+    # It said 'no-such-set' "has no core potential for any of C, H, I", as if it existed.
+    (("--ecp", "no-such-set"), "unknown ECP 'no-such-set': neither a PySCF library name"),
     (("--ecp", ""), "--ecp needs a name"),
 ])
 def test_bad_ecp_is_refused(args, fragment, run_cli, tmp_path):

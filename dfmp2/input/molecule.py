@@ -19,6 +19,8 @@ from dfmp2.system.files import FILE, existing_kind
 
 log = logging.getLogger(__name__)
 NO_ECP = "none"
+# Dashes that text pasted from a paper or a PDF holds where a basis name has a hyphen.
+NOT_HYPHENS = frozenset("\u2010\u2011\u2012\u2013\u2014\u2015\u2212")
 
 
 def resolve_charge_spin(geometry: Geometry, charge: int | None, spin: int | None,
@@ -169,6 +171,9 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
             raise InputError(f"ECP file '{ecp}' starts with its ECP line, where PySCF's "
                              "NWChem reader does not look for it; put a comment line "
                              "('#') before it")
+        if not is_library_name(name) and not os.path.isfile(name):
+            raise InputError(f"unknown ECP '{ecp}': neither a PySCF library name nor a file; "
+                             "give one such as def2-svp, lanl2dz or ccecp, or 'none'")
         raise InputError(f"ECP '{ecp}' has no core potential for any of "
                          f"{', '.join(present)}; choose another --ecp or 'none'")
     if ecp is not None and is_library_name(basis):
@@ -211,9 +216,15 @@ def _basis_message(basis: str, exc: Exception, symbols: tuple[str, ...]) -> str:
     text = basis_error_text(exc)
     match = re.search(r"not found for (\w+)", text)
     if match:
-        return (f"basis '{basis}' has no functions for {match.group(1)}; "
-                "choose a basis that covers it")
-    if "Unknown basis" in text or "basis" in text.lower() or isinstance(exc, OSError):
-        return f"unknown basis '{basis}'; use a PySCF basis name such as cc-pvdz or def2-svp"
+        return (f"basis '{basis}' has no functions for {match.group(1)} in PySCF's library; "
+                "choose a basis that covers it, or give one as a basis file (NWChem format, "
+                "as the Basis Set Exchange writes it)")
+    if ("Unknown basis" in text or "basis" in text.lower()
+            or isinstance(exc, (OSError, KeyError))):
+        dashes = sorted(set(basis) & NOT_HYPHENS)
+        typed = (f" (it holds {', '.join(map(repr, dashes))}, not the plain hyphen '-')"
+                 if dashes else "")
+        return (f"unknown basis '{basis}'{typed}; use a PySCF basis name such as cc-pvdz or "
+                "def2-svp")
     elements_present = ", ".join(sorted(set(symbols)))
     return f"cannot build the molecule ({elements_present}) with basis '{basis}': {text}"

@@ -93,7 +93,10 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     try:
         tokens = shlex.split(without_comment(line))
     except ValueError as exc:
-        return BatchItem(index, manifest, {}, error=f"{where}: {exc}", options_unread=True)
+        # A prime in a basis name, 6-31G(d'), opens a quotation the shell way.
+        return BatchItem(index, manifest, {},
+                         error=f"{where}: {exc} (a line is read as a shell reads it: put a "
+                               "name holding ' in double quotes)", options_unread=True)
     path = Path(tokens[0])
     path = path if path.is_absolute() else manifest.parent / path
     is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
