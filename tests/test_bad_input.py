@@ -61,10 +61,9 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
     (("--basis", "no-such-basis"), "unknown basis 'no-such-basis'"),
     (("--basis", "6-31g*", "--auxbasis", "no-such-fit"), "auxiliary basis"),
     # Pople names PySCF composes from polarisation files it lacks: FileNotFoundError before.
-    (("--basis", "6-31G(d')"), "unknown basis '6-31G(d')'"),
+    (("--basis", "6-31G(d')"), "is not a Pople name that PySCF reads as written"),
     (("--basis", "3-21G(d)"), "unknown basis '3-21G(d)'"),
-    (("--auxbasis", "6-31G(d')"), "(PySCF's library has no file for it); choose another with "
-                                  "--auxbasis"),
+    (("--auxbasis", "6-31G(d')"), "is not a Pople name that PySCF reads as written"),
     (("--jk-auxbasis", "3-21G(d)"), "choose another with --jk-auxbasis"),
     # --jk-auxbasis '' and --basis '' were refused, but --auxbasis '' meant the default.
     (("--auxbasis", ""), "--auxbasis is empty"),
@@ -72,6 +71,12 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
     (("--basis", "6\u201331G*"), "(it holds '\u2013', not the plain hyphen '-')"),
     # PySCF's KeyError text ("'321+gs'") was shown as the reason.
     (("--basis", "3-21+G*"), "unknown basis '3-21+G*'; use a PySCF basis name"),
+    # PySCF read only part of these: 6-31G(d)(p) ran as 6-31G(d), 6-31G(d,p,f) as 6-31G(d,p).
+    (("--basis", "6-31G(d)(p)"), "is not a Pople name that PySCF reads as written"),
+    (("--basis", "6-31G(d,p,f)"), "is not a Pople name that PySCF reads as written"),
+    (("--auxbasis", "6-31G(d,p)*"), "--auxbasis '6-31G(d,p)*' is not a Pople name"),
+    # A contraction the basis cannot give: PySCF's AssertionError, a traceback before.
+    (("--basis", "cc-pvdz@3s2p"), "@3s2p implies 3 l=0 function(s)"),
     (("--memory", "lots"), "cannot read memory size"),
     (("--backend", "cuda-magic"), None),
 ])
@@ -133,10 +138,14 @@ def test_such_a_basis_with_its_auxbasis_given_checks_a_conventional_scf(run_cli,
 
 
 def test_a_basis_with_a_shell_given_twice_is_refused_in_one_line(run_cli, tmp_path):
-    # 6-31G*(d) adds the d shell twice: PySCF's guess failed on the singular overlap.
-    path = tmp_path / "water.xyz"
-    path.write_text(WATER)
-    result = run_cli("run", path, "--basis", "6-31G*(d)", "-o", tmp_path / "out.h5")
+    # PySCF's guess failed on the singular overlap (6-31G*(d) did this, refused earlier now).
+    shell = "H S\n  3.42525091 0.15432897\n  0.62391373 0.53532814\n  0.16885540 0.44463454\n"
+    basis = tmp_path / "twice.nw"
+    basis.write_text(f"BASIS \"ao basis\" PRINT\n{shell}{shell}H S\n  0.1 1.0\nEND\n")
+    path = tmp_path / "h2.xyz"
+    path.write_text("2\n\nH 0 0 0\nH 0 0 0.74\n")
+    result = run_cli("run", path, "--basis", basis, "--auxbasis", "cc-pvdz-ri", "-o",
+                     tmp_path / "out.h5")
     _assert_one_line_error(result, "are linearly dependent on this molecule")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import warnings
 from dataclasses import dataclass
 
@@ -19,8 +18,8 @@ from pyscf.data import elements
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from dfmp2.errors import InputError
-from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text,
-                                     refuse_shadowed_library_name)
+from dfmp2.input.basis_files import (BASIS_ERRORS, POPLE_BASE, basis_error_text,
+                                     refuse_partial_pople, refuse_shadowed_library_name)
 
 GENERATED = "even-tempered (PySCF)"
 DEFAULT_OPTION = "default"
@@ -92,10 +91,6 @@ def default_spec(mol: gto.Mole, mp2fit: bool) -> dict:
     return spec
 
 
-# The family of a Pople name in PySCF's spelling: 6311g of 6311g** or 6311g(d,p).
-POPLE_FAMILY = re.compile(r"[0-9]+\+*g")
-
-
 def _pyscf_default(mol: gto.Mole, mp2fit: bool) -> dict:
     """PySCF's ``make_auxbasis``. For some bases it names a partner that it cannot load
     itself (6-31G** and 6-311G**: a KeyError from its Pople-name parser in PySCF 2.14, with
@@ -104,7 +99,7 @@ def _pyscf_default(mol: gto.Mole, mp2fit: bool) -> dict:
     one."""
     option, kind, example = ("--auxbasis", "RI", "cc-pvdz-ri") if mp2fit else (
         "--jk-auxbasis", "JK-fit", "def2-universal-jkfit")
-    family = (POPLE_FAMILY.match(gto.basis._format_basis_name(mol.basis))
+    family = (POPLE_BASE.match(gto.basis._format_basis_name(mol.basis))
               if isinstance(mol.basis, str) else None)
     partners = getattr(df.addons, "DEFAULT_AUXBASIS", {}).get(family[0] if family else None)
     if partners:
@@ -164,5 +159,6 @@ def _checked(mol: gto.Mole, aux: AuxBasis, option: str, example: str) -> AuxBasi
         raise InputError(f"{option} is empty; give a PySCF basis name such as {example}")
     if aux.option != DEFAULT_OPTION:
         refuse_shadowed_library_name(aux.option, option)
+        refuse_partial_pople(aux.option, option)
     make_auxmol(mol, aux, option)
     return aux

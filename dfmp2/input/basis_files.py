@@ -18,8 +18,10 @@ from dfmp2.errors import InputError
 
 # What PySCF raises for a basis it cannot build: an unknown name or element (RuntimeError,
 # KeyError), a malformed one (ValueError, TypeError), or a Pople name whose polarisation
-# file its library lacks (FileNotFoundError: 6-31G(d'), 3-21G(d)).
-BASIS_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, OSError)
+# file its library lacks (FileNotFoundError: 6-31G(d'), 3-21G(d)), or a contraction it
+# cannot take from the basis (AssertionError: cc-pvdz@3s2p, three s functions of hydrogen's
+# two).
+BASIS_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, OSError, AssertionError)
 
 
 def basis_error_text(exc: Exception) -> str:
@@ -61,6 +63,22 @@ def _composed_pople(formatted: str) -> bool:
     return composed is not None and composed["base"] in gto.basis.ALIAS
 
 
+def refuse_partial_pople(name: str, option: str) -> None:
+    """Refuse a Pople name that PySCF would not read as written: it takes one group of
+    polarisation functions for heavy atoms and one for hydrogen and drops the rest without a
+    word (6-31G(d)(p) ran as 6-31G(d), 6-31G(d,p,f) as 6-31G(d,p)), read 6-31G*(d) as the d
+    shell twice, and has no files for primed groups (6-31G(d'))."""
+    formatted = gto.basis._format_basis_name(name)
+    family = POPLE_BASE.match(formatted)
+    if ("(" not in formatted or os.path.isfile(name) or formatted in gto.basis.ALIAS
+            or family is None or family[0] not in gto.basis.ALIAS
+            or _composed_pople(formatted)):
+        return
+    raise InputError(f"{option} {name!r} is not a Pople name that PySCF reads as written; "
+                     "give one group of polarisation functions for heavy atoms and one for "
+                     "hydrogen, as in 6-31G(d,p) or 6-311+G(2df,2pd)")
+
+
 def library_name_key(name: str) -> str:
     """A library basis name by what PySCF loads for it, so that two names of one basis
     compare equal and two bases never do: a name of PySCF's alias table by the file it reads
@@ -81,6 +99,8 @@ def library_name_key(name: str) -> str:
 # PySCF's own spelling (lower case, no hyphens) of a Pople basis it composes from the base's
 # file and polarisation files: heavy atoms' functions, then hydrogen's after a comma.
 POLARISED_POPLE = re.compile(r"(?P<base>[0-9]+\+*g)\([0-9a-z]+(,[0-9a-z]+)?\)")
+# The family at the start of a Pople name in PySCF's spelling: 6311+g of 6311+g(2df,2pd).
+POPLE_BASE = re.compile(r"[0-9]+\+*g")
 # Where PySCF would log the partners it finds: never, so that nothing reaches stdout.
 _SILENT = gto.Mole(verbose=0)
 

@@ -13,7 +13,7 @@ from pyscf.data import elements
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
-                                     refuse_shadowed_library_name)
+                                     refuse_partial_pople, refuse_shadowed_library_name)
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
 
@@ -194,6 +194,7 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
     if not basis.strip():
         raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
     refuse_shadowed_library_name(basis, "--basis")
+    refuse_partial_pople(basis, "--basis")
     mol = gto.Mole()
     mol.atom = geometry.pyscf_atoms(ghosts)
     mol.unit = "Angstrom"
