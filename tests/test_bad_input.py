@@ -149,6 +149,19 @@ def test_a_basis_with_a_shell_given_twice_is_refused_in_one_line(run_cli, tmp_pa
     _assert_one_line_error(result, "are linearly dependent on this molecule")
 
 
+@pytest.mark.parametrize("option", ["--basis", "--auxbasis", "--jk-auxbasis"])
+def test_a_basis_file_without_an_elements_functions_is_refused(option, run_cli, tmp_path):
+    """PySCF's reader gave oxygen the hydrogen's shells of a file that had none for it:
+    E(SCF) -48 Eh for water, status 0."""
+    basis = tmp_path / "h-only.nw"
+    basis.write_text("BASIS \"ao basis\" PRINT\nH S\n  3.42525091 0.15432897\n"
+                     "  0.62391373 0.53532814\n  0.16885540 0.44463454\nEND\n")
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    result = run_cli("run", path, option, basis, "-o", tmp_path / "out.h5")
+    _assert_one_line_error(result, f"{option} file '{basis}' has no functions for O")
+
+
 def test_memory_too_small_names_the_minimum(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--memory", "10kB", "--backend", "torch",
                      "-o", tmp_path / "o.h5")

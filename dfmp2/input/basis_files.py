@@ -43,6 +43,27 @@ def file_digest(name: str) -> str:
         raise InputError(f"cannot read the basis file {name!r} ({exc.strerror})") from None
 
 
+def refuse_missing_elements(name: str, symbols, option: str) -> None:
+    """Refuse a basis file that holds no functions for one of ``symbols``: PySCF's reader
+    then hands that element the file's other functions (water in a file of hydrogen's alone
+    ran its oxygen on hydrogen's s shell, E(SCF) -48 Eh, status 0). An element's shells
+    start with a line of its symbol and a word: ``O  S`` in NWChem's format, ``O  DZVP-GTH``
+    in CP2K's, the two PySCF reads."""
+    if not os.path.isfile(name):
+        return
+    try:
+        with open(name, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise InputError(f"cannot read the basis file {name!r} ({exc.strerror})") from None
+    missing = [symbol for symbol in dict.fromkeys(symbols)
+               if not re.search(rf"^[ \t]*{re.escape(symbol)}[ \t]+[A-Z]", text,
+                                re.MULTILINE | re.IGNORECASE)]
+    if missing:
+        raise InputError(f"{option} file {name!r} has no functions for {', '.join(missing)}; "
+                         "add them to it, or choose a basis that covers every element")
+
+
 def refuse_shadowed_library_name(name: str, option: str) -> None:
     """Refuse a basis name that is both a PySCF library basis and a file here."""
     if os.path.isfile(name) and is_library_name(name):

@@ -13,7 +13,8 @@ from pyscf.data import elements
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
-                                     refuse_partial_pople, refuse_shadowed_library_name)
+                                     refuse_missing_elements, refuse_partial_pople,
+                                     refuse_shadowed_library_name)
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
 
@@ -195,6 +196,7 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
         raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
     refuse_shadowed_library_name(basis, "--basis")
     refuse_partial_pople(basis, "--basis")
+    refuse_missing_elements(basis, geometry.symbols, "--basis")
     mol = gto.Mole()
     mol.atom = geometry.pyscf_atoms(ghosts)
     mol.unit = "Angstrom"
