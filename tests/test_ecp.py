@@ -150,12 +150,27 @@ def test_explicit_ecp_on_an_all_electron_basis_warns(caplog):
     assert resolve_ecp("def2-svp", "lanl2dz", ("I", "Cl")) == {"I": "lanl2dz",
                                                                "Cl": "lanl2dz"}
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "Cl gets a core potential" in warnings[0]
+    # Iodine's LANL2DZ potential takes 46 electrons where def2-SVP's functions are made
+    # for 28: its 4s4p4d functions stay, as low virtuals, too.
+    assert len(warnings) == 2 and "Cl gets a core potential" in warnings[0]
     assert "I," not in warnings[0]
+    assert "I gets another core potential than the one def2-svp is made for" in warnings[1]
     caplog.clear()
     assert resolve_ecp("def2-svp", "lanl2dz", ("I", "C", "H")) == {"I": "lanl2dz"}
+    assert len([r for r in caplog.records if r.levelname == "WARNING"]) == 1
+    caplog.clear()
     assert resolve_ecp("def2-svp", None, ("I", "Cl")) == {"I": "def2-svp"}
+    # The same potentials under another name (def2-TZVP's are def2-SVP's) are no mismatch.
+    assert resolve_ecp("def2-svp", "def2-tzvp", ("I", "H")) == {"I": "def2-tzvp"}
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    # A basis made for the library's separate potentials: def2-SVP's on HI in ccECP-cc-pVDZ
+    # ran without a word (iodine's 28 core electrons where the basis is made for 46, and
+    # hydrogen's ccECP left out).
+    assert resolve_ecp("ccecp-cc-pvdz", "def2-svp", ("H", "I")) == {"I": "def2-svp"}
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert "I gets another core potential than the one ccecp-cc-pvdz is made for" in warnings[0]
+    assert "H runs all-electron in ccecp-cc-pvdz, a basis made for core potentials" in warnings[1]
 
 
 def test_a_basis_file_brings_its_core_potentials(run_cli, tmp_path, monkeypatch):

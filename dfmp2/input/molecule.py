@@ -95,15 +95,16 @@ def companion_ecp(basis: str) -> str | None:
     """The library's core potentials that a library basis is made for but does not carry:
     PySCF keeps the ccECP and BFD potentials in entries of their own (``ccecp``,
     ``bfd-pp``) beside the valence bases built for them (ccECP-cc-pVDZ in the same folder,
-    BFD-VDZ under the same file-name stem), where def2-SVP carries its own. None for any
-    other basis, or when more than one set of files would fit."""
+    BFD-VDZ under the same file-name stem), where def2-SVP carries its own. None for a
+    basis that carries potentials, one with no such neighbour, or when more than one set of
+    files would fit."""
     return _companion_ecp(gto.basis._format_basis_name(basis))
 
 
 @functools.cache
 def _companion_ecp(formatted: str) -> str | None:
     files = gto.basis.ALIAS.get(formatted)
-    if files is None:
+    if files is None or _carries_potentials(formatted):
         return None
     family = {_file_family(path) for path in _files(files)}
     fitting: dict[tuple[str, ...], list[str]] = {}
@@ -126,14 +127,23 @@ def _file_family(path: str) -> tuple[str, str]:
 
 
 def _carries_potentials(key: str) -> bool:
-    return any(element_ecp(key, symbol) for symbol in ("H", "C", "O", "Na", "Fe", "I", "Bi"))
+    """Whether a library entry's files hold an ECP section (NWChem's ``ECP`` line)."""
+    for file in _files(gto.basis.ALIAS.get(key, ())):
+        try:
+            with open(os.path.join(gto.basis._BASIS_DIR, file), encoding="utf-8",
+                      errors="replace") as handle:
+                if any(line.strip().upper() == "ECP" for line in handle):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
-def _potentials_made_for(basis: str, symbol: str) -> bool:
-    """Whether ``basis`` carries a core potential for ``symbol`` or is made for one."""
+def _potential_made_for(basis: str, symbol: str) -> list | None:
+    """The core potential ``basis`` carries for ``symbol`` or is made for, or None."""
     companion = companion_ecp(basis)
-    return bool(element_ecp(basis, symbol)
-                or (companion is not None and element_ecp(companion, symbol)))
+    return element_ecp(basis, symbol) or (element_ecp(companion, symbol)
+                                          if companion is not None else None)
 
 
 def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[str, str]:
@@ -144,7 +154,7 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
     name is an ECP set that must cover at least one element of the molecule."""
     present = sorted(set(symbols), key=elements.charge)
     if ecp is not None and ecp.strip().lower() == NO_ECP:
-        carried = [s for s in present if _potentials_made_for(basis, s)]
+        carried = [s for s in present if _potential_made_for(basis, s)]
         if carried:
             log.warning("--ecp none: %s run all-electron in %s, a basis made for core "
                         "potentials there", ", ".join(carried), basis)
@@ -165,6 +175,8 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
     chosen = {symbol: name for symbol in present if element_ecp(name, symbol)}
     companion = companion_ecp(basis) if ecp is None else None
     if companion is not None:
+        # A file of its name here would be hashed into the record as the potentials used.
+        refuse_shadowed_library_name(companion, f"the core potentials of {basis}")
         chosen.update((symbol, companion) for symbol in present
                       if symbol not in chosen and element_ecp(companion, symbol))
     if ecp is not None and not chosen:
@@ -178,14 +190,36 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
         raise InputError(f"ECP '{ecp}' has no core potential for any of "
                          f"{', '.join(present)}; choose another --ecp or 'none'")
     if ecp is not None and is_library_name(basis):
-        all_electron = [s for s in chosen if not _potentials_made_for(basis, s)]
-        if all_electron:
-            log.warning("--ecp %s: %s get%s a core potential, but %s has all-electron functions "
-                        "there (their core functions stay, as low virtual orbitals); leave "
-                        "--ecp out to keep the basis's own potentials, or choose a basis made "
-                        "for %s", name, ", ".join(all_electron),
-                        "s" if len(all_electron) == 1 else "", basis, name)
+        _warn_of_other_potentials(basis, name, present, chosen)
     return chosen
+
+
+def _warn_of_other_potentials(basis: str, name: str, present: list[str],
+                              chosen: dict[str, str]) -> None:
+    """Warn where ``--ecp name`` gives elements other core potentials than the library
+    basis is made for: a potential on an all-electron basis, another potential than the
+    basis's (HI in ccECP-cc-pVDZ with def2-SVP's: iodine's 28 core electrons where the
+    basis is made for 46), or none where the basis is made for one."""
+    made_for = {s: potential for s in present
+                if (potential := _potential_made_for(basis, s)) is not None}
+    plural = {True: "", False: "s"}
+    all_electron = [s for s in chosen if s not in made_for]
+    if all_electron:
+        log.warning("--ecp %s: %s get%s a core potential, but %s has all-electron functions "
+                    "there (their core functions stay, as low virtual orbitals); leave "
+                    "--ecp out to keep the basis's own potentials, or choose a basis made "
+                    "for %s", name, ", ".join(all_electron), plural[len(all_electron) > 1],
+                    basis, name)
+    other = [s for s in chosen if s in made_for and element_ecp(chosen[s], s) != made_for[s]]
+    if other:
+        log.warning("--ecp %s: %s get%s another core potential than the one %s is made for; "
+                    "leave --ecp out to keep it", name, ", ".join(other),
+                    plural[len(other) > 1], basis)
+    bare = [s for s in made_for if s not in chosen]
+    if bare:
+        log.warning("--ecp %s: %s run%s all-electron in %s, a basis made for core potentials "
+                    "there; leave --ecp out to keep them", name, ", ".join(bare),
+                    plural[len(bare) > 1], basis)
 
 
 def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
