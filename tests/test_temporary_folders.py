@@ -7,6 +7,7 @@ files in them, and so did geomeTRIC's (empty) working folder of every killed opt
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -238,3 +239,43 @@ def test_only_this_users_real_folders_of_ended_owners_of_the_kind_are_removed(tm
                 [mine, live, other_kind, link, other_machine, *others, target.parent])
             assert _names(target) == ["record.h5", "scratch"]
             assert _names(live) == ["record.h5"]
+
+
+def test_an_owner_whose_process_entry_cannot_be_read_keeps_its_folder(tmp_path, monkeypatch):
+    """An unreadable /proc entry (too many open files) was taken for an ended owner, and a
+    live process's folder was removed under it."""
+    with OwnedFolder("dfmp2-test-", tmp_path) as live:
+        real_read = Path.read_text
+
+        def unreadable(path, *args, **kwargs):
+            if str(path).startswith("/proc/") and str(path).endswith("/stat"):
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_read(path, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", unreadable)
+        _, pid, started = live.name.removeprefix("dfmp2-test-").split("-")[:3]
+        assert not orphans.process_ended(int(pid), started)
+        orphans._remove_ended_owners_folders(tmp_path, "dfmp2-test-", orphans._place()
+                                             or "none")
+        monkeypatch.undo()
+        assert live.is_dir()
+
+
+def test_a_folder_another_process_is_removing_too_is_removed_without_a_warning(
+        tmp_path, monkeypatch, caplog):
+    """Two processes sweeping one ended owner's folder: the slower warned of every file the
+    other had removed first."""
+    folder = tmp_path / "gone"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "file").write_text("x")
+    (folder / "file").write_text("x")
+    real_unlink = os.unlink
+
+    def raced(name, *, dir_fd=None):
+        real_unlink(name, dir_fd=dir_fd)
+        raise FileNotFoundError(errno.ENOENT, "removed by the other process")
+
+    monkeypatch.setattr(os, "unlink", raced)
+    assert orphans._remove_folder(tmp_path, "gone")
+    assert not folder.exists()
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]

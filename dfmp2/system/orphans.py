@@ -50,20 +50,31 @@ def end_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+# The state of a process whose /proc entry exists but could not be read (too many open
+# files, no permission): nothing is known of it, so it is taken to run.
+UNKNOWN_STATE = ("?", "?")
+
+
 def process_state(pid: int) -> tuple[str, str] | None:
-    """A process's state letter and start time (clock ticks since boot), or None when there
-    is no such process (or no ``/proc``)."""
+    """A process's state letter and start time (clock ticks since boot), None when there
+    is no such process (or no ``/proc``), or :data:`UNKNOWN_STATE` when its entry could not
+    be read."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    except (FileNotFoundError, ProcessLookupError):
         return None
+    except (OSError, IndexError):
+        return UNKNOWN_STATE
     return fields[0], fields[19]
 
 
 def process_ended(pid: int, started: str) -> bool:
     """Whether the process ``pid`` that started at ``started`` has ended: no process has that
-    pid, or it is a zombie, or it started at another time (the pid was given to another)."""
+    pid, or it is a zombie, or it started at another time (the pid was given to another).
+    One whose entry cannot be read has not (its folder was removed under it)."""
     state = process_state(pid)
+    if state is UNKNOWN_STATE:
+        return False
     return state is None or state[0] in ("Z", "X") or state[1] != started
 
 
@@ -167,24 +178,32 @@ def _remove_folder(parent: Path, name: str) -> bool:
             _empty(fd)
         finally:
             os.close(fd)
-        os.rmdir(name, dir_fd=parent_fd)
+        try:
+            os.rmdir(name, dir_fd=parent_fd)
+        except FileNotFoundError:
+            return False
         return True
     finally:
         os.close(parent_fd)
 
 
 def _empty(folder_fd: int) -> None:
-    """Remove everything in the open folder ``folder_fd``, entering only real folders."""
+    """Remove everything in the open folder ``folder_fd``, entering only real folders. What
+    is gone already was removed by another process cleaning up the same folder."""
     for name in os.listdir(folder_fd):
         try:
             fd = os.open(name, OPEN_FOLDER, dir_fd=folder_fd)
+        except FileNotFoundError:
+            continue
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
-            os.unlink(name, dir_fd=folder_fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=folder_fd)
             continue
         try:
             _empty(fd)
         finally:
             os.close(fd)
-        os.rmdir(name, dir_fd=folder_fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(name, dir_fd=folder_fd)
