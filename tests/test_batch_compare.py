@@ -154,6 +154,22 @@ def test_names_pyscf_loads_as_one_basis_are_one_calculation(tmp_path, run_cli):
     assert sorted(p.name for p in out.glob("*.h5")) == ["h2-6-31g(d,p).h5", "h2-ano.h5"]
 
 
+def test_names_of_one_basis_that_carries_potentials_reuse_one_record(tmp_path, run_cli):
+    """stuttgart and stuttgart-rlc (one file, with chlorine's core potential) shared one
+    record, but its potentials were compared by the name typed: each listing set the other's
+    complete record aside and computed it again, on every run of the batch."""
+    (tmp_path / "cl2.xyz").write_text("2\n\nCl 0 0 0\nCl 0 0 1.99\n")
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_text("cl2.xyz --basis stuttgart\ncl2.xyz --basis stuttgart-rlc\n")
+    out = tmp_path / "out"
+    first = run_cli("batch", manifest, "--threads", "1", "--out", out, "--json")
+    assert [row["status"] for row in json.loads(first.out)] == ["complete",
+                                                                "complete (skipped)"]
+    again = run_cli("batch", manifest, "--threads", "1", "--out", out, "--json")
+    assert [row["status"] for row in json.loads(again.out)] == ["complete (skipped)"] * 2
+    assert sorted(p.name for p in out.glob("*.h5")) == ["cl2-stuttgart.h5"]
+
+
 def test_basis_names_of_other_bases_never_compare_equal(tmp_path, monkeypatch):
     """The names are compared by what PySCF loads, never one basis for another: one file
     with another fitting partner, another polarisation, or a file beside a library name."""

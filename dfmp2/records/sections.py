@@ -172,10 +172,16 @@ class CalculationInputs(Section):
 
     def _key(self, name: str) -> Any:
         """Field ``name`` as compared: a basis the library supplied by its name as PySCF looks
-        it up (a record of --basis sto-3g is one of --basis STO-3G)."""
+        it up (a record of --basis sto-3g is one of --basis STO-3G), and so the library's
+        core potentials (a batch's record of --basis stuttgart stands for --basis
+        stuttgart-rlc, one file: compared as text, each listing set the other's record aside
+        and computed it again on every run)."""
         value = getattr(self, name)
         if name in LIBRARY_NAMED_FIELDS and not getattr(self, f"{name}_file"):
             return library_name_key(value)
+        if name == "ecp" and not self.ecp_file:
+            return sorted((element, library_name_key(set_name))
+                          for element, set_name in json.loads(value or "{}").items())
         return value
 
 
