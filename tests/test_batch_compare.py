@@ -475,3 +475,11 @@ def test_a_batch_given_standard_input_says_how_to_give_its_list(fed_by, tmp_path
         "file (dfmp2 batch jobs.txt) or the XYZ files, or pipe one molecule to dfmp2 run "
         "/dev/stdin"]
     assert proc.stdout == "" and not (tmp_path / "out").exists()
+    # A link to the list itself, given with that list on standard input, is the list's file
+    # (it was refused as standard input).
+    (tmp_path / "link.txt").symlink_to(tmp_path / "jobs.txt")
+    with open(tmp_path / "jobs.txt") as list_file:
+        linked = subprocess.run([python_exe(), "-m", "dfmp2", "batch", "link.txt", "--basis",
+                                 "sto-3g", "--threads", "1", "--out", "out"], stdin=list_file,
+                                capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert linked.returncode == 0, linked.stderr

@@ -134,8 +134,9 @@ def _fitting_partners(formatted: str) -> tuple:
         # An older PySCF looks its partners up by the whole name: the name keeps them apart.
         return (formatted,)
     names = [formatted]
-    if gto.basis._is_pople_basis(formatted):
-        names.append(formatted.split("g")[0] + "g")
+    family = POPLE_BASE.match(formatted) if gto.basis._is_pople_basis(formatted) else None
+    if family is not None:
+        names.append(family[0])
     return tuple(predefined(_SILENT, each, "HF", mp2fit) for each in names
                  for mp2fit in (True, False))
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 import shlex
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,14 +146,26 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     return BatchItem(index, path, overrides, interaction, where=where)
 
 
+# The names of standard input: /dev/stdin, /dev/fd/0, /proc/self/fd/0, /proc/<pid>/fd/0.
+STANDARD_INPUT_NAME = re.compile(r"^/(dev/stdin|dev/fd/0|proc/(self|[0-9]+)/fd/0)$")
+# Links followed at most, as the kernel does.
+MAX_LINK_HOPS = 40
+
+
 def _standard_input(path: Path) -> bool:
-    """Whether ``path`` reaches this process's standard input through a link (/dev/stdin,
-    /dev/fd/0, /proc/self/fd/0), rather than naming a file that is also redirected to it."""
-    try:
-        return (os.path.samestat(os.stat(path), os.fstat(0))
-                and stat.S_ISLNK(os.lstat(path).st_mode))
-    except (OSError, ValueError):
-        return False
+    """Whether ``path`` names this process's standard input, itself or through links to
+    one of its names, rather than a file that is also redirected to it (a link to the list
+    given with the list on standard input is that file)."""
+    current = str(path)
+    for _ in range(MAX_LINK_HOPS):
+        if STANDARD_INPUT_NAME.search(current):
+            return True
+        try:
+            target = os.readlink(current)
+        except (OSError, ValueError):
+            return False
+        current = os.path.join(os.path.dirname(current), target)
+    return False
 
 
 def collect_items(inputs: list[str], commands: dict[str, click.Command],

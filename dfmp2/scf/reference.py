@@ -103,7 +103,8 @@ UNSTABLE_BELOW = -1e-5
 STALLED_ENERGY_CHANGE = 1e-8
 STALL_CYCLES = 5
 # An overlap eigenvalue below this is linear dependence to machine precision (a duplicated
-# function gives ~1e-16); PySCF's SCF drops combinations up to its own 1e-8 threshold.
+# function gives ~1e-16); PySCF's SCF drops the combinations below 1e-6 (PySCF 2.14's
+# overlap_zero_eigenvalue_threshold), which no SCF of a singular overlap reaches.
 SINGULAR_OVERLAP = 1e-13
 # Davidson's eigenvalue convergence, its iterations, its start vectors among the rotations
 # of the lowest diagonal Hessian elements, and the seed of one more that reaches every
