@@ -77,6 +77,9 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
     (("--auxbasis", "6-31G(d,p)*"), "--auxbasis '6-31G(d,p)*' is not a Pople name"),
     # A contraction the basis cannot give: PySCF's AssertionError, a traceback before.
     (("--basis", "cc-pvdz@3s2p"), "@3s2p implies 3 l=0 function(s)"),
+    # A valence basis for GTH pseudopotentials ran all-electron: water at E(SCF) -34.5 Eh.
+    (("--basis", "gth-dzvp"), "is a valence basis for GTH pseudopotentials"),
+    (("--basis", "GTH-SZV"), "is a valence basis for GTH pseudopotentials"),
     (("--memory", "lots"), "cannot read memory size"),
     (("--backend", "cuda-magic"), None),
 ])

@@ -43,6 +43,18 @@ def file_digest(name: str) -> str:
         raise InputError(f"cannot read the basis file {name!r} ({exc.strerror})") from None
 
 
+def refuse_pseudopotential_basis(name: str) -> None:
+    """Refuse a valence basis made for GTH pseudopotentials (gth-dzvp): PySCF's molecular
+    code builds it without them, so water ran all-electron on valence functions alone
+    (E(SCF) -34.5 Eh, status 0)."""
+    if (not os.path.isfile(name)
+            and gto.basis._format_basis_name(name) in getattr(gto.basis, "GTH_ALIAS", {})):
+        raise InputError(f"--basis {name!r} is a valence basis for GTH pseudopotentials, which "
+                         "dfmp2 does not apply; choose an all-electron basis, or one with core "
+                         "potentials PySCF's molecular code reads (def2-svp, ccecp-cc-pvdz, "
+                         "lanl2dz)")
+
+
 def refuse_missing_elements(name: str, symbols, option: str) -> None:
     """Refuse a basis file that holds no functions for one of ``symbols``: PySCF's reader
     then hands that element the file's other functions (water in a file of hydrogen's alone

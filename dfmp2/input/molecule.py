@@ -14,6 +14,7 @@ from pyscf.data import elements
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
                                      refuse_missing_elements, refuse_partial_pople,
+                                     refuse_pseudopotential_basis,
                                      refuse_shadowed_library_name)
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
@@ -231,6 +232,7 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
     refuse_shadowed_library_name(basis, "--basis")
     refuse_partial_pople(basis, "--basis")
     refuse_missing_elements(basis, geometry.symbols, "--basis")
+    refuse_pseudopotential_basis(basis)
     mol = gto.Mole()
     mol.atom = geometry.pyscf_atoms(ghosts)
     mol.unit = "Angstrom"
