@@ -19,8 +19,7 @@ from pyscf.lib.exceptions import BasisNotFoundError
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import (BASIS_ERRORS, POPLE_BASE, basis_error_text,
-                                     refuse_missing_elements, refuse_partial_pople,
-                                     refuse_shadowed_library_name)
+                                     refuse_misread_basis, refuse_shadowed_library_name)
 
 GENERATED = "even-tempered (PySCF)"
 DEFAULT_OPTION = "default"
@@ -159,8 +158,6 @@ def _checked(mol: gto.Mole, aux: AuxBasis, option: str, example: str) -> AuxBasi
     if not aux.name.strip():
         raise InputError(f"{option} is empty; give a PySCF basis name such as {example}")
     if aux.option != DEFAULT_OPTION:
-        refuse_shadowed_library_name(aux.option, option)
-        refuse_partial_pople(aux.option, option)
-        refuse_missing_elements(aux.option, [_element(label) for label, _ in mol._atom], option)
+        refuse_misread_basis(aux.option, option, [_element(label) for label, _ in mol._atom])
     make_auxmol(mol, aux, option)
     return aux

@@ -36,11 +36,24 @@ def file_digest(name: str) -> str:
     """``sha256:<hex>`` of the file a basis name reads, or empty for a library name."""
     if not os.path.isfile(name):
         return ""
+    return "sha256:" + hashlib.sha256(_file_bytes(name)).hexdigest()
+
+
+def _file_bytes(name: str) -> bytes:
     try:
         with open(name, "rb") as handle:
-            return "sha256:" + hashlib.sha256(handle.read()).hexdigest()
+            return handle.read()
     except OSError as exc:
         raise InputError(f"cannot read the basis file {name!r} ({exc.strerror})") from None
+
+
+def refuse_misread_basis(name: str, option: str, symbols) -> None:
+    """Refuse a basis name that PySCF would read as another basis than the one asked for,
+    without a word: a file in place of the library basis of its name, part of a Pople name,
+    or, from a file, another element's functions for ``symbols`` it lacks."""
+    refuse_shadowed_library_name(name, option)
+    _refuse_partial_pople(name, option)
+    _refuse_missing_elements(name, symbols, option)
 
 
 def refuse_pseudopotential_basis(name: str) -> None:
@@ -55,7 +68,7 @@ def refuse_pseudopotential_basis(name: str) -> None:
                          "lanl2dz)")
 
 
-def refuse_missing_elements(name: str, symbols, option: str) -> None:
+def _refuse_missing_elements(name: str, symbols, option: str) -> None:
     """Refuse a basis file that holds no functions for one of ``symbols``: PySCF's reader
     then hands that element the file's other functions (water in a file of hydrogen's alone
     ran its oxygen on hydrogen's s shell, E(SCF) -48 Eh, status 0). An element's shells
@@ -63,11 +76,7 @@ def refuse_missing_elements(name: str, symbols, option: str) -> None:
     in CP2K's, the two PySCF reads."""
     if not os.path.isfile(name):
         return
-    try:
-        with open(name, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise InputError(f"cannot read the basis file {name!r} ({exc.strerror})") from None
+    text = _file_bytes(name).decode("utf-8", errors="replace")
     missing = [symbol for symbol in dict.fromkeys(symbols)
                if not re.search(rf"^[ \t]*{re.escape(symbol)}[ \t]+[A-Z]", text,
                                 re.MULTILINE | re.IGNORECASE)]
@@ -96,7 +105,7 @@ def _composed_pople(formatted: str) -> bool:
     return composed is not None and composed["base"] in gto.basis.ALIAS
 
 
-def refuse_partial_pople(name: str, option: str) -> None:
+def _refuse_partial_pople(name: str, option: str) -> None:
     """Refuse a Pople name that PySCF would not read as written: it takes one group of
     polarisation functions for heavy atoms and one for hydrogen and drops the rest without a
     word (6-31G(d)(p) ran as 6-31G(d), 6-31G(d,p,f) as 6-31G(d,p)), read 6-31G*(d) as the d

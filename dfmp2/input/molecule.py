@@ -13,8 +13,7 @@ from pyscf.data import elements
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
-                                     refuse_missing_elements, refuse_partial_pople,
-                                     refuse_pseudopotential_basis,
+                                     refuse_misread_basis, refuse_pseudopotential_basis,
                                      refuse_shadowed_library_name)
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
@@ -229,9 +228,7 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
     """The PySCF molecule; an unknown basis or one lacking an element is an InputError."""
     if not basis.strip():
         raise InputError("--basis is empty; give a PySCF basis name such as cc-pvdz")
-    refuse_shadowed_library_name(basis, "--basis")
-    refuse_partial_pople(basis, "--basis")
-    refuse_missing_elements(basis, geometry.symbols, "--basis")
+    refuse_misread_basis(basis, "--basis", geometry.symbols)
     refuse_pseudopotential_basis(basis)
     mol = gto.Mole()
     mol.atom = geometry.pyscf_atoms(ghosts)
