@@ -83,7 +83,7 @@ def test_a_calculation_listed_twice_is_computed_once(tmp_path, run_cli):
     assert rows[0]["e_tot"] == rows[1]["e_tot"] != rows[2]["e_tot"]
     assert rows[3]["basis"] == "" and "no-such-option" in rows[3]["error"]
     assert sorted(p.name for p in out.glob("*.h5")) == [
-        "water-cc-pvdz-line3.h5", "water-sto-3g-0.h5", "water-sto-3g-2.h5"]
+        "water-cc-pvdz-line4.h5", "water-sto-3g-0.h5", "water-sto-3g-2.h5"]
 
 
 def test_listings_that_differ_only_in_how_they_run_share_a_record(tmp_path, run_cli):
@@ -190,6 +190,27 @@ def test_basis_names_of_other_bases_never_compare_equal(tmp_path, monkeypatch):
     assert same_basis_name("ano.dat") == ("file", "ano.dat")
 
 
+def test_a_failed_lines_record_is_named_by_its_manifest_line(tmp_path, run_cli):
+    """The record of a line that cannot run was named after the line's index among the
+    batch's items (water-cc-pvdz-line0.h5 for line 3 below, after a comment and a blank
+    line), which is no line of the manifest; now by its line number, as the error says, and
+    numbered by its index where another manifest's line of that number would share it."""
+    (tmp_path / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
+    first, second = tmp_path / "first.txt", tmp_path / "second.txt"
+    first.write_text("# two bad lines\n\nwater.xyz --charge x\n")
+    second.write_text("water.xyz --no-such-option\n\nwater.xyz --spin y\n")
+    out = tmp_path / "out"
+    result = run_cli("batch", first, second, "--out", out, "--json")
+    assert result.code == 1
+    rows = json.loads(result.out)
+    assert [row["status"] for row in rows] == ["failed"] * 3
+    assert "first.txt, line 3" in rows[0]["error"] and "second.txt, line 1" in rows[1]["error"]
+    assert [Path(row["record"]).name for row in rows] == [
+        "water-cc-pvdz-line3-0.h5", "water-cc-pvdz-line1.h5", "water-cc-pvdz-line3-2.h5"]
+    assert sorted(p.name for p in out.glob("*.h5")) == sorted(
+        Path(row["record"]).name for row in rows)
+
+
 def test_a_line_that_cannot_run_does_not_rename_a_good_lines_record(tmp_path, run_cli):
     """A failed line took the batch's default name, which could be a good line's: the good
     record became water-sto-3g-0.h5, and once the manifest was mended it was named
@@ -204,7 +225,7 @@ def test_a_line_that_cannot_run_does_not_rename_a_good_lines_record(tmp_path, ru
     mended = run_cli("batch", manifest, "--basis", "sto-3g", "--out", out, "--json")
     assert mended.code == 0, mended.err
     assert [row["status"] for row in json.loads(mended.out)] == ["complete (skipped)"]
-    assert sorted(p.name for p in out.glob("*.h5")) == ["water-sto-3g-line1.h5",
+    assert sorted(p.name for p in out.glob("*.h5")) == ["water-sto-3g-line2.h5",
                                                         "water-sto-3g.h5"]
 
 

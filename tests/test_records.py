@@ -754,9 +754,9 @@ def test_batch_runs_the_good_lines_of_a_manifest_with_bad_ones(tmp_path, run_cli
     assert rows["water.xyz"]["status"] == rows["methane.xyz"]["status"] == "complete"
     assert "does not exist" in rows["missing.xyz"]["error"]
     assert "line 3" in rows["ammonia.xyz"]["error"] and "--fast" in rows["ammonia.xyz"]["error"]
-    # A line that cannot run is named by its place, apart from the good lines' records.
-    assert read_record(out / "missing-cc-pvdz-line1.h5").attrs["status"] == "failed"
-    assert read_record(out / "ammonia-cc-pvdz-line2.h5").attrs["status"] == "failed"
+    # A line that cannot run is named by its line number, apart from the good lines' records.
+    assert read_record(out / "missing-cc-pvdz-line2.h5").attrs["status"] == "failed"
+    assert read_record(out / "ammonia-cc-pvdz-line3.h5").attrs["status"] == "failed"
 
 
 @pytest.mark.parametrize("command", ["show", "show --all", "compare", "run"])

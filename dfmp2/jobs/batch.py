@@ -12,6 +12,7 @@ what its record says when the summary is written.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -131,7 +132,9 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
     """``<molecule>-<basis>[-<functional>].h5``, numbered where two different calculations
     would share a name. The same calculation listed twice (the same file, options and split,
     whatever ``HOW_IT_RUNS`` says) shares one record, so it is computed once and the second
-    listing reuses it. A line that cannot run gets ``-line<index>`` instead. A line that
+    listing reuses it. A line that cannot run gets ``-line<N>`` after its manifest line's
+    number instead (``-item<index>`` for a file given to the batch itself), and then its
+    index too where two manifests' lines would share that name. A line that
     fails only when it runs is named as any other: its failure is not known here (nor on the
     other shards, which must name it alike), and mending it or its file in place then leaves
     every name as it was."""
@@ -149,13 +152,17 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
     for item, name, identity in zip(items, names, identities):
         if item.error is None:
             by_name.setdefault(name, []).append((item, identity))
+    # Its options were not read, so its name says little: it must not number the record of a
+    # good line (which a fixed manifest then named otherwise, and computed again).
+    unread = {item.index: f"{name}-{'item' if item.line is None else 'line'}"
+                          f"{item.index if item.line is None else item.line}"
+              for item, name in zip(items, names) if item.error is not None}
+    clashes = collections.Counter(unread.values())
     chosen = []
     for item, name, identity in zip(items, names, identities):
         if item.error is not None:
-            # Its options were not read, so its name says little: it must not number the
-            # record of a good line (which a fixed manifest then named otherwise, and
-            # computed again).
-            chosen.append(f"{name}-line{item.index}.h5")
+            label = unread[item.index]
+            chosen.append(f"{label}-{item.index}.h5" if clashes[label] > 1 else f"{label}.h5")
             continue
         same_name = by_name[name]
         if all(other == identity for _, other in same_name):

@@ -11,6 +11,7 @@ read becomes an item carrying its error, which the batch records as failed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import os
 import re
@@ -46,6 +47,8 @@ class BatchItem:
     """A manifest line whose options could not be read: its basis is not known."""
     where: str = ""
     """The manifest and line it came from (empty for an XYZ file given to the batch)."""
+    line: int | None = None
+    """Its line number in its manifest (None for an XYZ file given to the batch)."""
 
 
 def _manifest_items(manifest: Path, commands: dict[str, click.Command],
@@ -85,18 +88,18 @@ def without_comment(line: str) -> str:
 def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click.Command],
                index: int) -> BatchItem:
     where = f"{manifest}, line {number}"
+    item = functools.partial(BatchItem, index, where=where, line=number)
     if "\x00" in line:
         # No name or option can hold one; read by click, the molecule's check (os.stat)
         # ended the whole batch in "ValueError: embedded null byte".
-        return BatchItem(index, manifest, {}, error=f"{where}: holds a NUL byte",
-                         options_unread=True)
+        return item(manifest, {}, error=f"{where}: holds a NUL byte", options_unread=True)
     try:
         tokens = shlex.split(without_comment(line))
     except ValueError as exc:
         # A prime in a basis name, 6-31G(d'), opens a quotation the shell way.
-        return BatchItem(index, manifest, {},
-                         error=f"{where}: {exc} (a line is read as a shell reads it: put a "
-                               "name holding ' in double quotes)", options_unread=True)
+        return item(manifest, {},
+                    error=f"{where}: {exc} (a line is read as a shell reads it: put a name "
+                          "holding ' in double quotes)", options_unread=True)
     path = Path(tokens[0])
     path = path if path.is_absolute() else manifest.parent / path
     is_dimer = any(token.split("=")[0] in INTERACTION_OPTIONS for token in tokens[1:])
@@ -104,22 +107,21 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     if HELP_OPTIONS & set(tokens[1:]):
         # Read by click, it printed run's help and ended the whole batch there, with status 0
         # and nothing run.
-        return BatchItem(index, path, {}, error=f"{where}: a help option has no place in a "
-                                                f"manifest line; 'dfmp2 {name} --help' lists "
-                                                "the options", options_unread=True)
+        return item(path, {}, error=f"{where}: a help option has no place in a manifest "
+                                    f"line; 'dfmp2 {name} --help' lists the options",
+                    options_unread=True)
     batch_own = sorted({token.split("=")[0] for token in tokens[1:]} & BATCH_ONLY_OPTIONS)
     if batch_own:
         # Read by click, '--out' was answered "Did you mean '--output'?", which the next
         # check refuses.
-        return BatchItem(index, path, {}, error=f"{where}: {', '.join(batch_own)} "
-                                                f"{'is' if len(batch_own) == 1 else 'are'} the "
-                                                "batch's own, for all of its lines; give it to "
-                                                "dfmp2 batch", options_unread=True)
+        return item(path, {}, error=f"{where}: {', '.join(batch_own)} "
+                                    f"{'is' if len(batch_own) == 1 else 'are'} the batch's "
+                                    "own, for all of its lines; give it to dfmp2 batch",
+                    options_unread=True)
     try:
         ctx = commands[name].make_context(name, [str(path), *tokens[1:]], obj={"command": ""})
     except click.ClickException as exc:
-        return BatchItem(index, path, {}, error=f"{where}: {exc.format_message()}",
-                         options_unread=True)
+        return item(path, {}, error=f"{where}: {exc.format_message()}", options_unread=True)
     overrides = {key: value for key, value in ctx.params.items()
                  if ctx.get_parameter_source(key) == click.core.ParameterSource.COMMANDLINE
                  and key not in ("molecule", "dimer")}
@@ -141,9 +143,9 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
         names = ", ".join(next(param.opts[-1] for param in ctx.command.params
                                if param.name == key) for key in outputs)
         verb = "is" if len(outputs) == 1 else "are"
-        return BatchItem(index, path, {}, error=f"{where}: {names} {verb} chosen by the batch, "
-                                                "not per molecule", options_unread=True)
-    return BatchItem(index, path, overrides, interaction, where=where)
+        return item(path, {}, error=f"{where}: {names} {verb} chosen by the batch, not per "
+                                    "molecule", options_unread=True)
+    return item(path, overrides, interaction)
 
 
 # The names of standard input: /dev/stdin, /dev/fd/0, /proc/self/fd/0, /proc/<pid>/fd/0.
