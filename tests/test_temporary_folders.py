@@ -130,6 +130,66 @@ def test_a_killed_bench_leaves_its_folder_to_the_next_bench(tmp_path, tmpdir_her
 
 
 @pytest.mark.usefixtures("single_thread")
+def test_a_killed_benchs_scratch_files_go_with_the_next_bench(tmp_path, tmpdir_here, run_cli,
+                                                              monkeypatch):
+    """With --scratch, a benchmark's scratch files were named after its record alone, in
+    that folder: a SIGKILLed bench's stayed there for good. They are in a folder of the
+    bench's own there now, which the next bench given that folder removes."""
+    from dfmp2.jobs import bench
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    kill_while_holding(f"""
+        from pathlib import Path
+        from dfmp2.input.settings import RunSettings
+        from dfmp2.jobs import bench
+        bench._in_fresh_process = hold
+        bench.bench_once(RunSettings(molecule=Path({str(molecule_path("water"))!r}),
+                                     basis="sto-3g", scratch=Path({str(scratch)!r})), True)
+    """, tmpdir_here)
+    [killed] = scratch.iterdir()
+    assert killed.name.startswith("dfmp2-bench-")
+    sides_scratch = []
+
+    def in_this_process(side, settings):
+        sides_scratch.append(settings.scratch)
+        return side(settings)
+
+    monkeypatch.setattr(bench, "_in_fresh_process", in_this_process)
+    result = run_cli("bench", molecule_path("water"), "--basis", "sto-3g", "--threads", "1",
+                     "--skip-pyscf", "--repeat", "1", "--scratch", scratch,
+                     "-o", tmp_path / "b.h5")
+    assert result.code == 0, result.err
+    [own] = sides_scratch
+    assert own.parent == scratch and own.name.startswith("dfmp2-bench-")
+    assert _names(scratch) == []
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_killed_ase_calculations_scratch_files_go_with_the_next_one(tmp_path, tmpdir_here):
+    from ase import Atoms
+
+    from dfmp2.interfaces.ase import DFMP2
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    kill_while_holding(f"""
+        from ase import Atoms
+        from dfmp2.interfaces import ase
+        ase.run_job.run = hold
+        atoms = Atoms("H2", positions=[(0, 0, 0), (0, 0, 0.74)])
+        atoms.calc = ase.DFMP2(basis="sto-3g", threads=1, scratch={str(scratch)!r})
+        atoms.get_potential_energy()
+    """, tmpdir_here)
+    [killed] = scratch.iterdir()
+    assert killed.name.startswith("dfmp2-ase-")
+    atoms = Atoms("H2", positions=[(0, 0, 0), (0, 0, 0.74)])
+    atoms.calc = DFMP2(basis="sto-3g", threads=1, scratch=str(scratch))
+    assert atoms.get_potential_energy() < 0
+    assert _names(scratch) == []
+
+
+@pytest.mark.usefixtures("single_thread")
 def test_a_killed_ase_calculation_leaves_its_folder_to_the_next_one(tmpdir_here):
     from ase import Atoms
 

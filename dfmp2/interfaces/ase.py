@@ -18,6 +18,7 @@ for the length of a calculation unless ``records`` names a folder to keep them i
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
@@ -38,7 +39,7 @@ from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import geometry_from_atoms
 from dfmp2.system.memory import parse_size
 from dfmp2.system.files import create_folder
-from dfmp2.system.orphans import OwnedFolder
+from dfmp2.system.orphans import OwnedFolder, scratch_folder_in
 
 # RunSettings fields that are not options of a calculation (the calculator sets them).
 NOT_OPTIONS = {"molecule", "basis", "method", "xc", "frozen_core", "charge", "spin", "task",
@@ -48,6 +49,8 @@ RUN_OPTIONS = {item.name for item in dataclasses.fields(RunSettings)} - NOT_OPTI
 OPTION_FIELDS = {"scf": "scf_method", "output": "records"}
 # The atoms.info keys that set the charge and spin (ase.io.read's, from a comment line).
 INFO_KEYS = ("charge", "multiplicity")
+# The temporary folders of a calculation: its record, and its scratch files under scratch=.
+ASE_FOLDER = "dfmp2-ase-"
 NOT_IN_A_WORD = re.compile(r"[^a-z0-9_+]")
 
 
@@ -103,9 +106,12 @@ class DFMP2(Calculator):
         """One dfmp2 calculation (``energy``, ``gradient`` or ``properties``) into the
         results."""
         self.count += 1
-        with OwnedFolder("dfmp2-ase-") as scratch:
+        with OwnedFolder(ASE_FOLDER) as scratch, contextlib.ExitStack() as own_scratch:
             with interface_errors(None, False, _parameter_spelling):
                 settings = self._settings(scratch, task)
+                if settings.scratch != scratch:
+                    settings = dataclasses.replace(settings, scratch=own_scratch.enter_context(
+                        scratch_folder_in(settings.scratch, ASE_FOLDER)))
             geometry = geometry_from_atoms(self.atoms.get_chemical_symbols(),
                                            self.atoms.positions, "angstrom",
                                            f"ase:{self.atoms.get_chemical_formula()}")

@@ -13,6 +13,7 @@ repeat, then the median is reported: the machine may be shared.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import resource
@@ -33,7 +34,7 @@ from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
 from dfmp2.records.checkpoint import CannotSetAside, put_back, set_aside
 from dfmp2.records.lock import RecordLock
-from dfmp2.system.orphans import OwnedFolder, end_with_parent
+from dfmp2.system.orphans import OwnedFolder, end_with_parent, scratch_folder_in
 from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, RecordWriteError, new_record,
                                 read_record, schema, set_status, write_record)
 from dfmp2.records.sections import (Mp2Section, ScfEngineSection, ScfSection, Sizes, read_timings)
@@ -44,6 +45,8 @@ from dfmp2.input.settings import DEFAULT_OUTPUT_DIR, RunSettings
 from dfmp2.input.xyz import read_xyz
 
 KB = 1024
+# The temporary folders of a benchmark: its record, and its scratch files under --scratch.
+BENCH_FOLDER = "dfmp2-bench-"
 # More repeats than anyone waits for is a typing slip, not a benchmark.
 MAX_REPEATS = 100
 
@@ -133,9 +136,11 @@ def _in_fresh_process(function, settings: RunSettings) -> dict:
 
 
 def bench_once(settings: RunSettings, skip_pyscf: bool) -> dict:
-    with OwnedFolder("dfmp2-bench-") as folder:
+    own_scratch = (contextlib.nullcontext() if settings.scratch is None
+                   else scratch_folder_in(settings.scratch, BENCH_FOLDER))
+    with OwnedFolder(BENCH_FOLDER) as folder, own_scratch as scratch:
         ours = _in_fresh_process(dfmp2_side, replace(settings, output=folder / "run.h5",
-                                                     show_progress=False))
+                                                     scratch=scratch, show_progress=False))
     theirs = None if skip_pyscf else _in_fresh_process(pyscf_side, settings)
     return {"dfmp2": ours, "pyscf": theirs}
 

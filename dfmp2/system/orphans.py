@@ -27,6 +27,8 @@ import signal
 import tempfile
 from pathlib import Path
 
+from dfmp2.errors import InputError
+
 log = logging.getLogger(__name__)
 
 # Linux's prctl option that sends a process a signal when its parent dies.
@@ -133,6 +135,18 @@ class OwnedFolder:
             log.warning("cannot remove the temporary folder %s (%s); the next dfmp2 to make "
                         "one there removes it once this process has ended", self.path,
                         exc.strerror or exc)
+
+
+def scratch_folder_in(parent: str | Path, prefix: str) -> OwnedFolder:
+    """An :class:`OwnedFolder` of ``prefix`` in the folder given with ``--scratch``, for the
+    scratch files of a calculation that keeps no record to resume (a benchmark's, the ASE
+    calculator's): named after the record alone, a SIGKILLed one's stayed there for good."""
+    try:
+        return OwnedFolder(prefix, parent)
+    except OSError as exc:
+        raise InputError(f"scratch folder {parent} is not a writable folder: no folder can be "
+                         f"made in it ({exc.strerror or exc}); choose another with --scratch"
+                         ) from None
 
 
 def _remove_ended_owners_folders(parent: Path, prefix: str, place: str) -> None:
