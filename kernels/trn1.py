@@ -8,9 +8,9 @@ import it whether or not NKI is installed.
 
 Hardware facts are from the public NKI 0.3.0 documentation (Neuron SDK 2.29: the
 Trainium/Inferentia2 architecture guide for NKI and the ``nki.isa`` / ``nki.language`` API
-reference), as stated with their sources under "Capacity" and "Instructions" in the section
-"The NKI 0.3.0 facts the kernels and the interpreter rely on" of docs/kernels.md; the budgets
-below them are our choices, sized so that the kernels fit those capacities.
+reference), as stated with their sources under "Capacity", "Instructions" and "Engines" in
+the section "The NKI 0.3.0 facts the kernels and the interpreter rely on" of docs/kernels.md;
+the budgets below them are our choices, sized so that the kernels fit those capacities.
 """
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ MATMUL_M_MAX = 128  # stationary free size (gemm_stationary_fmax)
 MATMUL_N_MAX = 512  # moving free size (gemm_moving_fmax): one fp32 PSUM bank
 PE_TRANSPOSE_MAX = 128  # Tensor Engine nc_transpose, per side
 VECTOR_TRANSPOSE_MAX = 32  # Vector Engine nc_transpose, per side
+# A compute-engine instruction reads or writes an on-chip tensor of n partitions only from a
+# start partition that is a multiple of the step for n: (largest n, step) from the smallest n up.
+# So more than 64 partitions start at 0, 33..64 at 0 or 64, up to 32 at 0, 32, 64 or 96.
+ENGINE_START_PARTITION_STEPS = ((32, 32), (64, 64), (PARTITIONS, PARTITIONS))
 
 # ---- tile sizes of our kernels ------------------------------------------------------------
 TILE = 128  # partition tile: K and M of a matmul, row blocks, a-tiles of T, transposes

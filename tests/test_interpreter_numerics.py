@@ -304,6 +304,45 @@ def test_ndarray_accepts_an_address():
 
 
 @nki.jit
+def moves_between_allowed_starts(a, b):
+    """Engine accesses from the start partitions NeuronCore-v2 allows for their partition count
+    (0/32/64/96 up to 32 partitions, 0/64 up to 64): the Vector Engine moves data across
+    partitions between such starts, and the Tensor Engine reads operands at partition 64. DMA
+    reads any partition."""
+    x = nl.load(a)
+    moved = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=moved[0:32], src=x[96:128])
+    nisa.tensor_copy(dst=moved[32:64], src=x[64:96])
+    nisa.tensor_copy(dst=moved[64:128], src=x[0:64])
+    placed = nl.ndarray((32, 8), dtype=nl.float32, buffer=nl.sbuf, address=(32, 0))
+    nisa.tensor_tensor(dst=placed, data1=x[32:64], data2=moved[0:32], op=nl.add)
+    y = nl.load(b)
+    product = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=product, stationary=y[64:128], moving=y[64:128], accumulate=False)
+    out_moved = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    out_placed = nl.ndarray((32, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    out_product = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    out_row = nl.ndarray((1, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out_moved, moved)
+    nisa.dma_copy(dst=out_row, src=x[17:18])
+    nl.store(out_placed, placed)
+    product_sb = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=product_sb, src=product)
+    nl.store(out_product, product_sb)
+    return out_moved, out_placed, out_product, out_row
+
+
+def test_engines_move_data_between_allowed_start_partitions():
+    a = np.arange(128 * 8, dtype=F32).reshape(128, 8)
+    b = np.random.default_rng(3).standard_normal((128, 8)).astype(F32)
+    moved, placed, product, row = simulate(moves_between_allowed_starts)(a, b)
+    np.testing.assert_array_equal(moved, np.concatenate([a[96:], a[64:96], a[:64]]))
+    np.testing.assert_array_equal(placed, a[32:64] + a[96:])
+    np.testing.assert_allclose(product, b[64:].T @ b[64:], rtol=1e-5)
+    np.testing.assert_array_equal(row, a[17:18])
+
+
+@nki.jit
 def copy_of_psum(a_t, b):
     """nl.copy of a PSUM tile: a new tile in PSUM (NKI 0.3.0), made by one Scalar Engine
     activation; only nisa.tensor_copy then brings it to SBUF."""

@@ -216,6 +216,49 @@ def k_negative_axis(a):
     nl.sum(nl.load(a), axis=-1)
 
 
+# ---- start partition of a compute-engine access (all engines) ----------------------------------
+
+@nki.jit
+def k_start_partition_vector(a):
+    t = nl.load(a)
+    nisa.tensor_copy(dst=sbuf((16, 8)), src=t[16:32])
+
+
+@nki.jit
+def k_start_partition_shift(a):
+    t = nl.load(a)
+    nisa.tensor_tensor(dst=sbuf((127, 8)), data1=t[1:128], data2=t[0:127], op=nl.add)
+
+
+@nki.jit
+def k_start_partition_scalar(a):
+    nisa.activation(dst=sbuf((32, 8)), op=nl.exp, data=nl.load(a)[8:40])
+
+
+@nki.jit
+def k_start_partition_gpsimd(a):
+    t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t[16:48], value=0.0, engine=nisa.engine.gpsimd)
+
+
+@nki.jit
+def k_start_partition_operand(a, col):
+    nisa.tensor_scalar(dst=sbuf((32, 8)), data=nl.load(a)[0:32], op0=nl.add,
+                       operand0=nl.load(col)[4:36])
+
+
+@nki.jit
+def k_start_partition_tensor_engine(a, b):
+    nisa.nc_matmul(dst=psum((64, 64)), stationary=nl.load(a)[32:96],
+                   moving=nl.load(b)[32:96], accumulate=False)
+
+
+@nki.jit
+def k_start_partition_placed(a):
+    t = nl.ndarray((32, 8), dtype=nl.float32, buffer=nl.sbuf, address=(16, 0))
+    nisa.memset(dst=t, value=0.0)
+
+
 CASES = [
     # (kernel, args, rule id, text that must appear: the offending shape or value)
     (k_matmul_m, (arr(64, 256), arr(64, 64)), "matmul-limit", "M=256"),
@@ -253,6 +296,22 @@ CASES = [
     (k_memset_type, (), "memset-type", "(128, 8)"),
     (k_hbm_operand, (arr(128, 8),), "hbm-operand", "(128, 8)"),
     (k_broadcast_shape, (arr(2, 3),), "broadcast-shape", "(2, 3)"),
+    (k_start_partition_vector, (arr(128, 8),), "start-partition",
+     "src (16, 8) starts at partition 16 of its tile; on NeuronCore-v2 a compute-engine access "
+     "of 16 partitions starts at partition 0, 32, 64 or 96"),
+    (k_start_partition_shift, (arr(128, 8),), "start-partition",
+     "data1 (127, 8) starts at partition 1 of its tile"),
+    (k_start_partition_scalar, (arr(128, 8),), "start-partition",
+     "data (32, 8) starts at partition 8"),
+    (k_start_partition_gpsimd, (arr(128, 8),), "start-partition",
+     "dst (32, 8) starts at partition 16"),
+    (k_start_partition_operand, (arr(128, 8), arr(128, 1)), "start-partition",
+     "operand0 (32, 1) starts at partition 4"),
+    (k_start_partition_tensor_engine, (arr(128, 64), arr(128, 64)), "start-partition",
+     "stationary (64, 64) starts at partition 32 of its tile; on NeuronCore-v2 a compute-engine "
+     "access of 64 partitions starts at partition 0 or 64"),
+    (k_start_partition_placed, (arr(4, 4),), "start-partition",
+     "dst (32, 8) starts at partition 16 (its tile is placed at partition 16)"),
 ]
 
 

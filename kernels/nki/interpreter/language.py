@@ -44,7 +44,8 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> Tensor:
     """Allocate an uninitialised tensor (NaN for floats, 4 for ints, like the simulator).
 
     ``address=(partition_offset, free_offset)`` places an on-chip tile explicitly (NKI 0.3.0);
-    the interpreter models no allocator, so it only checks that the tile fits its buffer there."""
+    the interpreter models no allocator, so it only checks that the tile fits its buffer there
+    and starts the tile's compute-engine accesses from that partition."""
     t = _allocate(shape, _resolve(dtype), _check_buffer(buffer, shape), name)
     if address is not None:
         _check_address(t, address)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kernels.trn1 import ENGINE_START_PARTITION_STEPS, PARTITIONS
+
 from . import buffers as _buffers
 from .errors import NKIRuleError, shape_str
 from .state import current
@@ -34,7 +36,8 @@ def tensor_arg(value: object, what: str) -> Tensor:
 
 
 def on_chip(value: object, what: str) -> Tensor:
-    """A tensor that must live in SBUF or PSUM (compute engines cannot address HBM)."""
+    """A tensor that must live in SBUF or PSUM (compute engines cannot address HBM), accessed
+    from a start partition the engines can use (:func:`engine_start_partition`)."""
     t = tensor_arg(value, what)
     if not t.buffer.on_chip:
         raise NKIRuleError(
@@ -42,7 +45,34 @@ def on_chip(value: object, what: str) -> Tensor:
             f"{what} {shape_str(t.shape)} is in {t.buffer!r}; compute instructions read and "
             "write SBUF/PSUM tiles only (load it first)",
         )
+    engine_start_partition(t, what)
     return t
+
+
+def engine_start_partition(t: Tensor, what: str) -> None:
+    """Refuse a compute-engine access of ``t`` that starts at a partition NeuronCore-v2 cannot
+    start an access of that many partitions from (docs/kernels.md FACTS Engines).
+
+    A tile the compiler places starts where its own partition count allows, at a multiple of
+    its step, which is a multiple of the step of any view of it; so a view's offset within its
+    tile decides. A tile placed with ``address=`` starts at its given partition."""
+    count = t.partitions
+    step = next(step for largest, step in ENGINE_START_PARTITION_STEPS if count <= largest)
+    base = t.storage.partition_base
+    start = t.partition_offset + (base or 0)
+    if start % step == 0:
+        return
+    where = (f"partition {start} (its tile is placed at partition {base})" if base is not None
+             else f"partition {start} of its tile")
+    starts = [str(p) for p in range(0, PARTITIONS - count + 1, step)]
+    allowed = " or ".join(filter(None, (", ".join(starts[:-1]), starts[-1])))
+    raise NKIRuleError(
+        "start-partition",
+        f"{what} {shape_str(t.shape)} starts at {where}; on NeuronCore-v2 a compute-engine "
+        f"access of {count} partitions starts at partition {allowed} (an engine moves data "
+        "across partitions only between such starts; otherwise use a DMA or a Tensor Engine "
+        "transpose)",
+    )
 
 
 def in_buffer(t: Tensor, buffer: _buffers.Buffer, rule: str, what: str) -> None:

@@ -45,7 +45,7 @@ class Storage:
     object, so its lifetime (watched by the capacity tracker) is that of the last view."""
 
     __slots__ = ("dtype", "buffer", "name", "size", "is_input", "fully_written", "launch",
-                 "__weakref__")
+                 "partition_base", "__weakref__")
 
     def __init__(self, dtype: DType, buffer: Buffer, name: str, size: int,
                  is_input: bool = False) -> None:
@@ -57,6 +57,9 @@ class Storage:
         self.launch = None
         """The launch (:class:`state.RunState`) an on-chip tile was allocated in: on-chip
         memory does not outlive it."""
+        self.partition_base: int | None = None
+        """The first partition of an on-chip tile placed with ``address=``; None where the
+        compiler's allocator places it."""
         # Set once one write covered every element: reads then skip the written-mask check
         # (elements never become unwritten again).
         self.fully_written = False
@@ -66,10 +69,11 @@ class Tensor:
     """A tensor (HBM) or tile (SBUF / PSUM), or a slice of one. Dim 0 of a tile is partitions."""
 
     __slots__ = ("storage", "data", "written", "matmul_written", "shape", "dtype", "buffer",
-                 "indexed")
+                 "indexed", "partition_offset")
 
     def __init__(self, storage: Storage, data: np.ndarray, written: np.ndarray | None,
-                 matmul_written: np.ndarray | None = None, indexed: bool = False) -> None:
+                 matmul_written: np.ndarray | None = None, indexed: bool = False,
+                 partition_offset: int = 0) -> None:
         self.storage = storage
         self.data = data
         self.written = written  # None only for kernel inputs (written by the caller)
@@ -78,6 +82,8 @@ class Tensor:
         self.dtype: DType = storage.dtype
         self.buffer: Buffer = storage.buffer
         self.indexed = indexed  # produced by indexing: it may not be indexed again
+        # first partition of this view within its allocation (on-chip views keep dim 0 a slice)
+        self.partition_offset = partition_offset
 
     @property
     def ndim(self) -> int:
@@ -114,7 +120,10 @@ class Tensor:
             )
         written = None if self.written is None else self.written[np_key]
         by_matmul = None if self.matmul_written is None else self.matmul_written[np_key]
-        return Tensor(self.storage, data, written, by_matmul, indexed=True)
+        first = np_key[0]
+        offset = self.partition_offset + (first.start if isinstance(first, slice) else 0)
+        return Tensor(self.storage, data, written, by_matmul, indexed=True,
+                      partition_offset=offset)
 
     def __setitem__(self, key: object, value: object) -> None:
         raise NKIRuleError(
@@ -156,7 +165,7 @@ class Tensor:
             )
         written = None if self.written is None else self.written.reshape(new_shape)
         by_matmul = None if self.matmul_written is None else self.matmul_written.reshape(new_shape)
-        return Tensor(self.storage, data, written, by_matmul, self.indexed)
+        return Tensor(self.storage, data, written, by_matmul, self.indexed, self.partition_offset)
 
 
 def check_shape(shape: object) -> tuple[int, ...]:
@@ -244,6 +253,7 @@ def check_address(t: Tensor, address: object) -> None:
             f"bank of {PSUM_BANK_BYTES} B per partition")
     current().memory.place(t.storage, t.buffer, (partition_offset,
                                                  partition_offset + t.partitions), spans)
+    t.storage.partition_base = partition_offset
 
 
 def wrap_input(array: np.ndarray, dtype: DType, name: str) -> Tensor:
