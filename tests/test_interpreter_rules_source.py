@@ -300,6 +300,11 @@ def k_nisa_tensor_partition_reduce(a):
 
 
 @nki.jit
+def k_tile_size_unpublished(a):
+    nl.ndarray((128, nl.tile_size.total_available_sbuf_size // 4), dtype=nl.float32)
+
+
+@nki.jit
 def k_tile_plus_tile(a):
     t = nl.load(a)
     return t + t
@@ -350,6 +355,9 @@ CASES = [
     (k_nisa_scalar_tensor_tensor, (arr(4, 4),), "not-in-subset", "nisa.scalar_tensor_tensor"),
     (k_nisa_tensor_partition_reduce, (arr(4, 4),), "not-in-subset",
      "nisa.tensor_partition_reduce"),
+    (k_tile_size_unpublished, (arr(4, 4),), "not-in-subset",
+     "nl.tile_size.total_available_sbuf_size (the NKI 0.3.0 reference names it but publishes "
+     "no value"),
     (k_tile_plus_tile, (arr(4, 4),), "not-in-subset", "Python arithmetic operator"),
     (k_tile_times_scalar, (arr(4, 4),), "not-in-subset", "Python arithmetic operator"),
 ]

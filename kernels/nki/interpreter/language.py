@@ -31,7 +31,25 @@ __all__ = [
 ]
 
 
-class tile_size:
+# Named by the 0.3.0 nki.language.tile_size page without a value: the usable SBUF bytes per
+# partition (192 KiB less a reserve) and the byte alignment of SBUF / PSUM free offsets.
+_UNPUBLISHED_TILE_SIZES = ("total_available_sbuf_size", "sbuf_min_align", "psum_min_align")
+
+
+class _TileSizeNames(type):
+    """``nl.tile_size.<name>`` outside the modelled four: a rule error naming it."""
+
+    def __getattr__(cls, name: str) -> object:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        unpublished = name in _UNPUBLISHED_TILE_SIZES
+        raise not_in_subset(
+            f"nl.tile_size.{name}"
+            + (" (the NKI 0.3.0 reference names it but publishes no value for trn1)"
+               if unpublished else ""))
+
+
+class tile_size(metaclass=_TileSizeNames):
     """Hardware tile limits as plain Python ints."""
 
     pmax = PARTITIONS  # partitions of SBUF / PSUM
