@@ -307,8 +307,8 @@ def test_ndarray_accepts_an_address():
 def moves_between_allowed_starts(a, b):
     """Engine accesses from the start partitions NeuronCore-v2 allows for their partition count
     (0/32/64/96 up to 32 partitions, 0/64 up to 64): the Vector Engine moves data across
-    partitions between such starts, and the Tensor Engine reads operands at partition 64. DMA
-    reads any partition."""
+    partitions between such starts, and the Tensor Engine reads operands moved to partition 0
+    (a tile at partition 64 by DMA). DMA reads any partition."""
     x = nl.load(a)
     moved = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=moved[0:32], src=x[96:128])
@@ -318,7 +318,9 @@ def moves_between_allowed_starts(a, b):
     nisa.tensor_tensor(dst=placed, data1=x[32:64], data2=moved[0:32], op=nl.add)
     y = nl.load(b)
     product = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=product, stationary=y[64:128], moving=y[64:128], accumulate=False)
+    lower = nl.ndarray((64, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=lower, src=y[64:128])
+    nisa.nc_matmul(dst=product, stationary=lower, moving=lower, accumulate=False)
     out_moved = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
     out_placed = nl.ndarray((32, 8), dtype=nl.float32, buffer=nl.shared_hbm)
     out_product = nl.ndarray((8, 8), dtype=nl.float32, buffer=nl.shared_hbm)

@@ -254,6 +254,17 @@ def k_start_partition_tensor_engine(a, b):
 
 
 @nki.jit
+def k_start_partition_matmul_row_tile(a, b):
+    nisa.nc_matmul(dst=psum((64, 64)), stationary=nl.load(a)[64:128],
+                   moving=nl.load(b)[64:128], accumulate=False)
+
+
+@nki.jit
+def k_start_partition_pe_transpose(a):
+    nisa.nc_transpose(dst=psum((8, 32)), data=nl.load(a)[32:64])
+
+
+@nki.jit
 def k_start_partition_placed(a):
     t = nl.ndarray((32, 8), dtype=nl.float32, buffer=nl.sbuf, address=(16, 0))
     nisa.memset(dst=t, value=0.0)
@@ -310,6 +321,12 @@ CASES = [
     (k_start_partition_tensor_engine, (arr(128, 64), arr(128, 64)), "start-partition",
      "stationary (64, 64) starts at partition 32 of its tile; on NeuronCore-v2 a compute-engine "
      "access of 64 partitions starts at partition 0 or 64"),
+    (k_start_partition_matmul_row_tile, (arr(128, 64), arr(128, 64)), "start-partition",
+     "stationary (64, 64) starts at partition 64 of its tile; a Tensor Engine input starts at "
+     "partition 0"),
+    (k_start_partition_pe_transpose, (arr(128, 8),), "start-partition",
+     "data (32, 8) starts at partition 32 of its tile; a Tensor Engine input starts at "
+     "partition 0"),
     (k_start_partition_placed, (arr(4, 4),), "start-partition",
      "dst (32, 8) starts at partition 16 (its tile is placed at partition 16)"),
 ]

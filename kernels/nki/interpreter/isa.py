@@ -15,8 +15,8 @@ from .dma import dma_copy, dge_mode, oob_mode
 from .dtypes import FP32_CLASS, float32
 from .errors import NKIRuleError, not_in_subset, shape_str
 from .ops import Op, canonical
-from .operands import (in_buffer, on_chip, read, read_f32, same_layout, same_partitions,
-                       scalar_f32, vector_operand, write)
+from .operands import (in_buffer, matmul_operand_at_row_zero, on_chip, read, read_f32,
+                       same_layout, same_partitions, scalar_f32, vector_operand, write)
 from .state import current
 
 __all__ = [
@@ -122,6 +122,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     moving = on_chip(moving, "moving")
     in_buffer(stationary, _buffers.sbuf, "matmul-buffer", "stationary")
     in_buffer(moving, _buffers.sbuf, "matmul-buffer", "moving")
+    matmul_operand_at_row_zero(stationary, "stationary")
+    matmul_operand_at_row_zero(moving, "moving")
     in_buffer(dst, _buffers.psum, "matmul-buffer", "dst")
     k, m, n = matmul_dims(stationary, moving)
     shapes = (f"stationary {shape_str(stationary.shape)}, moving {shape_str(moving.shape)}, "
@@ -182,6 +184,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
     if where == "tensor":
         in_buffer(data, _buffers.sbuf, "transpose-buffer", "data")
         in_buffer(dst, _buffers.psum, "transpose-buffer", "dst")
+        matmul_operand_at_row_zero(data, "data")
     if dst.partitions != f or dst.free_size != p:
         raise NKIRuleError(
             "transpose-shape",

@@ -58,12 +58,10 @@ def engine_start_partition(t: Tensor, what: str) -> None:
     tile decides. A tile placed with ``address=`` starts at its given partition."""
     count = t.partitions
     step = next(step for largest, step in ENGINE_START_PARTITION_STEPS if count <= largest)
-    base = t.storage.partition_base
-    start = t.partition_offset + (base or 0)
+    start = start_partition(t)
     if start % step == 0:
         return
-    where = (f"partition {start} (its tile is placed at partition {base})" if base is not None
-             else f"partition {start} of its tile")
+    where = _start_text(t)
     starts = [str(p) for p in range(0, PARTITIONS - count + 1, step)]
     allowed = " or ".join(filter(None, (", ".join(starts[:-1]), starts[-1])))
     raise NKIRuleError(
@@ -73,6 +71,33 @@ def engine_start_partition(t: Tensor, what: str) -> None:
         "across partitions only between such starts; otherwise use a DMA or a Tensor Engine "
         "transpose)",
     )
+
+
+def start_partition(t: Tensor) -> int:
+    """The partition an access of ``t`` starts at: its view's offset within its tile, plus the
+    tile's partition where it was placed with ``address=`` (a tile the compiler places starts
+    at a multiple of any step its views' offsets must keep)."""
+    return t.partition_offset + (t.storage.partition_base or 0)
+
+
+def _start_text(t: Tensor) -> str:
+    base = t.storage.partition_base
+    return (f"partition {start_partition(t)} (its tile is placed at partition {base})"
+            if base is not None else f"partition {start_partition(t)} of its tile")
+
+
+def matmul_operand_at_row_zero(t: Tensor, what: str) -> None:
+    """Refuse a Tensor Engine input (a matmul's, a transpose's, which is a matmul against an
+    identity) that does not start at partition 0: the contraction runs down the PE rows from
+    row 0 unless ``tile_position`` places a smaller one in a row tile (NeuronCore-v2: rows
+    64-127 for K <= 64), which the subset does not include."""
+    if start_partition(t) != 0:
+        raise NKIRuleError(
+            "start-partition",
+            f"{what} {shape_str(t.shape)} starts at {_start_text(t)}; a Tensor Engine input "
+            "starts at partition 0 (a contraction at another partition needs tile_position, "
+            "which the subset does not include: copy the operand to a tile at partition 0)",
+        )
 
 
 def in_buffer(t: Tensor, buffer: _buffers.Buffer, rule: str, what: str) -> None:
