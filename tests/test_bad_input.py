@@ -62,9 +62,12 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
     (("--basis", "6-31g*", "--auxbasis", "no-such-fit"), "auxiliary basis"),
     # Pople names PySCF composes from polarisation files it lacks: FileNotFoundError before.
     (("--basis", "6-31G(d')"), "is not a Pople name that PySCF reads as written"),
-    (("--basis", "3-21G(d)"), "unknown basis '3-21G(d)'"),
+    (("--basis", "3-21G(d)"), "--basis '3-21G(d)' asks for d polarisation functions, which "
+                              "PySCF's library does not have for 3-21G (it has none at all)"),
     (("--auxbasis", "6-31G(d')"), "is not a Pople name that PySCF reads as written"),
-    (("--jk-auxbasis", "3-21G(d)"), "choose another with --jk-auxbasis"),
+    (("--jk-auxbasis", "3-21G(d)"), "--jk-auxbasis '3-21G(d)' asks for d polarisation"),
+    (("--basis", "6-31G(d,4p)"), "asks for 4p polarisation functions, which PySCF's library "
+                                 "does not have for 6-31G (it has p, 2p, 3p, d, 2d, 3d, f)"),
     # --jk-auxbasis '' and --basis '' were refused, but --auxbasis '' meant the default.
     (("--auxbasis", ""), "--auxbasis is empty"),
     # Pasted from a PDF: an en dash for the hyphen.

@@ -101,21 +101,62 @@ def is_library_name(name: str) -> bool:
 
 
 def _composed_pople(formatted: str) -> bool:
+    """Whether PySCF composes this polarised Pople name from files its library has: it has
+    none for 3-21G(d) (so a file of that name was refused as shadowing a library basis)."""
+    return _pople_files(formatted) is not None and not _missing_polarisation(formatted)
+
+
+def _pople_files(formatted: str) -> set[str] | None:
+    """The library files PySCF reads for a polarised Pople name, for heavy atoms and for
+    hydrogen, or None for a name not of that shape."""
     composed = POLARISED_POPLE.fullmatch(formatted)
-    return composed is not None and composed["base"] in gto.basis.ALIAS
+    if (composed is None or composed["base"] not in gto.basis.ALIAS
+            or not gto.basis._is_pople_basis(formatted)):
+        return None
+    return {file for symbol in ("O", "H")
+            for file in library_files(gto.basis._parse_pople_basis(formatted, symbol))}
+
+
+def _missing_polarisation(formatted: str) -> list[str]:
+    """The polarisation files of a polarised Pople name that PySCF's library lacks."""
+    return sorted(file for file in _pople_files(formatted) or ()
+                  if not os.path.isfile(os.path.join(gto.basis._BASIS_DIR, file)))
+
+
+def _polarisation_groups(folder: str, base: str) -> list[str]:
+    """The polarisation groups PySCF's library has files for in a Pople family (d, 2d, p ...
+    of 6-31G), in the spelling of :data:`POLARISATION_FILE`."""
+    found = (POLARISATION_FILE.fullmatch(f"{folder}/{file}")
+             for file in os.listdir(os.path.join(gto.basis._BASIS_DIR, folder)))
+    groups = [each["group"] for each in found if each is not None and each["base"] == base]
+    return sorted(groups, key=lambda group: ("spdfgh".find(group[-1]), len(group), group))
+
+
+def library_files(value: str | tuple) -> tuple[str, ...]:
+    """The files of an entry of PySCF's alias table (a name, or a tuple of names)."""
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _refuse_partial_pople(name: str, option: str) -> None:
     """Refuse a Pople name that PySCF would not read as written: it takes one group of
     polarisation functions for heavy atoms and one for hydrogen and drops the rest without a
     word (6-31G(d)(p) ran as 6-31G(d), 6-31G(d,p,f) as 6-31G(d,p)), read 6-31G*(d) as the d
-    shell twice, and has no files for primed groups (6-31G(d'))."""
+    shell twice, and has no files for primed groups (6-31G(d')) or for groups its family
+    lacks (3-21G(d))."""
     formatted = gto.basis._format_basis_name(name)
     family = POPLE_BASE.match(formatted)
     if ("(" not in formatted or os.path.isfile(name) or formatted in gto.basis.ALIAS
             or family is None or family[0] not in gto.basis.ALIAS
             or _composed_pople(formatted)):
         return
+    missing = [POLARISATION_FILE.fullmatch(file) for file in _missing_polarisation(formatted)]
+    if missing and all(missing):
+        folder, base = missing[0]["folder"], missing[0]["base"]
+        asked = ", ".join(dict.fromkeys(found["group"] for found in missing))
+        has = ", ".join(_polarisation_groups(folder, base)) or "none at all"
+        raise InputError(f"{option} {name!r} asks for {asked} polarisation functions, which "
+                         f"PySCF's library does not have for {base} (it has {has}); choose "
+                         "a polarised basis it has, such as 6-31G(d,p)")
     raise InputError(f"{option} {name!r} is not a Pople name that PySCF reads as written; "
                      "give one group of polarisation functions for heavy atoms and one for "
                      "hydrogen, as in 6-31G(d,p) or 6-311+G(2df,2pd)")
@@ -141,6 +182,8 @@ def library_name_key(name: str) -> str:
 # PySCF's own spelling (lower case, no hyphens) of a Pople basis it composes from the base's
 # file and polarisation files: heavy atoms' functions, then hydrogen's after a comma.
 POLARISED_POPLE = re.compile(r"(?P<base>[0-9]+\+*g)\([0-9a-z]+(,[0-9a-z]+)?\)")
+# A polarisation file PySCF composes a Pople name from: pople-basis/6-31G-polarization-2d.dat.
+POLARISATION_FILE = re.compile(r"(?P<folder>.+)/(?P<base>[^/]+)-polarization-(?P<group>[^/]+)\.dat")
 # The family at the start of a Pople name in PySCF's spelling: 6311+g of 6311+g(2df,2pd).
 POPLE_BASE = re.compile(r"[0-9]+\+*g")
 # Where PySCF would log the partners it finds: never, so that nothing reaches stdout.

@@ -13,8 +13,8 @@ from pyscf.data import elements
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
-                                     refuse_misread_basis, refuse_pseudopotential_basis,
-                                     refuse_shadowed_library_name)
+                                     library_files, refuse_misread_basis,
+                                     refuse_pseudopotential_basis, refuse_shadowed_library_name)
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
 
@@ -106,17 +106,13 @@ def _companion_ecp(formatted: str) -> str | None:
     files = gto.basis.ALIAS.get(formatted)
     if files is None or _carries_potentials(formatted):
         return None
-    family = {_file_family(path) for path in _files(files)}
+    family = {_file_family(path) for path in library_files(files)}
     fitting: dict[tuple[str, ...], list[str]] = {}
     for key, value in gto.basis.ALIAS.items():
-        if key != formatted and {_file_family(path) for path in _files(value)} & family:
-            fitting.setdefault(_files(value), []).append(key)
+        if key != formatted and {_file_family(path) for path in library_files(value)} & family:
+            fitting.setdefault(library_files(value), []).append(key)
     found = [max(keys, key=len) for keys in fitting.values() if _carries_potentials(keys[0])]
     return found[0] if len(found) == 1 else None
-
-
-def _files(value: str | tuple) -> tuple[str, ...]:
-    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def _file_family(path: str) -> tuple[str, str]:
@@ -128,7 +124,7 @@ def _file_family(path: str) -> tuple[str, str]:
 
 def _carries_potentials(key: str) -> bool:
     """Whether a library entry's files hold an ECP section (NWChem's ``ECP`` line)."""
-    for file in _files(gto.basis.ALIAS.get(key, ())):
+    for file in library_files(gto.basis.ALIAS.get(key, ())):
         try:
             with open(os.path.join(gto.basis._BASIS_DIR, file), encoding="utf-8",
                       errors="replace") as handle:
