@@ -4,9 +4,14 @@ from __future__ import annotations
 import json
 import shutil
 
-from pyscf import gto
+import h5py
+import pytest
+from pyscf import df, gto, scf
+from pyscf.mp import dfmp2
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference
+from dfmp2.input.basis_kinds import (F12_CABS, J_FIT, JK_FIT, ORBITAL, RI_FIT, fitting_mismatch,
+                                     library_kind)
 
 # Water's 3-21G with a d shell on oxygen, in NWChem's format as the Basis Set Exchange writes
 # it (PySCF's reader finds an element's shells after a '#BASIS SET' line).
@@ -57,3 +62,107 @@ def test_a_file_named_like_a_pople_basis_pyscf_cannot_compose_is_read(run_cli, t
     assert result.code == 2
     assert result.err.strip() == ("Error: --basis file '3-21G(d)' has no functions for O, H; "
                                   "add them to it, or choose a basis that covers every element")
+
+
+def _water(basis: str) -> gto.Mole:
+    return gto.M(atom="\n".join(molecule_path("water").read_text().splitlines()[2:]),
+                 basis=basis, verbose=0)
+
+
+def _warnings(caplog) -> list[str]:
+    """The warnings logged, which the command line prints on stderr."""
+    return [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+
+
+ORBITAL_AS_JK = ("--jk-auxbasis cc-pvdz is an orbital basis, not a JK-fit set, so E(SCF) can "
+                 "be far off; leave --jk-auxbasis out for the default, cc-pvdz-jkfit")
+
+
+@pytest.mark.parametrize("option,name,warning", [
+    ("--jk-auxbasis", "cc-pvdz", ORBITAL_AS_JK),
+    ("--auxbasis", "cc-pvdz", "--auxbasis cc-pvdz is an orbital basis, not an MP2-fit (RI) "
+     "set, so E_corr can be far off; leave --auxbasis out for the default, cc-pvdz-ri"),
+    ("--jk-auxbasis", "cc-pvdz-ri", "--jk-auxbasis cc-pvdz-ri is an MP2-fit (RI) set, not a "
+     "JK-fit set, so E(SCF) is fitted less accurately; leave --jk-auxbasis out for the "
+     "default, cc-pvdz-jkfit"),
+    ("--auxbasis", "def2-universal-jkfit", "--auxbasis def2-universal-jkfit is a JK-fit set, "
+     "not an MP2-fit (RI) set, so E_corr is fitted less accurately; leave --auxbasis out for "
+     "the default, cc-pvdz-ri"),
+    ("--jk-auxbasis", "weigend", "--jk-auxbasis weigend is a Coulomb-fit (J) set for DFT, not "
+     "a JK-fit set, so E(SCF) is fitted less accurately; leave --jk-auxbasis out for the "
+     "default, cc-pvdz-jkfit")])
+def test_a_fitting_set_of_another_kind_runs_with_a_warning(option, name, warning, run_cli,
+                                                            tmp_path, single_thread, caplog):
+    """It ran without a word: an orbital basis as the JK-fit set put water's E(SCF) 0.245 Eh
+    low. The energies stay PySCF's for the sets given."""
+    record = tmp_path / "w.h5"
+    result = run_cli("run", molecule_path("water"), option, name, "--threads", "1", "--json",
+                     "-o", record)
+    assert result.code == 0, result.err
+    assert _warnings(caplog) == [warning]
+    summary = json.loads(result.out)
+    assert summary["basis_warnings"] == [warning]
+    mol = _water("cc-pvdz")
+    jk = name if option == "--jk-auxbasis" else df.make_auxbasis(mol)
+    mf = scf.RHF(mol).density_fit(auxbasis=jk)
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
+    mf.kernel()
+    assert abs(summary["e_scf"] - mf.e_tot) <= 1e-9
+    pt = dfmp2.DFMP2(mf)
+    pt.with_df = df.DF(mol, auxbasis=name if option == "--auxbasis"
+                       else df.make_auxbasis(mol, mp2fit=True))
+    pt.verbose = 0
+    pt.kernel(with_t2=False)
+    assert abs(summary["e_corr"] - pt.e_corr) <= 1e-8
+    if warning == ORBITAL_AS_JK:
+        assert summary["e_scf"] < pyscf_df_rhf(mol).e_tot - 0.2
+    shown = run_cli("show", record)
+    assert f"  Warning: {warning}" in shown.out.splitlines()
+    with h5py.File(record, "r") as h5:
+        assert json.loads(h5["input"].attrs["basis_warnings"]) == [warning]
+
+
+@pytest.mark.parametrize("args", [(), ("--jk-auxbasis", "cc-pvdz-jkfit"),
+                                  ("--jk-auxbasis", "def2-universal-jkfit"),
+                                  ("--auxbasis", "cc-pvdz-ri"), ("--auxbasis", "def2-svp-ri")])
+def test_the_default_partners_and_fitting_sets_of_the_right_kind_run_without_one(
+        args, run_cli, tmp_path, single_thread, caplog):
+    result = run_cli("run", molecule_path("water"), *args, "--threads", "1", "--json",
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    assert _warnings(caplog) == []
+    assert json.loads(result.out)["basis_warnings"] == []
+
+
+def test_the_librarys_fitting_sets_are_told_apart_by_kind(tmp_path):
+    """Every partner PySCF pairs with an orbital basis is of its option's kind (so a default
+    never warns); other names as their files say; a file given by path is the user's."""
+    for jk, ri in df.addons.DEFAULT_AUXBASIS.values():
+        assert (library_kind(jk), library_kind(ri)) == (JK_FIT, RI_FIT), (jk, ri)
+    assert {name: library_kind(name) for name in (
+        "weigend", "def2-universal-jfit", "ahlrichs", "cc-pvdz_fit", "cc-pV5Z-MP2FIT",
+        "cc-pvdz-f12-optri", "6-31G(d,p)", "sto-3g", "no-such-basis")} == {
+        "weigend": J_FIT, "def2-universal-jfit": J_FIT, "ahlrichs": J_FIT,
+        "cc-pvdz_fit": RI_FIT, "cc-pV5Z-MP2FIT": RI_FIT, "cc-pvdz-f12-optri": F12_CABS,
+        "6-31G(d,p)": ORBITAL, "sto-3g": ORBITAL, "no-such-basis": None}
+    path = tmp_path / "cc-pvdz"
+    path.write_text(WATER_321G_D_NWCHEM)
+    assert library_kind(str(path)) is None
+    assert fitting_mismatch("--auxbasis", str(path), True, lambda: "cc-pvdz-ri") is None
+
+
+def test_a_warning_is_said_once_for_all_of_a_jobs_calculations(run_cli, tmp_path,
+                                                               single_thread, caplog):
+    """An interaction job defines five calculations in one basis: each said it again."""
+    record = tmp_path / "wd.h5"
+    result = run_cli("interaction", molecule_path("water_dimer"), "--split", "3", "--basis",
+                     "sto-3g", "--jk-auxbasis", "sto-3g", "--threads", "1", "-o", record)
+    assert result.code == 0, result.err
+    warning = ("--jk-auxbasis sto-3g is an orbital basis, not a JK-fit set, so E(SCF) can be "
+               "far off; leave --jk-auxbasis out for the default, def2-svp-jkfit")
+    assert _warnings(caplog) == [warning]
+    assert result.out.count(f"Warning: {warning}") == 1
+    with h5py.File(record, "r") as h5:
+        for name in ("dimer", "monomer_a_cp", "monomer_b_cp", "monomer_a", "monomer_b"):
+            assert json.loads(h5[name]["input"].attrs["basis_warnings"]) == [warning]
+

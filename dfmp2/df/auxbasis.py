@@ -67,6 +67,14 @@ def jk_basis(mol: gto.Mole, option: str | None = None) -> AuxBasis:
                     "def2-universal-jkfit")
 
 
+def default_name(mol: gto.Mole, mp2fit: bool) -> str | None:
+    """The default fitting set's readable name, or None where PySCF cannot make one."""
+    try:
+        return describe(default_spec(mol, mp2fit))
+    except InputError:
+        return None
+
+
 def default_spec(mol: gto.Mole, mp2fit: bool) -> dict:
     """PySCF's default fitting set per atom label. A ghost atom (a counterpoise partner)
     gets its element's set: PySCF generates a ghost's set from a nuclear charge of zero, so

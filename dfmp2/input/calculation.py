@@ -8,14 +8,17 @@ basis are the same whichever command asks.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 
 from pyscf import gto
 from pyscf.data import elements
 
-from dfmp2.df.auxbasis import DEFAULT_OPTION, AuxBasis, jk_basis, make_auxmol, ri_basis
+from dfmp2.df.auxbasis import (DEFAULT_OPTION, AuxBasis, default_name, jk_basis, make_auxmol,
+                               ri_basis)
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import file_digest
+from dfmp2.input.basis_kinds import fitting_mismatch
 from dfmp2.input.dispersion import Dispersion, dispersion_energy
 from dfmp2.input.functionals import GRID_LEVELS, DoubleHybrid, stored_functional
 from dfmp2.input.molecule import (NO_ECP, build_molecule, element_ecp, resolve_charge_spin,
@@ -23,7 +26,7 @@ from dfmp2.input.molecule import (NO_ECP, build_molecule, element_ecp, resolve_c
 from dfmp2.records.sections import CalculationInputs
 from dfmp2.input.xyz import Geometry, parse_xyz
 
-
+log = logging.getLogger(__name__)
 REFERENCES = ("auto", "rhf", "uhf")
 
 
@@ -75,6 +78,9 @@ class Calculation:
     e_disp: float = 0.0
     """The functional's dispersion energy: it depends on the geometry and charge alone, so it
     is computed once, with the calculation."""
+    basis_warnings: tuple[str, ...] = ()
+    """What the chosen bases give other than the user probably means (an orbital basis as a
+    fitting set), said on stderr and kept in the record."""
 
     @property
     def reference_name(self) -> str:
@@ -109,7 +115,9 @@ class Calculation:
             auxbasis_file=_option_file_digest(self.auxbasis),
             jk_auxbasis_file=_option_file_digest(self.jk_auxbasis),
             ecp_file="".join(file_digest(name) for name in sorted(set(self.ecp.values()))),
-            reference=self.reference, frozen=self.nfrozen, **self._functional_inputs())
+            reference=self.reference, frozen=self.nfrozen,
+            basis_warnings=json.dumps(self.basis_warnings) if self.basis_warnings else None,
+            **self._functional_inputs())
 
     def _functional_inputs(self) -> dict:
         functional = self.functional
@@ -136,9 +144,12 @@ def ecp_core_electrons(geometry: Geometry, ecp: dict[str, str],
                if symbol in ecp and n not in ghosts)
 
 
-def define_calculation(geometry: Geometry, request: CalculationRequest) -> Calculation:
+def define_calculation(geometry: Geometry, request: CalculationRequest,
+                       said: set[str] | None = None) -> Calculation:
     """Resolve charge, spin, core potentials, reference, bases and frozen orbitals, refusing
-    anything that cannot run before the SCF is started."""
+    anything that cannot run before the SCF is started, and warning of bases that run but
+    give other energies than meant. A warning in ``said`` is not given again (a job's
+    geometries and fragments share one basis), and one given is added to it."""
     if request.frozen_core and request.frozen is not None:
         raise InputError("give either --frozen-core or --frozen N, not both")
     if not request.basis.strip():
@@ -162,10 +173,26 @@ def define_calculation(geometry: Geometry, request: CalculationRequest) -> Calcu
     auxbasis = ri_basis(mol, request.auxbasis)
     jk_auxbasis = jk_basis(mol, request.jk_auxbasis) if request.scf_method == "df" else None
     nfrozen = int(elements.chemcore(mol)) if request.frozen_core else (request.frozen or 0)
+    warnings = _basis_warnings(mol, request)
     calc = Calculation(geometry, mol, reference, request.scf_method, auxbasis, jk_auxbasis, ecp,
-                       nfrozen, request.ghosts, functional, request.grid, e_disp)
+                       nfrozen, request.ghosts, functional, request.grid, e_disp, warnings)
     _check_frozen(calc)
+    for warning in warnings:
+        if said is None or warning not in said:
+            log.warning("%s", warning)
+    if said is not None:
+        said.update(warnings)
     return calc
+
+
+def _basis_warnings(mol: gto.Mole, request: CalculationRequest) -> tuple[str, ...]:
+    """Fitting sets of another kind than their option's (:mod:`dfmp2.input.basis_kinds`)."""
+    fitting = [fitting_mismatch(option, name, mp2fit,
+                                lambda mp2fit=mp2fit: default_name(mol, mp2fit))
+               for option, name, mp2fit in (("--auxbasis", request.auxbasis, True),
+                                            ("--jk-auxbasis", request.jk_auxbasis, False))
+               if name is not None]
+    return tuple(warning for warning in fitting if warning is not None)
 
 
 def _check_frozen(calc: Calculation) -> None:

@@ -27,8 +27,9 @@ from kernels.accounting import KernelAccounting
 from dfmp2.errors import InputError
 from dfmp2.records.tree import (COMPLETE, INTERACTION_SCHEMA, INTERRUPTED, RUNNING, Node,
                                 read_record, schema, stale_temporaries, status)
-from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection)
-from dfmp2.records.report import heading
+from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection,
+                                    read_inputs)
+from dfmp2.records.report import basis_warnings, heading
 from dfmp2.records.job_sections import (InteractionInputs, calculation_node, interaction_value,
                                         read_interaction, write_interaction)
 from dfmp2.input.settings import RunSettings
@@ -354,6 +355,10 @@ def format_table(root: Node, path: Path | None) -> str:
                      f"unstable (lowest orbital-Hessian eigenvalue {eigenvalue:.4g}): a lower "
                      "solution exists, and the interaction energies built on it are "
                      "questionable")
+    # The five calculations share their bases, and so the warnings on them.
+    said = dict.fromkeys(warning for name in CALCULATIONS
+                         for warning in basis_warnings(read_inputs(calculation_node(root, name))))
+    lines += [f"\nWarning: {printable(warning, one_line=True)}" for warning in said]
     if path is not None:
         lines.append(f"\nrecord written to {printable(str(path), one_line=True)}")
     return "\n".join(lines)

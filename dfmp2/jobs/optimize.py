@@ -29,7 +29,7 @@ from dfmp2.grad.kernel import GradientResult
 from dfmp2.input.calculation import Calculation
 from dfmp2.records.checkpoint import RESUME, examine_previous, save_checkpoint
 from dfmp2.errors import InputError, RunFailure
-from dfmp2.records.report import heading
+from dfmp2.records.report import basis_warnings, heading
 from dfmp2.records.tree import OPTIMIZE_SCHEMA, Node, read_record, write_record
 from dfmp2.records.job_sections import (OptimizationSection, Steps, read_steps, write_optimization,
                                         write_steps)
@@ -396,6 +396,8 @@ def summary(root: Node) -> str:
     lines = heading(root, "optimize", None if inputs is None else (
         f"molecule {inputs.source}  basis {inputs.basis}  charge {inputs.charge}  "
         f"spin {inputs.spin}  frozen {inputs.frozen}  method {inputs.xc or inputs.method}"))
+    lines += [printable(f"  Warning: {warning}", one_line=True)
+              for warning in basis_warnings(inputs)]
     steps = read_steps(root)
     if steps is not None:
         lines += ["", f"  {'step':>4} {'E / Eh':>20} {'max |g| / (Eh/Bohr)':>22}"]

@@ -248,6 +248,10 @@ class Job:
     path: Path
     geometry: Geometry
     env: Environment
+    said: set[str] = field(default_factory=set, compare=False, repr=False)
+    """The warnings on the bases said so far: an optimisation's steps, a frequency job's
+    points and an interaction's fragments define their calculations again, and each would
+    say them again."""
 
     def calculation(self, charge: int | None, spin: int | None,
                     ghosts: frozenset[int] = frozenset(), geometry: Geometry | None = None,
@@ -256,7 +260,7 @@ class Job:
         checked."""
         settings = settings or self.settings
         return define_calculation(geometry if geometry is not None else self.geometry,
-                                  request_of(settings, charge, spin, ghosts))
+                                  request_of(settings, charge, spin, ghosts), self.said)
 
     def new_record(self, schema: str = SCHEMA) -> Node:
         root = new_record(schema, self.settings.command, versions())

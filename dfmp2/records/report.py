@@ -2,18 +2,21 @@
 and a dump of everything."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 
+from dfmp2.errors import InputError
 from dfmp2.input.xyz import parse_xyz
 from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
-from dfmp2.records.sections import (CheckSection, DoubleHybridSection, Mp2Section, ScfSection,
-                                    Sizes, read_gradient, read_inputs, read_timings)
+from dfmp2.records.sections import (CalculationInputs, CheckSection, DoubleHybridSection,
+                                    Mp2Section, ScfSection, Sizes, read_gradient, read_inputs,
+                                    read_timings)
 from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
-from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status
+from dfmp2.records.tree import FOREIGN_RECORD, FREQUENCIES_SCHEMA, Node, error, schema, status
 from dfmp2.scf.reference import UNSTABLE_BELOW
 from dfmp2.scf.spin import exact_spin_square, spin_contaminated
 from dfmp2.system.files import printable
@@ -101,6 +104,8 @@ def summary(root: Node) -> str:
                          f"{ledger.estimate.get('overlapped_seconds', float('nan')):.3e} s")
     if error(root):
         lines.append(f"  error    {printable(error(root), one_line=True)}")
+    lines += [printable(f"  Warning: {warning}", one_line=True)
+              for warning in basis_warnings(inputs)]
     if scf is not None and not scf.converged:
         # An older record has no orbital gradient (NaN).
         gradient = ("" if math.isnan(scf.orbital_gradient)
@@ -176,6 +181,21 @@ def summary(root: Node) -> str:
     return "\n".join(lines)
 
 
+def basis_warnings(inputs: CalculationInputs | None) -> list[str]:
+    """The warnings on the bases a record's run gave (none in an older record)."""
+    if inputs is None or inputs.basis_warnings is None:
+        return []
+    try:
+        warnings = json.loads(inputs.basis_warnings)
+    except ValueError:
+        warnings = None
+    if not isinstance(warnings, list) or not all(isinstance(each, str) for each in warnings):
+        raise InputError(f"the record's /input basis_warnings holds "
+                         f"{printable(inputs.basis_warnings[:40], one_line=True)}, not the list "
+                         f"of warnings dfmp2 writes; {FOREIGN_RECORD}")
+    return warnings
+
+
 def _check_line(check: CheckSection) -> str:
     verdict = "PASS" if check.passed else "FAIL"
     if check.delta_e_tot is None:
@@ -232,7 +252,8 @@ def json_summary(root: Node, path: str) -> dict:
     inputs = read_inputs(root)
     if inputs is not None:
         summary.update({"basis": inputs.basis, "charge": inputs.charge, "spin": inputs.spin,
-                        "frozen": inputs.frozen, "reference": inputs.reference})
+                        "frozen": inputs.frozen, "reference": inputs.reference,
+                        "basis_warnings": basis_warnings(inputs)})
     double_hybrid = DoubleHybridSection.read(root)
     if double_hybrid is not None:
         for key in ("e_scs", "e_sos", "scs_os", "scs_ss"):

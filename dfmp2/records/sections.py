@@ -163,6 +163,9 @@ class CalculationInputs(Section):
     follow_instability: bool = False
     """Whether an unstable SCF was followed to a lower solution (``--follow-instability``)."""
     check: bool = False
+    basis_warnings: str | None = None
+    """The warnings the chosen bases gave (a JSON list; absent where they gave none): an
+    orbital basis as a fitting set. Set by the bases, so no part of any comparison."""
     memory_bytes: int = 0
     threads: int = 0
     scratch: str = ""

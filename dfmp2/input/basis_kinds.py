@@ -1,0 +1,66 @@
+"""What a PySCF library basis is made for, read from the library's own file names: an
+orbital basis or a fitting set of one kind (JK-fit for the SCF, MP2-fit for the correlation).
+dfmp2 runs any of them where the user asks, as PySCF does, and warns where the choice gives
+other energies than the user probably means. A basis file given by its path is the user's and
+is not classified.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+from pyscf import gto
+
+from dfmp2.input.basis_files import is_library_name, library_files
+
+ORBITAL, JK_FIT, RI_FIT, J_FIT, F12_CABS = "orbital", "jk", "ri", "j", "cabs"
+KIND_NAMES = {ORBITAL: "an orbital basis", JK_FIT: "a JK-fit set",
+              RI_FIT: "an MP2-fit (RI) set", J_FIT: "a Coulomb-fit (J) set for DFT",
+              F12_CABS: "an F12 complementary (OptRI) set"}
+# The library's fitting files by name, the first match deciding: cc-pvdz-jkfit.dat,
+# def2-universal-jkfit.dat; cc-pVDZ-F12-OptRI.dat; cc-pvdz-ri.dat, cc-pV5Z_MP2FIT.dat and
+# cc-pvdz_fit.dat (Bernholdt and Harrison's RI-MP2 set); def2-universal-jfit.dat (weigend),
+# ahlrichs_cfit.dat, DgaussA1_dft_xfit.dat. Any other library file holds an orbital basis.
+FILE_KINDS = ((re.compile(r"jkfit", re.IGNORECASE), JK_FIT),
+              (re.compile(r"optri", re.IGNORECASE), F12_CABS),
+              (re.compile(r"(-ri|mp2fit|_fit)\.dat$", re.IGNORECASE), RI_FIT),
+              (re.compile(r"[jcx]fit", re.IGNORECASE), J_FIT))
+
+
+def library_kind(name: str) -> str | None:
+    """What the library basis ``name`` is made for (:data:`KIND_NAMES`), or None for a file,
+    a name the library does not have, or one whose files are of several kinds."""
+    if os.path.isfile(name) or not is_library_name(name):
+        return None
+    files = gto.basis.ALIAS.get(gto.basis._format_basis_name(name))
+    if files is None:
+        return ORBITAL  # a polarised Pople name, composed from orbital files
+    kinds = {_file_kind(file) for file in library_files(files)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _file_kind(file: str) -> str:
+    return next((kind for pattern, kind in FILE_KINDS if pattern.search(file)), ORBITAL)
+
+
+def fitting_mismatch(option: str, name: str, mp2fit: bool,
+                     default: Callable[[], str | None]) -> str | None:
+    """The warning for a fitting set ``name`` given with ``option`` that is not of the kind
+    the option fits with (an orbital basis, or a JK-fit set for MP2), or None. ``default``
+    gives the default set that the warning offers instead (None where PySCF has none)."""
+    wanted = RI_FIT if mp2fit else JK_FIT
+    kind = library_kind(name)
+    if kind in (None, wanted):
+        return None
+    energy = "E_corr" if mp2fit else "E(SCF)"
+    # Functions made for orbitals fit a density poorly (water in cc-pVDZ with --jk-auxbasis
+    # cc-pvdz: E(SCF) 0.245 Eh low); a fitting set of another kind is close but less
+    # accurate (cc-pvdz-ri for the SCF: 1e-3 Eh, against 2e-5 with cc-pvdz-jkfit).
+    effect = (f"{energy} can be far off" if kind in (ORBITAL, F12_CABS)
+              else f"{energy} is fitted less accurately")
+    partner = default()
+    remedy = (f"leave {option} out for the default, {partner}" if partner is not None
+              else f"choose {KIND_NAMES[wanted]} with {option}")
+    return f"{option} {name} is {KIND_NAMES[kind]}, not {KIND_NAMES[wanted]}, so {effect}; {remedy}"
+
