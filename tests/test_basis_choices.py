@@ -11,7 +11,8 @@ from pyscf.mp import dfmp2
 
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference
 from dfmp2.input.basis_kinds import (F12_CABS, J_FIT, JK_FIT, ORBITAL, RI_FIT, fitting_mismatch,
-                                     library_kind)
+                                     library_kind, relativistic_contraction,
+                                     relativistic_mismatch)
 
 # Water's 3-21G with a d shell on oxygen, in NWChem's format as the Basis Set Exchange writes
 # it (PySCF's reader finds an element's shells after a '#BASIS SET' line).
@@ -166,3 +167,52 @@ def test_a_warning_is_said_once_for_all_of_a_jobs_calculations(run_cli, tmp_path
         for name in ("dimer", "monomer_a_cp", "monomer_b_cp", "monomer_a", "monomer_b"):
             assert json.loads(h5[name]["input"].attrs["basis_warnings"]) == [warning]
 
+
+def test_a_relativistically_contracted_basis_runs_with_a_warning(run_cli, tmp_path,
+                                                                  single_thread, caplog):
+    """dfmp2 has no scalar-relativistic Hamiltonian: cc-pVDZ-DK ran without a note. The
+    energies are PySCF's non-relativistic ones in that basis."""
+    record = tmp_path / "w.h5"
+    result = run_cli("run", molecule_path("water"), "--basis", "cc-pVDZ-DK", "--threads", "1",
+                     "--json", "-o", record)
+    assert result.code == 0, result.err
+    warning = ("--basis cc-pVDZ-DK is contracted for a scalar-relativistic (Douglas-Kroll-Hess) "
+               "Hamiltonian, but dfmp2 uses the non-relativistic one, so these energies are of "
+               "that mismatched pair (poor for heavy elements); use cc-pVDZ for a "
+               "non-relativistic calculation")
+    assert _warnings(caplog) == [warning]
+    summary = json.loads(result.out)
+    assert summary["basis_warnings"] == [warning]
+    mf = pyscf_df_rhf(_water("cc-pVDZ-DK"))
+    assert abs(summary["e_scf"] - mf.e_tot) <= 1e-9
+    assert abs(summary["e_corr"] - pyscf_dfmp2_reference(mf, 0).e_corr) <= 1e-8
+    # Another contraction of cc-pVDZ's primitives: not the non-relativistic basis's energy.
+    assert abs(summary["e_scf"] - pyscf_df_rhf(_water("cc-pvdz")).e_tot) > 1e-4
+    assert f"  Warning: {warning}" in run_cli("show", record).out.splitlines()
+    # An altered record's warnings are refused in one line, not a JSON traceback.
+    with h5py.File(record, "r+") as h5:
+        h5["input"].attrs["basis_warnings"] = "[1"
+    shown = run_cli("show", record)
+    assert shown.code == 2 and shown.err.strip() == (
+        "Error: the record's /input basis_warnings holds [1, not the list of warnings dfmp2 "
+        "writes; it was not written by this version of dfmp2, or was altered")
+
+
+def test_the_librarys_relativistic_contractions_are_known(tmp_path):
+    for name in ("cc-pvdz-dk", "cc-pVTZ-DK3", "aug-cc-pwCVTZ-DK", "ano-rcc", "ano", "sarc-dkh",
+                 "dzp-dkh"):
+        assert relativistic_contraction(name), name
+    for name in ("cc-pvdz", "def2-svp", "cc-pvdz-pp", "ano-roos-dz", "dyall-v2z",
+                 "no-such-basis"):
+        assert not relativistic_contraction(name), name
+    # Dyall's sets are made for the Dirac Hamiltonian, but PySCF has them uncontracted: no
+    # contraction for the non-relativistic one to mismatch.
+    dyall, dk = _water("dyall-v2z"), _water("cc-pvdz-dk")
+    assert dyall.npgto_nr() == dyall.nao_nr() and dk.npgto_nr() > dk.nao_nr()
+    # ANO-RCC has no non-relativistic contraction of its name to offer.
+    assert relativistic_mismatch("ano-rcc").endswith(
+        "; choose a non-relativistic basis (cc-pvdz; def2-svp with its core potentials for "
+        "heavy elements)")
+    path = tmp_path / "cc-pvdz-dk"
+    path.write_text(WATER_321G_D_NWCHEM)
+    assert relativistic_mismatch(str(path)) is None

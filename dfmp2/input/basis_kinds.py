@@ -1,8 +1,8 @@
 """What a PySCF library basis is made for, read from the library's own file names: an
-orbital basis or a fitting set of one kind (JK-fit for the SCF, MP2-fit for the correlation).
-dfmp2 runs any of them where the user asks, as PySCF does, and warns where the choice gives
-other energies than the user probably means. A basis file given by its path is the user's and
-is not classified.
+orbital basis or a fitting set of one kind (JK-fit for the SCF, MP2-fit for the correlation),
+and whether its contraction is made for a scalar-relativistic Hamiltonian. dfmp2 runs any of
+them where the user asks, as PySCF does, and warns where the choice gives other energies than
+the user probably means. A basis file given by its path is the user's and is not classified.
 """
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ FILE_KINDS = ((re.compile(r"jkfit", re.IGNORECASE), JK_FIT),
               (re.compile(r"optri", re.IGNORECASE), F12_CABS),
               (re.compile(r"(-ri|mp2fit|_fit)\.dat$", re.IGNORECASE), RI_FIT),
               (re.compile(r"[jcx]fit", re.IGNORECASE), J_FIT))
+# PySCF's names of the Douglas-Kroll-Hess contractions (cc-pvdz-dk, cc-pvtz-dk3, dzp-dkh,
+# sarc-dkh) and of ANO-RCC, whose file (ano.dat) its plain name ``ano`` reads too.
+RELATIVISTIC_NAME = re.compile(r"dk|rcc")
+# The suffix that marks the DKH contraction of a non-relativistic basis: cc-pVDZ-DK.
+DK_SUFFIX = re.compile(r"[-_ ]?dk[h]?[0-9]*$", re.IGNORECASE)
 
 
 def library_kind(name: str) -> str | None:
@@ -64,3 +69,31 @@ def fitting_mismatch(option: str, name: str, mp2fit: bool,
               else f"choose {KIND_NAMES[wanted]} with {option}")
     return f"{option} {name} is {KIND_NAMES[kind]}, not {KIND_NAMES[wanted]}, so {effect}; {remedy}"
 
+
+def relativistic_contraction(name: str) -> bool:
+    """Whether the library basis ``name`` is contracted for a scalar-relativistic
+    Hamiltonian: one of its files is one that a DKH or RCC name of the library reads."""
+    if os.path.isfile(name):
+        return False
+    files = gto.basis.ALIAS.get(gto.basis._format_basis_name(name))
+    return files is not None and bool(set(library_files(files)) & _relativistic_files())
+
+
+def _relativistic_files() -> set[str]:
+    return {file for key, value in gto.basis.ALIAS.items() if RELATIVISTIC_NAME.search(key)
+            for file in library_files(value)}
+
+
+def relativistic_mismatch(basis: str) -> str | None:
+    """The warning for an orbital basis contracted for a scalar-relativistic Hamiltonian,
+    which dfmp2 does not have, or None."""
+    if not relativistic_contraction(basis):
+        return None
+    plain = DK_SUFFIX.sub("", basis)
+    remedy = (f"use {plain} for a non-relativistic calculation"
+              if plain != basis and is_library_name(plain) and not relativistic_contraction(plain)
+              else "choose a non-relativistic basis (cc-pvdz; def2-svp with its core potentials "
+                   "for heavy elements)")
+    return (f"--basis {basis} is contracted for a scalar-relativistic (Douglas-Kroll-Hess) "
+            "Hamiltonian, but dfmp2 uses the non-relativistic one, so these energies are of "
+            f"that mismatched pair (poor for heavy elements); {remedy}")

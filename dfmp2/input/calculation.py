@@ -18,7 +18,7 @@ from dfmp2.df.auxbasis import (DEFAULT_OPTION, AuxBasis, default_name, jk_basis,
                                ri_basis)
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import file_digest
-from dfmp2.input.basis_kinds import fitting_mismatch
+from dfmp2.input.basis_kinds import fitting_mismatch, relativistic_mismatch
 from dfmp2.input.dispersion import Dispersion, dispersion_energy
 from dfmp2.input.functionals import GRID_LEVELS, DoubleHybrid, stored_functional
 from dfmp2.input.molecule import (NO_ECP, build_molecule, element_ecp, resolve_charge_spin,
@@ -80,7 +80,7 @@ class Calculation:
     is computed once, with the calculation."""
     basis_warnings: tuple[str, ...] = ()
     """What the chosen bases give other than the user probably means (an orbital basis as a
-    fitting set), said on stderr and kept in the record."""
+    fitting set, a relativistic contraction), said on stderr and kept in the record."""
 
     @property
     def reference_name(self) -> str:
@@ -186,13 +186,15 @@ def define_calculation(geometry: Geometry, request: CalculationRequest,
 
 
 def _basis_warnings(mol: gto.Mole, request: CalculationRequest) -> tuple[str, ...]:
-    """Fitting sets of another kind than their option's (:mod:`dfmp2.input.basis_kinds`)."""
+    """A relativistic contraction of the orbital basis, and fitting sets of another kind than
+    their option's (:mod:`dfmp2.input.basis_kinds`)."""
     fitting = [fitting_mismatch(option, name, mp2fit,
                                 lambda mp2fit=mp2fit: default_name(mol, mp2fit))
                for option, name, mp2fit in (("--auxbasis", request.auxbasis, True),
                                             ("--jk-auxbasis", request.jk_auxbasis, False))
                if name is not None]
-    return tuple(warning for warning in fitting if warning is not None)
+    return tuple(warning for warning in (relativistic_mismatch(request.basis), *fitting)
+                 if warning is not None)
 
 
 def _check_frozen(calc: Calculation) -> None:

@@ -165,7 +165,8 @@ class CalculationInputs(Section):
     check: bool = False
     basis_warnings: str | None = None
     """The warnings the chosen bases gave (a JSON list; absent where they gave none): an
-    orbital basis as a fitting set. Set by the bases, so no part of any comparison."""
+    orbital basis as a fitting set, a relativistic contraction. Set by the bases, so no part
+    of any comparison."""
     memory_bytes: int = 0
     threads: int = 0
     scratch: str = ""
