@@ -168,6 +168,60 @@ def test_a_basis_file_without_an_elements_functions_is_refused(option, run_cli, 
     _assert_one_line_error(result, f"{option} file '{basis}' has no functions for O")
 
 
+# STO-3G for water in NWChem's format, each element's shells after a '#BASIS SET' line, as
+# basis-set-exchange writes them: PySCF's reader finds an element's block by that line.
+STO3G_SHELLS = {
+    "H": "H    S\n  3.42525091  0.15432897\n  0.62391373  0.53532814\n"
+         "  0.16885540  0.44463454\n",
+    "O_S": "O    S\n  130.7093200  0.15432897\n  23.8088610  0.53532814\n"
+           "  6.4436083  0.44463454\n",
+    "O_SP": "O    SP\n  5.0331513  -0.09996723  0.15591627\n  1.1695961  0.39951283  0.60768372\n"
+            "  0.3803890  0.70011547  0.39195739\n",
+}
+
+
+@pytest.mark.parametrize("option", ["--basis", "--jk-auxbasis"])
+@pytest.mark.parametrize("marks,fragment", [
+    # No block found: PySCF gave H and O every shell of the file (nao 18 for 7), E(SCF)
+    # -75.0169 Eh for STO-3G's -74.9631, status 0.
+    (("", "", ""), "finds no block of its own for O, H and would give each all of the file's"),
+    # O's SP shell in a block of its own: PySCF read O's first block alone.
+    (("#BASIS SET: H\n", "#BASIS SET: O\n", "#BASIS SET: O\n"),
+     "has shells of O in more than one block"),
+])
+def test_a_basis_file_whose_blocks_pyscf_misreads_is_refused(option, marks, fragment, run_cli,
+                                                             tmp_path):
+    basis = tmp_path / "water.nw"
+    basis.write_text("BASIS \"ao basis\" PRINT\n" + "".join(
+        mark + STO3G_SHELLS[key] for mark, key in zip(marks, ("H", "O_S", "O_SP"))) + "END\n")
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    result = run_cli("run", path, option, basis, "-o", tmp_path / "out.h5")
+    _assert_one_line_error(result, f"{option} file '{basis}'")
+    assert fragment in result.err
+
+
+def test_a_delimited_basis_file_with_core_potentials_runs_as_pyscf_reads_it(run_cli, tmp_path):
+    """The same shells with a '#BASIS SET' line before each element's, and a core-potential
+    section whose lines look like shells (which do not count as O's second block): PySCF's
+    STO-3G energies."""
+    from pyscf import gto, scf
+
+    basis = tmp_path / "water.nw"
+    basis.write_text("BASIS \"ao basis\" PRINT\n#BASIS SET: H\n" + STO3G_SHELLS["H"]
+                     + "#BASIS SET: O\n" + STO3G_SHELLS["O_S"] + STO3G_SHELLS["O_SP"]
+                     + "END\nECP\nO nelec 2\nO ul\n2  1.0  0.0\nEND\n")
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    result = run_cli("run", path, "--basis", basis, "--auxbasis", "cc-pvdz-ri", "--jk-auxbasis",
+                     "cc-pvdz-jkfit", "--ecp", "none",
+                     "--json", "-o", tmp_path / "out.h5")
+    assert result.code == 0, result.err
+    mol = gto.M(atom="\n".join(WATER.splitlines()[2:]), basis="sto-3g", verbose=0)
+    reference = scf.RHF(mol).density_fit("cc-pvdz-jkfit").run(conv_tol=1e-12)
+    assert abs(json.loads(result.out)["e_scf"] - reference.e_tot) < 1e-9
+
+
 def test_memory_too_small_names_the_minimum(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--memory", "10kB", "--backend", "torch",
                      "-o", tmp_path / "o.h5")

@@ -131,10 +131,12 @@ def test_non_finite_checkpoint_sums_are_computed_again(run_cli, tmp_path, caplog
 
 
 STO3G_WATER_NWCHEM = """BASIS "ao basis" SPHERICAL PRINT
+#BASIS SET: (3s) -> [1s]
 H    S
       3.42525091             0.15432897
       0.62391373             0.53532814
       0.16885540             0.44463454
+#BASIS SET: (6s,3p) -> [2s,1p]
 O    S
     130.7093200              0.15432897
      23.8088610              0.53532814

@@ -12,6 +12,9 @@ import os
 import re
 
 from pyscf import df, gto
+from pyscf.data import elements
+from pyscf.gto.basis import parse_cp2k, parse_nwchem
+from pyscf.lib.exceptions import BasisNotFoundError
 
 from dfmp2.errors import InputError
 
@@ -73,16 +76,74 @@ def _refuse_missing_elements(name: str, symbols, option: str) -> None:
     then hands that element the file's other functions (water in a file of hydrogen's alone
     ran its oxygen on hydrogen's s shell, E(SCF) -48 Eh, status 0). An element's shells
     start with a line of its symbol and a word: ``O  S`` in NWChem's format, ``O  DZVP-GTH``
-    in CP2K's, the two PySCF reads."""
+    in CP2K's, the two PySCF reads; core-potential sections' lines look alike and do not
+    count."""
     if not os.path.isfile(name):
         return
-    text = _file_bytes(name).decode("utf-8", errors="replace")
-    missing = [symbol for symbol in dict.fromkeys(symbols)
-               if not re.search(rf"^[ \t]*{re.escape(symbol)}[ \t]+[A-Z]", text,
-                                re.MULTILINE | re.IGNORECASE)]
+    shells = _shell_lines(_basis_part(_file_bytes(name).decode("utf-8", errors="replace"))
+                          .splitlines())
+    missing = [symbol for symbol in dict.fromkeys(symbols) if symbol not in shells]
     if missing:
         raise InputError(f"{option} file {name!r} has no functions for {', '.join(missing)}; "
                          "add them to it, or choose a basis that covers every element")
+    _refuse_misread_blocks(name, shells, symbols, option)
+
+
+def _refuse_misread_blocks(name: str, shells: list[str], symbols, option: str) -> None:
+    """Refuse a basis file whose element blocks PySCF's reader does not find as they are
+    meant. An element whose block it cannot find gets the whole file (an NWChem file without
+    '#BASIS SET' lines gave water's H and O every shell: nao 18 for STO-3G's 7, E(SCF) 0.05
+    Eh low, status 0); of an element whose shells are in several blocks it reads the first
+    alone (O's SP shell after a '#BASIS SET' line of its own was left out). ``shells``: the
+    element of each shell line of the file's basis part."""
+    unfound, split = [], []
+    for symbol in dict.fromkeys(symbols):
+        block = parse_nwchem.search_seg(name, symbol)
+        if block:
+            if _shell_lines(block).count(symbol) < shells.count(symbol):
+                split.append(symbol)
+        elif set(shells) - {symbol} and not _cp2k_block_found(name, symbol):
+            unfound.append(symbol)
+    if unfound:
+        raise InputError(f"{option} file {name!r}: PySCF finds no block of its own for "
+                         f"{', '.join(unfound)} and would give each all of the file's shells, "
+                         "other elements' too (an element's block starts the file or follows a "
+                         "'#BASIS SET' or END line); put a line '#BASIS SET' before each "
+                         "element's first shell, as basis-set-exchange writes them")
+    if split:
+        raise InputError(f"{option} file {name!r} has shells of {', '.join(split)} in more "
+                         "than one block (a '#BASIS SET' or END line between them), and PySCF "
+                         "reads an element's first block alone; put each element's shells "
+                         "in one block")
+
+
+# The first line of a shell: an element's symbol and a word (``O  S``, CP2K's ``O  DZVP-GTH``).
+SHELL_LINE = re.compile(r"[ \t]*([A-Za-z]{1,2})[ \t]+[A-Za-z]")
+# Sections of an NWChem file that are no basis: core potentials and spin-orbit potentials,
+# whose lines (``I nelec 28``, ``I S``) look like shells.
+POTENTIAL_SECTION = re.compile(r"^[ \t]*(ECP|SO)\b.*?^[ \t]*END\b", re.MULTILINE | re.DOTALL
+                               | re.IGNORECASE)
+
+
+def _basis_part(text: str) -> str:
+    return POTENTIAL_SECTION.sub("", text)
+
+
+def _shell_lines(lines) -> list[str]:
+    """The element of each line that starts a shell, in order."""
+    found = []
+    for line in lines:
+        match = SHELL_LINE.match(line)
+        if match and match.group(1).capitalize() in elements.ELEMENTS[1:]:
+            found.append(match.group(1).capitalize())
+    return found
+
+
+def _cp2k_block_found(name: str, symbol: str) -> bool:
+    try:
+        return bool(parse_cp2k.search_seg(name, symbol))
+    except BasisNotFoundError:
+        return False
 
 
 def refuse_shadowed_library_name(name: str, option: str) -> None:
