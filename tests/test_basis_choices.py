@@ -152,6 +152,24 @@ def test_the_librarys_fitting_sets_are_told_apart_by_kind(tmp_path):
     assert fitting_mismatch("--auxbasis", str(path), True, lambda: "cc-pvdz-ri") is None
 
 
+@pytest.mark.parametrize("name,kind", [("cc-pvdz-jkfit", "a JK-fit set"),
+                                       ("weigend", "a Coulomb-fit (J) set for DFT")])
+def test_a_fitting_set_as_the_orbital_basis_runs_with_a_warning(name, kind, run_cli, tmp_path,
+                                                                single_thread, caplog):
+    """It ran without a word; the energies stay PySCF's for the basis given."""
+    result = run_cli("run", molecule_path("water"), "--basis", name, "--threads", "1", "--json",
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 0, result.err
+    warning = (f"--basis {name} is {kind}, not an orbital basis, so these energies are of no "
+               "orbital basis; choose one such as cc-pvdz, and the fitting sets with --auxbasis "
+               "and --jk-auxbasis")
+    assert _warnings(caplog) == [warning]
+    summary = json.loads(result.out)
+    assert summary["basis_warnings"] == [warning]
+    mol = _water(name)
+    assert abs(summary["e_scf"] - pyscf_df_rhf(mol).e_tot) <= 1e-9
+
+
 def test_a_warning_is_said_once_for_all_of_a_jobs_calculations(run_cli, tmp_path,
                                                                single_thread, caplog):
     """An interaction job defines five calculations in one basis: each said it again."""

@@ -70,6 +70,18 @@ def fitting_mismatch(option: str, name: str, mp2fit: bool,
     return f"{option} {name} is {KIND_NAMES[kind]}, not {KIND_NAMES[wanted]}, so {effect}; {remedy}"
 
 
+def orbital_mismatch(basis: str) -> str | None:
+    """The warning for a fitting set given as the orbital basis, or None: its functions are
+    made to fit densities, not to hold orbitals (water with --basis cc-pvdz-jkfit: E(SCF)
+    0.025 Eh above cc-pVDZ's and E_corr 60% larger; with weigend, E(SCF) 6 Eh above)."""
+    kind = library_kind(basis)
+    if kind in (None, ORBITAL):
+        return None
+    return (f"--basis {basis} is {KIND_NAMES[kind]}, not an orbital basis, so these energies "
+            "are of no orbital basis; choose one such as cc-pvdz, and the fitting sets with "
+            "--auxbasis and --jk-auxbasis")
+
+
 def relativistic_contraction(name: str) -> bool:
     """Whether the library basis ``name`` is contracted for a scalar-relativistic
     Hamiltonian: one of its files is one that a DKH or RCC name of the library reads."""

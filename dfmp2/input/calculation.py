@@ -18,7 +18,7 @@ from dfmp2.df.auxbasis import (DEFAULT_OPTION, AuxBasis, default_name, jk_basis,
                                ri_basis)
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import file_digest
-from dfmp2.input.basis_kinds import fitting_mismatch, relativistic_mismatch
+from dfmp2.input.basis_kinds import fitting_mismatch, orbital_mismatch, relativistic_mismatch
 from dfmp2.input.dispersion import Dispersion, dispersion_energy
 from dfmp2.input.functionals import GRID_LEVELS, DoubleHybrid, stored_functional
 from dfmp2.input.molecule import (NO_ECP, build_molecule, element_ecp, resolve_charge_spin,
@@ -186,14 +186,15 @@ def define_calculation(geometry: Geometry, request: CalculationRequest,
 
 
 def _basis_warnings(mol: gto.Mole, request: CalculationRequest) -> tuple[str, ...]:
-    """A relativistic contraction of the orbital basis, and fitting sets of another kind than
-    their option's (:mod:`dfmp2.input.basis_kinds`)."""
+    """A fitting set as the orbital basis, a relativistic contraction of it, and fitting sets
+    of another kind than their option's (:mod:`dfmp2.input.basis_kinds`)."""
     fitting = [fitting_mismatch(option, name, mp2fit,
                                 lambda mp2fit=mp2fit: default_name(mol, mp2fit))
                for option, name, mp2fit in (("--auxbasis", request.auxbasis, True),
                                             ("--jk-auxbasis", request.jk_auxbasis, False))
                if name is not None]
-    return tuple(warning for warning in (relativistic_mismatch(request.basis), *fitting)
+    return tuple(warning for warning in (orbital_mismatch(request.basis),
+                                         relativistic_mismatch(request.basis), *fitting)
                  if warning is not None)
 
 
