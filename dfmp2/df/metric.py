@@ -17,21 +17,18 @@ log = logging.getLogger(__name__)
 # pyscf/df/incore.py).
 MP2_LINDEP_THRESHOLD = 1e-10
 JK_LINDEP_THRESHOLD = 1e-7
-CONDITION_ITERATIONS = 30
 
 
 @dataclass
 class FitMetric:
     """J = L L^T (``cholesky``: ``factor`` is L) or, when J is not positive definite,
     J^-1 ~ U e^-1 U^T over eigenvalues above the threshold (``eigen``: ``factor`` = U e^-1/2,
-    naux x naux_fit). Either way B = L^-1 Y or B = factor^T Y, always in fp64. ``condition``
-    is cond(J): exact for ``eigen``, LAPACK's estimate cond(L)^2 for ``cholesky``."""
+    naux x naux_fit). Either way B = L^-1 Y or B = factor^T Y, always in fp64."""
 
     kind: str
     factor: torch.Tensor
     naux: int
     naux_fit: int
-    condition: float
 
     @cached_property
     def fit_gain(self) -> float:
@@ -58,22 +55,5 @@ def build_metric(auxmol: gto.Mole, lindep: float = MP2_LINDEP_THRESHOLD) -> FitM
                     "%d fit vectors", condition, int(keep.sum()), naux)
         factor = eigvec[:, keep] / np.sqrt(eigval[keep])
         return FitMetric("eigen", torch.from_numpy(np.ascontiguousarray(factor)), naux,
-                         int(keep.sum()), condition)
-    return FitMetric("cholesky", torch.from_numpy(lower), naux, naux,
-                     estimated_condition(j2c, lower))
-
-
-def estimated_condition(j2c: np.ndarray, lower: np.ndarray,
-                        iterations: int = CONDITION_ITERATIONS) -> float:
-    """cond(J) = lambda_max / lambda_min from power iteration on J and on J^-1 (through the
-    Cholesky factor): O(naux^2) per step where an eigensolver would cost O(naux^3)."""
-    rng = np.random.default_rng(0)
-    top = bottom = rng.standard_normal(j2c.shape[0])
-    for _ in range(iterations):
-        top = j2c @ top
-        top /= np.linalg.norm(top)
-        bottom = scipy.linalg.cho_solve((lower, True), bottom, check_finite=False)
-        bottom /= np.linalg.norm(bottom)
-    largest = float(top @ j2c @ top)
-    smallest = float(bottom @ j2c @ bottom)
-    return largest / smallest if smallest > 0 else float("inf")
+                         int(keep.sum()))
+    return FitMetric("cholesky", torch.from_numpy(lower), naux, naux)
