@@ -154,8 +154,8 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
             by_name.setdefault(name, []).append((item, identity))
     # Its options were not read, so its name says little: it must not number the record of a
     # good line (which a fixed manifest then named otherwise, and computed again).
-    unread = {item.index: f"{name}-{'item' if item.line is None else 'line'}"
-                          f"{item.index if item.line is None else item.line}"
+    unread = {item.index: (f"{name}-item{item.index}" if item.line is None
+                           else f"{name}-line{item.line}")
               for item, name in zip(items, names) if item.error is not None}
     clashes = collections.Counter(unread.values())
     chosen = []
