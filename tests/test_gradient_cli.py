@@ -170,6 +170,25 @@ def _bond_and_angle(geometry: Geometry) -> tuple[float, float]:
     return float(np.linalg.norm(r1)), float(angle)
 
 
+def test_an_optimisation_of_separate_atoms_prints_no_geometric_lines(run_cli, tmp_path,
+                                                                     caplog):
+    """geomeTRIC's note on the bond it adds between isolated atoms was printed at INFO without
+    -v, twice, each ending in a visible \\n."""
+    import logging
+
+    from dfmp2.cli import _PrintableFormatter
+
+    dimer = tmp_path / "he2.xyz"
+    dimer.write_text("2\n\nHe 0 0 0\nHe 0 0 3.0\n")
+    result = run_cli("optimize", dimer, "--basis", "6-31g", "--backend", "torch", "--threads",
+                     "1", "--max-steps", "3", "-o", tmp_path / "he2-opt.h5")
+    assert result.code == 0, result.err
+    assert not [r for r in caplog.records if r.name.startswith("geometric")]
+    line = logging.LogRecord("geometric.internal", logging.WARNING, __file__, 1,
+                             "a line of its own\n", None, None)
+    assert _PrintableFormatter("%(message)s").format(line) == "a line of its own"
+
+
 def test_water_optimisation_ends_where_a_finite_difference_one_ends(tmp_path):
     settings = RunSettings(molecule=molecule_path("water"), basis="6-31g", backend="torch",
                            output=tmp_path / "analytic.h5", show_progress=False)

@@ -14,6 +14,7 @@ from pyscf.data import elements
 from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference
 from dfmp2.df import auxbasis
 from dfmp2.jobs import interaction
+from dfmp2.input.xyz import read_xyz
 from dfmp2.records.tree import read_record
 
 KCAL = 627.5094740631
@@ -83,6 +84,36 @@ def test_split_from_the_comment_line_and_bad_split(run_cli, tmp_path):
     odd = run_cli("interaction", molecule_path("water_dimer"), "--split", "2", "--backend",
                   "torch", "-o", tmp_path / "c.h5")
     assert odd.code == 2 and odd.err.startswith("Error: monomer a cp:")
+
+
+def test_a_split_that_cuts_a_bond_warns_and_one_atom_is_refused(run_cli, tmp_path, caplog):
+    """The water dimer split after its first oxygen ran without a word (an O atom and an OH
+    fragment beside a water: E_int(CP) -199 kcal/mol); a one-atom file said '1 <= N < 1'."""
+    cut = run_cli("interaction", molecule_path("water_dimer"), "--split", "1", "--basis",
+                  "sto-3g", "--backend", "torch", "--threads", "1", "-o", tmp_path / "a.h5")
+    assert cut.code == 0, cut.err
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [w for w in warnings if "cuts the bond" in w] == [
+        "--split 1 cuts the bond between atom 1 (O) and atom 2 (H), 0.96 Angstrom apart: each "
+        "monomer is a fragment of a molecule; check that monomer A is the first 1 atoms"]
+    caplog.clear()
+    for split, geometry in ((3, molecule_path("water_dimer")),
+                            (1, _xyz(tmp_path, "li_water", ["Li 0 0 0", "O 0 0 1.9",
+                                                            "H 0 0.76 2.49", "H 0 -0.76 2.49"],
+                                     "charge=1"))):
+        interaction.resolve_split(read_xyz(geometry), split)
+    assert not [r for r in caplog.records if "cuts the bond" in r.getMessage()]
+    lone = _xyz(tmp_path, "ne", ["Ne 0 0 0"], "")
+    refused = run_cli("interaction", lone, "--split", "1", "-o", tmp_path / "ne.h5")
+    assert refused.code == 2
+    assert refused.err.strip() == (f"Error: an interaction needs two monomers, and {lone} has "
+                                   "one atom")
+
+
+def _xyz(folder, name: str, atoms: list[str], comment: str):
+    path = folder / f"{name}.xyz"
+    path.write_text(f"{len(atoms)}\n{comment}\n" + "\n".join(atoms) + "\n")
+    return path
 
 
 HYDRONIUM_WATER = ["O 0 0 0", "H 0 0 1.0", "H 0.94 0 -0.33", "H -0.47 0.81 -0.33",

@@ -77,7 +77,9 @@ class _PrintableFormatter(logging.Formatter):
     characters and line breaks escaped; a traceback after the message keeps its lines)."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return printable(super().formatMessage(record), one_line=True)
+        # A library's message that ends its own line (geomeTRIC's do) ends here without a
+        # visible \n.
+        return printable(super().formatMessage(record).rstrip("\r\n"), one_line=True)
 
     def format(self, record: logging.LogRecord) -> str:
         return printable(super().format(record))

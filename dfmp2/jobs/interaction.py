@@ -14,6 +14,10 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+from pyscf.data import elements, radii
+from pyscf.lib import param
+
 from dfmp2.input.calculation import Calculation
 from dfmp2.jobs.preamble import Job, make_plan, run_inputs, start_job
 from dfmp2.jobs.run import RunOutcome
@@ -87,6 +91,9 @@ def monomer_pair(given: tuple[int, int] | None, dimer_value: int | None, option:
 
 
 def resolve_split(geometry: Geometry, split: int | None) -> int:
+    if geometry.natoms < 2:
+        raise InputError(f"an interaction needs two monomers, and {geometry.source} has one "
+                         "atom")
     if split is None:
         match = SPLIT_IN_COMMENT.search(geometry.comment)
         if not match:
@@ -96,7 +103,37 @@ def resolve_split(geometry: Geometry, split: int | None) -> int:
     if not 1 <= split < geometry.natoms:
         raise InputError(f"--split {split} must leave atoms in both monomers "
                          f"(1 <= N < {geometry.natoms})")
+    _warn_of_cut_bonds(geometry, split)
     return split
+
+
+# Elements whose bonds are covalent: a split between two of them within bonding distance
+# cuts a molecule (a split between a metal ion and its ligands is a usual choice).
+NONMETALS = frozenset("H B C N O F Si P S Cl As Se Br Te I".split())
+# Two atoms closer than this times the sum of their covalent radii are bonded (O-H 0.96 A
+# against 0.97; a hydrogen bond O...H 1.9 A is not).
+BOND_FACTOR = 1.2
+
+
+def _warn_of_cut_bonds(geometry: Geometry, split: int) -> None:
+    """Warn where the split puts two bonded atoms in different monomers: each monomer is
+    then a fragment with a broken bond (water dimer split after its first O: E_int(CP)
+    -199 kcal/mol, exit 0)."""
+    coords = np.asarray(geometry.coords)
+    symbols = geometry.symbols
+    for a in range(split):
+        for b in range(split, geometry.natoms):
+            if symbols[a] not in NONMETALS or symbols[b] not in NONMETALS:
+                continue
+            distance = float(np.linalg.norm(coords[a] - coords[b]))
+            bonded = BOND_FACTOR * (radii.COVALENT[elements.charge(symbols[a])]
+                                    + radii.COVALENT[elements.charge(symbols[b])]) * param.BOHR
+            if distance < bonded:
+                log.warning("--split %d cuts the bond between atom %d (%s) and atom %d (%s), "
+                            "%.2f Angstrom apart: each monomer is a fragment of a molecule; "
+                            "check that monomer A is the first %d atoms", split, a + 1,
+                            symbols[a], b + 1, symbols[b], distance, split)
+                return
 
 
 def _energy(node: Node, kind: str) -> float:

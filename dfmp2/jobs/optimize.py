@@ -230,9 +230,10 @@ def optimize(start: Geometry, evaluate: Evaluator, steps: StepLog, convergence: 
     # The recorded steps are the starting point and the iterations after it.
     done = max(len(steps.steps.energies) - 1, 0)
     params = OptParams(convergence_set=convergence, maxiter=max_steps + done)
-    coordinates = DelocalizedInternalCoordinates(molecule, build=True, connect=False,
-                                                 addcart=False)
     with _quiet_geometric():
+        # Building them logs too (an 'artificial bond' to each isolated atom, at INFO).
+        coordinates = DelocalizedInternalCoordinates(molecule, build=True, connect=False,
+                                                     addcart=False)
         try:
             # No folder: geomeTRIC hands it to the engine alone (whose calc above makes none)
             # and to Hessian and frequency steps, which these parameters never take.
