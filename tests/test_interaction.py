@@ -96,6 +96,9 @@ def test_a_split_that_cuts_a_bond_warns_and_one_atom_is_refused(run_cli, tmp_pat
     assert [w for w in warnings if "cuts the bond" in w] == [
         "--split 1 cuts the bond between atom 1 (O) and atom 2 (H), 0.96 Angstrom apart: each "
         "monomer is a fragment of a molecule; check that monomer A is the first 1 atoms"]
+    # compare said such a record held no SCF and MP2 energy, though it holds five of each.
+    compared = run_cli("compare", tmp_path / "a.h5")
+    assert compared.code == 2 and "whose energies are of several calculations" in compared.err
     caplog.clear()
     for split, geometry in ((3, molecule_path("water_dimer")),
                             (1, _xyz(tmp_path, "li_water", ["Li 0 0 0", "O 0 0 1.9",

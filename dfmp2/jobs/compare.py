@@ -18,7 +18,8 @@ from dfmp2.input.calculation import define_calculation, request_from_inputs
 from dfmp2.errors import InputError
 from dfmp2.input.xyz import parse_xyz
 from dfmp2.jobs.check import pyscf_recipe
-from dfmp2.records.tree import COMPLETE, Node, interpreting, read_record, schema, status
+from dfmp2.records.tree import (BENCH_SCHEMA, COMPLETE, FREQUENCIES_SCHEMA, INTERACTION_SCHEMA,
+                                OPTIMIZE_SCHEMA, Node, interpreting, read_record, schema, status)
 from dfmp2.records.sections import (CalculationInputs, DoubleHybridSection, Mp2Section, ScfSection,
                                     read_inputs)
 from dfmp2.records.ledger import read_kernel_ledger
@@ -82,13 +83,19 @@ def _molecule_difference(xyz: str, other: str) -> str | None:
     return None
 
 
+# Records of jobs that hold several calculations' energies, none of them the record's own.
+SEVERAL_CALCULATIONS = (BENCH_SCHEMA, FREQUENCIES_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA)
+
 def record_row(path: Path, root: Node) -> Row:
     energies, scf = Mp2Section.read(root), ScfSection.read(root)
     if status(root) != COMPLETE:
         raise InputError(f"{path} is not a complete run record (status {status(root)!r})")
     if energies is None or scf is None:
-        raise InputError(f"{path} is a {schema(root)} record without an SCF and MP2 energy "
-                         "to compare; give run, gradient or properties records")
+        what = ("whose energies are of several calculations (fragments, geometries or "
+                "repeats), not one" if schema(root) in SEVERAL_CALCULATIONS
+                else "without an SCF and MP2 energy")
+        raise InputError(f"{path} is a {schema(root)} record {what} to compare; give run, "
+                         "gradient or properties records")
     inputs = read_inputs(root)
     double_hybrid = DoubleHybridSection.read(root)
     e_tot = double_hybrid.e_tot if double_hybrid is not None else energies.e_tot
