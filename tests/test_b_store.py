@@ -3,6 +3,7 @@ window of rows and columns, including windows that cut through its column chunks
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 
 import numpy as np
@@ -107,3 +108,43 @@ def test_a_store_the_system_cannot_map_is_out_of_memory(monkeypatch):
     with pytest.raises(MemoryError) as failure:
         open_store(1000, 1000, None)
     assert out_of_memory(failure.value)
+
+
+def test_another_rank_opens_only_the_file_rank_0_made(tmp_path):
+    """A rank whose scratch folder was its node's own opened, by rank 0's path, a killed
+    run's file of that name there and read another calculation's B (water octamer on two
+    ranks: E_tot 6e-3 Eh off, status 0). The file's token tells them apart."""
+    path = tmp_path / ".w.h5.b0.bin"
+    made = b_store.ScratchB.create(path, 3, 4)
+    made.write_rows(0, 3, torch.ones(3, 4))
+    shared = made.share()
+    seen = b_store.ScratchB.open_shared(shared)
+    assert torch.equal(seen.read_rows(0, 3), torch.ones(3, 4))
+    seen.close()
+    elsewhere = tmp_path / "node1"
+    elsewhere.mkdir()
+    stale = b_store.ScratchB.create(elsewhere / path.name, 3, 4)
+    with pytest.raises(b_store.ScratchError, match="the ranks do not share the scratch folder"):
+        b_store.ScratchB.open_shared(b_store.SharedFile(str(stale.path), shared.token))
+    stale.close()
+    made.close()
+
+
+def test_a_finished_file_without_a_token_is_rebuilt(tmp_path):
+    """An older dfmp2's finished B has no token to check on the other ranks: not reused."""
+    path = tmp_path / ".w.h5.b0.bin"
+    made = b_store.ScratchB.create(path, 3, 4)
+    made.owner = False
+    made.mark_complete("orbitals")
+    made.close()
+    reopened = b_store.ScratchB.reopen_complete(path, (3, 4), "orbitals")
+    assert reopened is not None
+    reopened.owner = False
+    reopened.close()
+    fd = os.open(path, os.O_RDWR)
+    header = b_store._read_header(fd)
+    del header[b_store.TOKEN]
+    os.pwrite(fd, json.dumps(header).encode().ljust(b_store.HEADER_BYTES), 0)
+    os.close(fd)
+    assert b_store.ScratchB.reopen_complete(path, (3, 4), "orbitals") is None
+    assert not path.exists()

@@ -294,7 +294,7 @@ def _shared_files(scratch: ScratchArea, orbitals: list[tuple[np.ndarray, np.ndar
             # The other ranks would otherwise wait for the paths until their timeout.
             world.broadcast(None, "sharing the scratch files of B")
             raise
-        layout = (reused, [(raw.path, target.path) for raw, target in files])
+        layout = (reused, [(raw.share(), target.share()) for raw, target in files])
     layout = world.broadcast(layout, "sharing the scratch files of B")
     if layout is None:
         raise RunFailure("rank 0 could not prepare the scratch files of B (see its error)")
@@ -302,11 +302,11 @@ def _shared_files(scratch: ScratchArea, orbitals: list[tuple[np.ndarray, np.ndar
     if world.is_root:
         return reused, files
     files = []
-    for raw_path, target_path in paths:
-        opened.append(ScratchB.open_shared(raw_path, writable=not reused))
+    for raw_file, target_file in paths:
+        opened.append(ScratchB.open_shared(raw_file, writable=not reused))
         raw = opened[-1]
-        if target_path != raw_path:
-            opened.append(ScratchB.open_shared(target_path, writable=not reused))
+        if target_file != raw_file:
+            opened.append(ScratchB.open_shared(target_file, writable=not reused))
         files.append((raw, opened[-1]))
     return reused, files
 

@@ -13,6 +13,8 @@ import json
 import logging
 import mmap
 import os
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,9 @@ SCRATCH_CHUNK_BYTES = 4 * 2**20
 HEADER_BYTES = 4096
 FORMAT = "dfmp2.scratch-b/1"
 SIGNATURE = "orbital_signature"
+# The header's random name of the file, drawn when it is made: another rank opening the file
+# by its path checks it reaches this file, not one of that name in a folder of its own.
+TOKEN = "token"
 # The header's record of the kernel calls that built a finished B.
 KERNEL_CALLS = "kernel_calls"
 REMEDY = "choose another -o or --scratch"
@@ -38,6 +43,14 @@ KEEP_ROWS_BYTES = 32 * 2**20
 
 class ScratchError(RunFailure):
     """The scratch file could not be written or read."""
+
+
+@dataclass(frozen=True)
+class SharedFile:
+    """What another rank needs to open a scratch file: its path and its header's token."""
+
+    path: str
+    token: str
 
 
 def _disk_error(path: Path, exc: OSError) -> ScratchError:
@@ -208,7 +221,7 @@ class ScratchB:
             nchunks = parts * -(-ncols // (parts * chunk_cols))
             chunk_cols = max(1, -(-ncols // nchunks))
         header = {"format": FORMAT, "shape": [naux, ncols], "chunk_cols": chunk_cols,
-                  SIGNATURE: None}
+                  SIGNATURE: None, TOKEN: secrets.token_hex(16)}
         try:
             fd = create_exclusive(path, REMEDY)
         except OSError as exc:
@@ -242,8 +255,9 @@ class ScratchB:
             return None
         header = _read_header(fd)
         expected_size = HEADER_BYTES + FP64_BYTES * shape[0] * shape[1]
+        # A file without a token (an older dfmp2's) could not be shared safely: rebuilt.
         if (header is None or header.get("shape") != list(shape)
-                or header.get(SIGNATURE) != signature
+                or header.get(SIGNATURE) != signature or not header.get(TOKEN)
                 or os.fstat(fd).st_size != expected_size):
             os.close(fd)
             log.info("scratch file %s is unfinished, damaged or from other orbitals; it will "
@@ -254,9 +268,13 @@ class ScratchB:
         return cls(path, fd, header, owner=True)
 
     @classmethod
-    def open_shared(cls, path: Path, writable: bool = False) -> "ScratchB":
+    def open_shared(cls, shared: SharedFile, writable: bool = False) -> "ScratchB":
         """Another rank's finished B, read-only, or (``writable``) its new file for this rank
-        to write its share into; the rank that created it deletes it."""
+        to write its share into; the rank that created it deletes it. A file of that path
+        that is not the one the other rank made (its token differs: a scratch folder that is
+        each node's own, holding a killed run's file of that name) is refused: read, it gave
+        another calculation's B (water octamer 6e-3 Eh off, status 0)."""
+        path = Path(shared.path)
         try:
             fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_NOFOLLOW)
         except OSError as exc:
@@ -266,6 +284,11 @@ class ScratchB:
         if header is None:
             os.close(fd)
             raise ScratchError(f"the shared scratch file {path} is damaged")
+        if header.get(TOKEN) != shared.token:
+            os.close(fd)
+            raise ScratchError(f"the scratch file {path} this rank sees is not the one rank 0 "
+                               "made there: the ranks do not share the scratch folder; give "
+                               "--scratch a folder every node sees (a shared file system)")
         return cls(path, fd, header, owner=False)
 
     @property
@@ -399,9 +422,9 @@ class ScratchB:
         except OSError as exc:
             raise _disk_error(self.path, exc) from None
 
-    def share(self) -> Path:
-        """The path other ranks open (read-only) once B is finished."""
-        return self.path
+    def share(self) -> SharedFile:
+        """What other ranks open (read-only) once B is finished."""
+        return SharedFile(str(self.path), self.header[TOKEN])
 
     def close(self) -> None:
         if self.fd is not None:

@@ -83,9 +83,9 @@ class _Split:
         it afterwards: a file that is open stays readable."""
         if self.world.size == 1:
             return
-        paths = self.world.gather(str(self.store.share()), f"sharing {what}")
-        self.stores = [self.store if rank == self.world.rank else ScratchB.open_shared(path)
-                       for rank, path in enumerate(paths)]
+        shared = self.world.gather(self.store.share(), f"sharing {what}")
+        self.stores = [self.store if rank == self.world.rank else ScratchB.open_shared(file)
+                       for rank, file in enumerate(shared)]
         self.world.barrier(f"opening {what}")
 
     def close(self) -> None:
