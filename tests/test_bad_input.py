@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -791,3 +792,23 @@ def test_every_file_option_that_names_a_folder_is_refused(command, option, value
     result = run_cli(command, molecule_path("water"), "--basis", "sto-3g", option, value)
     _assert_one_line_error(result, f"{value!r} names a folder; give a file in it")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_standard_input_as_several_ranks_molecule_is_refused(monkeypatch, tmp_path):
+    """Under torchrun the later ranks found /dev/stdin empty (a launcher feeds the first rank
+    alone) and the first waited for them until the collectives' timeout."""
+    from dfmp2.errors import InputError
+    from dfmp2.jobs import preamble
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    link = tmp_path / "molecule.xyz"
+    link.symlink_to("/dev/stdin")
+    for molecule in (Path("/dev/stdin"), Path("/proc/self/fd/0"), link):
+        with pytest.raises(InputError, match="which a launcher gives to the first of the 2 "
+                                             "ranks alone"):
+            preamble._refuse_shared_standard_input(molecule, None)
+    preamble._refuse_shared_standard_input(molecule_path("water"), None)
+    monkeypatch.delenv("RANK")
+    preamble._refuse_shared_standard_input(Path("/dev/stdin"), None)

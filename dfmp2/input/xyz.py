@@ -93,6 +93,28 @@ def _named_pipe(path: Path) -> bool:
         return True
 
 
+# The names of standard input: /dev/stdin, /dev/fd/0, /proc/self/fd/0, /proc/<pid>/fd/0.
+STANDARD_INPUT_NAME = re.compile(r"^/(dev/stdin|dev/fd/0|proc/(self|[0-9]+)/fd/0)$")
+# Links followed at most, as the kernel does.
+MAX_LINK_HOPS = 40
+
+
+def names_standard_input(path: Path) -> bool:
+    """Whether ``path`` names this process's standard input, itself or through links to
+    one of its names, rather than a file that is also redirected to it (a link to the list
+    given with the list on standard input is that file)."""
+    current = str(path)
+    for _ in range(MAX_LINK_HOPS):
+        if STANDARD_INPUT_NAME.search(current):
+            return True
+        try:
+            target = os.readlink(current)
+        except (OSError, ValueError):
+            return False
+        current = os.path.join(os.path.dirname(current), target)
+    return False
+
+
 def read_xyz(path: str | Path) -> Geometry:
     path = Path(path)
     if _named_pipe(path):

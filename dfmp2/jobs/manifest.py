@@ -13,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
-import os
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ import click
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import is_library_name
 from dfmp2.input.settings import RunSettings
-from dfmp2.input.xyz import text_lines
+from dfmp2.input.xyz import names_standard_input, text_lines
 from dfmp2.system.files import lookup_problem
 
 GLOB_CHARACTERS = set("*?[")
@@ -148,28 +146,6 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     return item(path, overrides, interaction)
 
 
-# The names of standard input: /dev/stdin, /dev/fd/0, /proc/self/fd/0, /proc/<pid>/fd/0.
-STANDARD_INPUT_NAME = re.compile(r"^/(dev/stdin|dev/fd/0|proc/(self|[0-9]+)/fd/0)$")
-# Links followed at most, as the kernel does.
-MAX_LINK_HOPS = 40
-
-
-def _standard_input(path: Path) -> bool:
-    """Whether ``path`` names this process's standard input, itself or through links to
-    one of its names, rather than a file that is also redirected to it (a link to the list
-    given with the list on standard input is that file)."""
-    current = str(path)
-    for _ in range(MAX_LINK_HOPS):
-        if STANDARD_INPUT_NAME.search(current):
-            return True
-        try:
-            target = os.readlink(current)
-        except (OSError, ValueError):
-            return False
-        current = os.path.join(os.path.dirname(current), target)
-    return False
-
-
 def collect_items(inputs: list[str], commands: dict[str, click.Command],
                   dimers: bool = False) -> list[BatchItem]:
     """XYZ files, globs of them, and manifests, in the order given. With ``dimers`` every XYZ
@@ -187,7 +163,7 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
                       for n, m in enumerate(matches)]
             continue
         path = Path(text)
-        if _standard_input(path):
+        if names_standard_input(path):
             # Taken as a manifest, a pipe became one failed line ('not a regular file') and a
             # failed record; a redirected list, one failed line per molecule (its paths were
             # looked up in /dev). Every rank and array task reads the list for itself.

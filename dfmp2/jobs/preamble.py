@@ -32,7 +32,7 @@ from dfmp2.grad import kernel as gradient
 from dfmp2.input.calculation import Calculation, CalculationRequest, define_calculation
 from dfmp2.input.functionals import resolve_functional
 from dfmp2.input.settings import DEFAULT_OUTPUT_DIR, RunSettings
-from dfmp2.input.xyz import Geometry, read_xyz
+from dfmp2.input.xyz import Geometry, names_standard_input, read_xyz
 from dfmp2.mp2.kernel import plan_for
 from dfmp2.mp2.plan import BlockPlan
 from dfmp2.records.sections import CalculationInputs
@@ -40,7 +40,7 @@ from dfmp2.records.ledger import BackendFacts
 from dfmp2.records.tree import SCHEMA, Node, new_record, record_problem
 from dfmp2.scf.engine import ScfKernels, scf_kernels
 from dfmp2.scf.reference import check_scf_memory
-from dfmp2.system.distributed import World
+from dfmp2.system.distributed import World, launch_from
 from dfmp2.system.files import (FILE, check_name_length, create_folder, existing_kind,
                                 link_refusal)
 from dfmp2.system.limits import cpu_quota_cores
@@ -275,10 +275,23 @@ def start_job(settings: RunSettings, path: Path, world: World | None = None,
     """The preamble of a job writing the record at ``path``: the output checked, the molecule
     (``geometry``, else the XYZ file of ``settings``) read, the environment resolved."""
     check_output_path(path, settings.resume)
-    geometry = geometry if geometry is not None else read_xyz(settings.molecule)
+    if geometry is None:
+        _refuse_shared_standard_input(settings.molecule, world)
+        geometry = read_xyz(settings.molecule)
     env = resolve_environment(settings, path, world)
     agree_across_ranks(settings, geometry, env)
     return Job(settings, path, geometry, env)
+
+
+def _refuse_shared_standard_input(molecule: Path, world: World | None) -> None:
+    """Refuse standard input as the molecule of several ranks: each rank reads the molecule,
+    and a launcher gives standard input to the first rank alone (the others found it empty,
+    and the first waited for them until the collectives' timeout)."""
+    ranks = world.size if world is not None else launch_from(os.environ).size
+    if ranks > 1 and names_standard_input(molecule):
+        raise InputError(f"{molecule} is standard input, which a launcher gives to the first "
+                         f"of the {ranks} ranks alone, while every rank reads the molecule; "
+                         "give it as a file")
 
 
 def agree_across_ranks(settings: RunSettings, geometry: Geometry, env: Environment) -> None:
