@@ -377,6 +377,38 @@ def test_two_ranks_resume_with_a_new_block_size(tmp_path):
         assert h5.attrs["status"] == "complete" and h5.attrs["resumed"]
         assert h5["checkpoint"].attrs["occ_block"] == 2
         assert len(h5["checkpoint/pairs"]) == 5 * 6 // 2
+        # The old blocks' pairs do not count for the new ones: every pair is a rank's.
+        group = h5["distributed"].attrs
+        assert group["resumed_pairs"] == 0
+        assert _ranks_pairs(group) == 5 * 6 // 2
+
+
+def test_two_ranks_resuming_credit_the_interrupted_runs_pairs_to_it(tmp_path):
+    """A resumed record listed only the pairs its ranks computed; those the interrupted run
+    had finished were credited to no rank and counted nowhere."""
+    record = tmp_path / "dimer.h5"
+    args = [molecule_path("water_dimer"), "--basis", "cc-pvdz", "--backend", "torch",
+            "--threads", "1", "--json", "--occ-block", "1", "-o", record]
+    assert run_in_process("run", *args).code == 0
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "running"
+        del h5["mp2"]
+        pairs, sums = h5["checkpoint/pairs"][:7], h5["checkpoint/sums"][:7]
+        del h5["checkpoint/pairs"], h5["checkpoint/sums"]
+        h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums
+    resumed = subprocess.run(torchrun(2, *args), capture_output=True, text=True,
+                             timeout=JOB_TIMEOUT_SECONDS, env=environment())
+    assert resumed.returncode == 0, resumed.stderr
+    with h5py.File(record, "r") as h5:
+        group = h5["distributed"].attrs
+        total = len(h5["checkpoint/pairs"])
+        assert group["resumed_pairs"] == 7
+        assert _ranks_pairs(group) == total - 7
+
+
+def _ranks_pairs(group) -> int:
+    """How many block pairs the ranks of a 2-rank record computed."""
+    return sum(len(json.loads(group[f"rank{rank}.pairs"])) for rank in (0, 1))
 
 
 # Rank 0 waits in a sum that rank 1 never joins, and turns a SIGTERM into an exit at once.

@@ -235,6 +235,8 @@ def mp2_stage(ctx: RunContext, scf_result: ScfResult) -> mp2.Mp2Result:
         if shared[1]:
             carry_ledger(ctx.previous, len(shared[1]), ctx.env.kernel_set.accounting)
     plan, finished = world.broadcast(shared, "sharing the block plan")
+    # The ledger adds the pairs this run finishes to the same mapping.
+    resumed_pairs = len(finished)
     ledger = PairLedger(finished)
     if ctx.saver is not None and world.is_root:
         ctx.saver.start_pairs(plan.occ_block, finished)
@@ -243,12 +245,15 @@ def mp2_stage(ctx: RunContext, scf_result: ScfResult) -> mp2.Mp2Result:
                         mp2.Execution(world, ctx.scratch, ledger, ctx.settings.show_progress))
     ctx.timings["mp2"] = time.perf_counter() - t_mp2
     ctx.timings.update(result.timings)
-    write_mp2_result(ctx, scf_result, result)
+    write_mp2_result(ctx, scf_result, result, resumed_pairs)
     return result
 
 
 @written_whole
-def write_mp2_result(ctx: RunContext, scf_result: ScfResult, result: mp2.Mp2Result) -> None:
+def write_mp2_result(ctx: RunContext, scf_result: ScfResult, result: mp2.Mp2Result,
+                     resumed_pairs: int) -> None:
+    """The stage's sections; ``resumed_pairs``: block pairs taken from the interrupted run,
+    which no rank of this one computed."""
     node, plan = ctx.node, result.plan
     write_timings(node, ctx.timings)
     nocc, nvir = result.nocc, result.nvir
@@ -261,7 +266,7 @@ def write_mp2_result(ctx: RunContext, scf_result: ScfResult, result: mp2.Mp2Resu
         double_hybrid_section(ctx.calc, scf_result, result.energies).write(node)
     world = ctx.env.world
     if world.size > 1:
-        write_distributed(node, world.size, world.backend, result.ranks)
+        write_distributed(node, world.size, world.backend, result.ranks, resumed_pairs)
 
 
 def calculate(ctx: RunContext) -> CalculationOutcome:

@@ -487,10 +487,13 @@ def write_rank_stages(node: Node, world_size: int, backend: str,
 
 @written_whole
 def write_distributed(node: Node, world_size: int, backend: str,
-                      ranks: dict[int, tuple[list, float]]) -> None:
-    """``/distributed``: each rank's block pairs and busy seconds."""
+                      ranks: dict[int, tuple[list, float]], resumed_pairs: int = 0) -> None:
+    """``/distributed``: each rank's block pairs and busy seconds, and how many pairs the
+    interrupted run that this one resumed had finished (no rank's here; a resumed record
+    credited them to none)."""
     group = node.group("distributed")
-    group.attrs.update({"world_size": world_size, "backend": backend})
+    group.attrs.update({"world_size": world_size, "backend": backend,
+                        "resumed_pairs": resumed_pairs})
     for rank, (pairs, seconds) in ranks.items():
         group.attrs[f"rank{rank}.pairs"] = pairs
         group.attrs[f"rank{rank}.seconds"] = seconds
