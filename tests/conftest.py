@@ -172,3 +172,15 @@ def assert_ends_with(parent: subprocess.Popen, child: int, what: str) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
+
+
+def as_interrupted(record: Path, finished_pairs: int) -> None:
+    """Make a complete run record look as a run killed in its energy step leaves it: status
+    running, no MP2 result, only its first ``finished_pairs`` block pairs checkpointed."""
+    with h5py.File(record, "r+") as h5:
+        h5.attrs["status"] = "running"
+        del h5["mp2"]
+        pairs = h5["checkpoint/pairs"][:finished_pairs]
+        sums = h5["checkpoint/sums"][:finished_pairs]
+        del h5["checkpoint/pairs"], h5["checkpoint/sums"]
+        h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import (CliResult, molecule_path, python_exe, run_in_process,
+from conftest import (CliResult, as_interrupted, molecule_path, python_exe, run_in_process,
                       stored_orbitals_e_corr)
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.records.tree import read_record
@@ -361,12 +361,7 @@ def test_two_ranks_resume_with_a_new_block_size(tmp_path):
             "--threads", "1", "--json"]
     single = run_in_process("run", *args, "--occ-block", "1", "-o", record)
     assert single.code == 0, single.err
-    with h5py.File(record, "r+") as h5:
-        h5.attrs["status"] = "running"
-        del h5["mp2"]
-        pairs, sums = h5["checkpoint/pairs"][:7], h5["checkpoint/sums"][:7]
-        del h5["checkpoint/pairs"], h5["checkpoint/sums"]
-        h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums
+    as_interrupted(record, 7)
     resumed = subprocess.run(torchrun(2, *args, "--occ-block", "2", "-o", record),
                              capture_output=True, text=True, timeout=JOB_TIMEOUT_SECONDS,
                              env=environment())
@@ -390,12 +385,7 @@ def test_two_ranks_resuming_credit_the_interrupted_runs_pairs_to_it(tmp_path):
     args = [molecule_path("water_dimer"), "--basis", "cc-pvdz", "--backend", "torch",
             "--threads", "1", "--json", "--occ-block", "1", "-o", record]
     assert run_in_process("run", *args).code == 0
-    with h5py.File(record, "r+") as h5:
-        h5.attrs["status"] = "running"
-        del h5["mp2"]
-        pairs, sums = h5["checkpoint/pairs"][:7], h5["checkpoint/sums"][:7]
-        del h5["checkpoint/pairs"], h5["checkpoint/sums"]
-        h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums
+    as_interrupted(record, 7)
     resumed = subprocess.run(torchrun(2, *args), capture_output=True, text=True,
                              timeout=JOB_TIMEOUT_SECONDS, env=environment())
     assert resumed.returncode == 0, resumed.stderr

@@ -10,7 +10,7 @@ import shutil
 import h5py
 import pytest
 
-from conftest import WATER_RECORD_ARGS, molecule_path
+from conftest import WATER_RECORD_ARGS, as_interrupted, molecule_path
 from dfmp2.records.tree import read_record
 
 
@@ -22,12 +22,7 @@ def interrupted_water(tmp_path):
     record = tmp_path / "water.h5"
     run(RunSettings(molecule=molecule_path("water"), backend="torch", output=record,
                     occ_block=1, show_progress=False))
-    with h5py.File(record, "r+") as h5:
-        h5.attrs["status"] = "running"
-        del h5["mp2"]
-        pairs, sums = h5["checkpoint/pairs"][:3], h5["checkpoint/sums"][:3]
-        del h5["checkpoint/pairs"], h5["checkpoint/sums"]
-        h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums
+    as_interrupted(record, 3)
     return record
 
 
