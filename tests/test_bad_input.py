@@ -202,6 +202,18 @@ def test_a_basis_file_whose_blocks_pyscf_misreads_is_refused(option, marks, frag
     assert fragment in result.err
 
 
+def test_a_basis_file_that_is_not_utf8_is_refused_in_one_line(run_cli, tmp_path):
+    """The check of its blocks read it with PySCF's reader first and ended in a
+    UnicodeDecodeError traceback."""
+    basis = tmp_path / "water.nw"
+    basis.write_bytes(b"BASIS \"ao basis\" PRINT\n#BASIS SET: H\n" + STO3G_SHELLS["H"].encode()
+                      + b"#BASIS SET: O\n" + STO3G_SHELLS["O_S"].encode() + b"\xff\xfe\nEND\n")
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    result = run_cli("run", path, "--basis", basis, "-o", tmp_path / "out.h5")
+    _assert_one_line_error(result, "codec can't decode")
+
+
 def test_a_delimited_basis_file_with_core_potentials_runs_as_pyscf_reads_it(run_cli, tmp_path):
     """The same shells with a '#BASIS SET' line before each element's, and a core-potential
     section whose lines look like shells (which do not count as O's second block): PySCF's

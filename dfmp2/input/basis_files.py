@@ -98,12 +98,16 @@ def _refuse_misread_blocks(name: str, shells: list[str], symbols, option: str) -
     element of each shell line of the file's basis part."""
     unfound, split = [], []
     for symbol in dict.fromkeys(symbols):
-        block = parse_nwchem.search_seg(name, symbol)
-        if block:
-            if _shell_lines(block).count(symbol) < shells.count(symbol):
-                split.append(symbol)
-        elif set(shells) - {symbol} and not _cp2k_block_found(name, symbol):
-            unfound.append(symbol)
+        try:
+            block = parse_nwchem.search_seg(name, symbol)
+            if block:
+                if _shell_lines(block).count(symbol) < shells.count(symbol):
+                    split.append(symbol)
+            elif set(shells) - {symbol} and not _cp2k_block_found(name, symbol):
+                unfound.append(symbol)
+        except (UnicodeDecodeError, OSError):
+            # PySCF's readers fail alike when they build the molecule, which says so.
+            return
     if unfound:
         raise InputError(f"{option} file {name!r}: PySCF finds no block of its own for "
                          f"{', '.join(unfound)} and would give each all of the file's shells, "
