@@ -184,3 +184,21 @@ def as_interrupted(record: Path, finished_pairs: int) -> None:
         sums = h5["checkpoint/sums"][:finished_pairs]
         del h5["checkpoint/pairs"], h5["checkpoint/sums"]
         h5["checkpoint/pairs"], h5["checkpoint/sums"] = pairs, sums
+
+
+@pytest.fixture
+def thread_counts_restored():
+    """torch's, PySCF's and every BLAS pool's thread counts put back after a test that sets
+    them (a count left set would hold for the rest of the worker's tests)."""
+    import torch
+    from pyscf import lib
+    from threadpoolctl import ThreadpoolController
+
+    before = torch.get_num_threads(), lib.num_threads()
+    pools = {pool.filepath: pool.num_threads for pool in ThreadpoolController().lib_controllers}
+    yield
+    torch.set_num_threads(before[0])
+    lib.num_threads(before[1])
+    for pool in ThreadpoolController().lib_controllers:
+        if pool.filepath in pools:
+            pool.set_num_threads(pools[pool.filepath])

@@ -489,13 +489,24 @@ def test_openmp_threads_set_the_default_thread_count(run_cli, tmp_path, monkeypa
         assert h5["input"].attrs["threads"] == 1
 
 
+@pytest.mark.usefixtures("thread_counts_restored")
+def test_the_thread_count_reaches_numpys_blas_too():
+    """--threads 1 left numpy's and scipy's BLAS on every core outside the kernels' own
+    limits, and a run's bits followed OMP_NUM_THREADS."""
+    from threadpoolctl import threadpool_info
+
+    from dfmp2.jobs.preamble import apply_threads
+
+    apply_threads(1)
+    assert {pool["num_threads"] for pool in threadpool_info()
+            if pool["user_api"] == "blas"} == {1}
+
+
 @pytest.mark.parametrize("variable, expected", [
     (None, 8), ("3", 3), ("3,2", 3), (" 2 ", 2), ("16", 8), ("0", 8), ("two", 8), ("\u00b2", 8)])
+@pytest.mark.usefixtures("thread_counts_restored")
 def test_the_default_thread_count_follows_openmp_within_the_cores(monkeypatch, variable,
                                                                    expected):
-    import torch
-    from pyscf import lib
-
     from dfmp2.jobs.preamble import apply_threads
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
@@ -504,13 +515,8 @@ def test_the_default_thread_count_follows_openmp_within_the_cores(monkeypatch, v
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", variable)
-    before = torch.get_num_threads(), lib.num_threads()
-    try:
-        assert apply_threads(None) == expected
-        assert apply_threads(5) == 5
-    finally:
-        torch.set_num_threads(before[0])
-        lib.num_threads(before[1])
+    assert apply_threads(None) == expected
+    assert apply_threads(5) == 5
 
 
 def test_more_memory_than_the_machine_has_runs_with_a_warning(run_cli, tmp_path, caplog):

@@ -104,11 +104,9 @@ def test_a_run_without_memory_plans_within_its_jobs_limit(cgroups, run_cli, tmp_
     (2, {"cpu.max": "50000 100000\n"}, 1),
     (1, {"cpu.cfs_quota_us": "300000\n", "cpu.cfs_period_us": "100000\n"}, 3),
     (1, {"cpu.cfs_quota_us": "-1\n", "cpu.cfs_period_us": "100000\n"}, None)])
+@pytest.mark.usefixtures("thread_counts_restored")
 def test_a_cpu_quota_caps_the_default_thread_count(tmp_path, monkeypatch, version, files,
                                                    expected):
-    import torch
-    from pyscf import lib
-
     from dfmp2.jobs.preamble import apply_threads
 
     root = tmp_path / "cgroup"
@@ -124,10 +122,5 @@ def test_a_cpu_quota_caps_the_default_thread_count(tmp_path, monkeypatch, versio
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert limits.cpu_quota_cores() == expected
-    before = torch.get_num_threads(), lib.num_threads()
-    try:
-        assert apply_threads(None) == (expected or 8)
-    finally:
-        torch.set_num_threads(before[0])
-        lib.num_threads(before[1])
+    assert apply_threads(None) == (expected or 8)
 

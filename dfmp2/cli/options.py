@@ -116,8 +116,8 @@ CALCULATION_OPTIONS = (
                  show_default=True,
                  help="Who builds the density-fitted SCF's J and K: our kernels or PySCF."),
     click.option("--threads", type=AsciiInt(min=1), default=None,
-                 help="Threads for torch and PySCF (default: OMP_NUM_THREADS, else all "
-                 "available cores; at most the available cores)."),
+                 help="Threads for torch, PySCF and numpy's BLAS (default: OMP_NUM_THREADS, "
+                 "else all available cores; at most the available cores)."),
     click.option("--scs-os", type=ScaleFactor(), default=SCS_OS_DEFAULT, show_default=True,
                  help="SCS-MP2 opposite-spin scale."),
     click.option("--scs-ss", type=ScaleFactor(), default=SCS_SS_DEFAULT, show_default=True,

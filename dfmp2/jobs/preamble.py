@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 import pyscf
 import torch
+from threadpoolctl import threadpool_limits
 
 import dfmp2
 import kernels
@@ -103,6 +104,9 @@ def apply_threads(threads: int | None) -> int:
         count = cores
     torch.set_num_threads(count)
     pyscf.lib.num_threads(count)
+    # numpy's and scipy's BLAS too (PySCF's driver, the metric's factor): with --threads 1
+    # they took every core, and a run's bits followed OMP_NUM_THREADS (1.6e-10 Eh, (H2O)8).
+    threadpool_limits(limits=count, user_api="blas")
     return count
 
 
