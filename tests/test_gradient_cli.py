@@ -180,8 +180,15 @@ def test_an_optimisation_of_separate_atoms_prints_no_geometric_lines(run_cli, tm
 
     dimer = tmp_path / "he2.xyz"
     dimer.write_text("2\n\nHe 0 0 0\nHe 0 0 3.0\n")
-    result = run_cli("optimize", dimer, "--basis", "6-31g", "--backend", "torch", "--threads",
-                     "1", "--max-steps", "3", "-o", tmp_path / "he2-opt.h5")
+    # As the program starts (an earlier test's -vv may have left the root logger at DEBUG).
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.WARNING)
+    try:
+        result = run_cli("optimize", dimer, "--basis", "6-31g", "--backend", "torch",
+                         "--threads", "1", "--max-steps", "3", "-o", tmp_path / "he2-opt.h5")
+    finally:
+        root.setLevel(level)
     assert result.code == 0, result.err
     assert not [r for r in caplog.records if r.name.startswith("geometric")]
     line = logging.LogRecord("geometric.internal", logging.WARNING, __file__, 1,
