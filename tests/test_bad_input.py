@@ -202,6 +202,32 @@ def test_a_basis_file_whose_blocks_pyscf_misreads_is_refused(option, marks, frag
     assert fragment in result.err
 
 
+def test_a_basis_block_that_goes_on_with_another_elements_shells_is_refused(run_cli,
+                                                                            tmp_path):
+    """PySCF gave hydrogen the O s shell that followed its own in one block (nao 9 for 7)."""
+    basis = tmp_path / "water.nw"
+    basis.write_text("BASIS \"ao basis\" PRINT\n#BASIS SET: H\n" + STO3G_SHELLS["H"]
+                     + STO3G_SHELLS["O_S"] + "#BASIS SET: O\n" + STO3G_SHELLS["O_S"]
+                     + STO3G_SHELLS["O_SP"] + "END\n")
+    path = tmp_path / "water.xyz"
+    path.write_text(WATER)
+    result = run_cli("run", path, "--basis", basis, "-o", tmp_path / "out.h5")
+    _assert_one_line_error(result, "the block of H goes on with another element's shells")
+
+
+def test_library_files_with_copies_and_other_sections_are_read_as_pyscf_reads_them(tmp_path):
+    """PySCF's own NWChem files pass the block checks: cc-pwCVTZ holds zinc twice (an
+    identical copy), dzvp an "ao basis" and then "cd" and "xc" sections for every element."""
+    from pyscf import gto
+
+    from dfmp2.input.basis_files import refuse_misread_basis
+
+    for file, symbols in (("cc-pwCVTZ.dat", ["Zn", "Cu"]), ("dzvp.dat", ["H", "O", "I"])):
+        copy = tmp_path / file
+        copy.write_bytes((Path(gto.basis._BASIS_DIR) / file).read_bytes())
+        refuse_misread_basis(str(copy), "--basis", symbols)
+
+
 def test_a_basis_file_that_is_not_utf8_is_refused_in_one_line(run_cli, tmp_path):
     """The check of its blocks read it with PySCF's reader first and ended in a
     UnicodeDecodeError traceback."""

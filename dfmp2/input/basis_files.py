@@ -91,34 +91,80 @@ def _refuse_missing_elements(name: str, symbols, option: str) -> None:
 
 def _refuse_misread_blocks(name: str, shells: list[str], symbols, option: str) -> None:
     """Refuse a basis file whose element blocks PySCF's reader does not find as they are
-    meant. An element whose block it cannot find gets the whole file (an NWChem file without
-    '#BASIS SET' lines gave water's H and O every shell: nao 18 for STO-3G's 7, E(SCF) 0.05
-    Eh low, status 0); of an element whose shells are in several blocks it reads the first
-    alone (O's SP shell after a '#BASIS SET' line of its own was left out). ``shells``: the
-    element of each shell line of the file's basis part."""
-    unfound, split = [], []
+    meant (NWChem's format, where a block follows a '#BASIS SET' or END line):
+
+    - an element whose block it cannot find gets the whole file (a file without '#BASIS SET'
+      lines gave water's H and O every shell: nao 18 for STO-3G's 7, E(SCF) 0.05 Eh low,
+      status 0);
+    - of an element with several different blocks in one basis section it reads the first
+      alone (NWChem adds them up; O's SP shell after a '#BASIS SET' line of its own was left
+      out). An identical copy, as some library files hold, and the blocks of another
+      section (NWChem's "cd basis" after the "ao basis") are not read by either, rightly;
+    - an element's block that goes on with another element's shells gives it those too.
+
+    ``shells``: the element of each shell line of the file's basis part."""
+    try:
+        blocks = _element_blocks(name)
+    except (UnicodeDecodeError, OSError):
+        # PySCF's readers fail alike when they build the molecule, which says so.
+        return
+    unfound, split, mixed = [], [], []
     for symbol in dict.fromkeys(symbols):
-        try:
-            block = parse_nwchem.search_seg(name, symbol)
-            if block:
-                if _shell_lines(block).count(symbol) < shells.count(symbol):
-                    split.append(symbol)
-            elif set(shells) - {symbol} and not _cp2k_block_found(name, symbol):
+        own = [(section, lines) for section, element, lines in blocks if element == symbol]
+        if not own:
+            if set(shells) - {symbol} and not _cp2k_block_found(name, symbol):
                 unfound.append(symbol)
-        except (UnicodeDecodeError, OSError):
-            # PySCF's readers fail alike when they build the molecule, which says so.
-            return
+            continue
+        first_section, first = own[0]
+        if set(_shell_lines(first)) - {symbol}:
+            mixed.append(symbol)
+        elif any(section == first_section and _parsed(lines) != _parsed(first)
+                 for section, lines in own[1:]):
+            split.append(symbol)
     if unfound:
         raise InputError(f"{option} file {name!r}: PySCF finds no block of its own for "
                          f"{', '.join(unfound)} and would give each all of the file's shells, "
                          "other elements' too (an element's block starts the file or follows a "
                          "'#BASIS SET' or END line); put a line '#BASIS SET' before each "
                          "element's first shell, as basis-set-exchange writes them")
+    if mixed:
+        raise InputError(f"{option} file {name!r}: the block of {', '.join(mixed)} goes on "
+                         "with another element's shells, which PySCF would add to it; put a "
+                         "line '#BASIS SET' before each element's first shell")
     if split:
         raise InputError(f"{option} file {name!r} has shells of {', '.join(split)} in more "
-                         "than one block (a '#BASIS SET' or END line between them), and PySCF "
-                         "reads an element's first block alone; put each element's shells "
-                         "in one block")
+                         "than one block (a '#BASIS SET' line between them), and PySCF reads "
+                         "an element's first block alone; put each element's shells in one "
+                         "block")
+
+
+def _element_blocks(name: str) -> list[tuple[int, str, list[str]]]:
+    """The blocks PySCF's NWChem reader splits a file into, each as (its basis section, the
+    element of its first line, its lines from that one), for those that start with a shell
+    line; a section ends at an END line."""
+    with open(name, encoding="utf-8") as handle:
+        text = handle.read()
+    blocks, section, start = [], 0, 0
+    for delimiter in [*parse_nwchem.BASIS_SET_DELIMITER.finditer(text), None]:
+        lines = text[start:None if delimiter is None else delimiter.start()].splitlines()
+        body = [line for line in lines if line.strip() and not line.lstrip().startswith("#")]
+        found = _shell_lines(body[:1])
+        if found:
+            blocks.append((section, found[0], lines[lines.index(body[0]):]))
+        if delimiter is not None:
+            section += delimiter.group().startswith("END")
+            start = delimiter.end()
+    return blocks
+
+
+def _parsed(lines: list[str]) -> list:
+    """A block's shells as PySCF reads them."""
+    try:
+        return parse_nwchem._parse([line for line in lines if line and "END" not in line],
+                                   optimize=False)
+    except (ValueError, IndexError, KeyError):
+        # Not PySCF's to read: compared as text.
+        return lines
 
 
 # The first line of a shell: an element's symbol and a word (``O  S``, CP2K's ``O  DZVP-GTH``).
