@@ -103,15 +103,20 @@ def _refuse_misread_blocks(name: str, shells: list[str], symbols, option: str) -
     - an element's block that goes on with another element's shells gives it those too.
 
     ``shells``: the element of each shell line of the file's basis part."""
+    elements_asked = list(dict.fromkeys(symbols))
     try:
         blocks = _element_blocks(name)
+        # PySCF's own search decides what it finds: a shell line 'h  S' is not hydrogen's.
+        found = {symbol: bool(parse_nwchem.search_seg(name, symbol))
+                 for symbol in elements_asked}
     except (UnicodeDecodeError, OSError):
         # PySCF's readers fail alike when they build the molecule, which says so.
         return
     unfound, split, mixed = [], [], []
-    for symbol in dict.fromkeys(symbols):
-        own = [(section, lines) for section, element, lines in blocks if element == symbol]
-        if not own:
+    for symbol in elements_asked:
+        own = [(section, lines) for section, element, lines in blocks
+               if element == symbol and lines[0].split()[0] == symbol]
+        if not (found[symbol] and own):
             if set(shells) - {symbol} and not _cp2k_block_found(name, symbol):
                 unfound.append(symbol)
             continue
@@ -125,8 +130,9 @@ def _refuse_misread_blocks(name: str, shells: list[str], symbols, option: str) -
         raise InputError(f"{option} file {name!r}: PySCF finds no block of its own for "
                          f"{', '.join(unfound)} and would give each all of the file's shells, "
                          "other elements' too (an element's block starts the file or follows a "
-                         "'#BASIS SET' or END line); put a line '#BASIS SET' before each "
-                         "element's first shell, as basis-set-exchange writes them")
+                         "'#BASIS SET' or END line, and its first line starts with the symbol "
+                         "spelt O or Cl); put a line '#BASIS SET' before each element's first "
+                         "shell, as basis-set-exchange writes them")
     if mixed:
         raise InputError(f"{option} file {name!r}: the block of {', '.join(mixed)} goes on "
                          "with another element's shells, which PySCF would add to it; put a "
