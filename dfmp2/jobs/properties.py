@@ -162,18 +162,23 @@ def density_of(ctx: RunContext, scf_result: ScfResult, relaxed: bool) -> Mp2Dens
         release_integrals(scf_result.mf)
 
 
-def warn_of_a_free_rotation(scf_result: ScfResult) -> None:
-    """The relaxed density solves the orbital response, whose matrix is the orbital Hessian:
-    along a rotation that costs almost no energy (a half-filled degenerate pair, as in a
-    2Pi radical's UHF) the solution is set by rounding, and so are the density's parts along
-    it (measured on NO: the quadrupole moved by 1e-2 au, a natural occupation by 4e-3, with
-    the orbital block size; the dipole and charges did not)."""
+def warn_of_a_free_rotation(scf_result: ScfResult, relaxed: bool) -> None:
+    """Along an orbital rotation that costs almost no energy (a half-filled degenerate pair,
+    as in a 2Pi radical's UHF) the SCF solution is one of a family: which orbital of the
+    pair holds the hole follows the guess and the rounding, and so do the SCF density's and
+    the unrelaxed MP2 density's parts along it (OH: the quadrupole's xy block differed from
+    PySCF's UHF by 0.43 au, its eigenvalues agreeing). The relaxed density solves the
+    orbital response, whose matrix is the orbital Hessian, so along that rotation it is set
+    by rounding too (NO: the quadrupole moved by 1e-2 au, a natural occupation by 4e-3, with
+    the orbital block size). The dipole and charges do not move."""
     eigenvalue = scf_result.section.stability_eigenvalue
     if abs(eigenvalue) < NEARLY_FREE_ROTATION:
         log.warning("the reference has a nearly free orbital rotation (lowest orbital-Hessian "
-                    "eigenvalue %.2g, as for a half-filled degenerate pair): the relaxed "
-                    "density along it is not determined, so its quadrupole and natural "
-                    "orbitals may differ between runs", eigenvalue)
+                    "eigenvalue %.2g, as for a half-filled degenerate pair): the SCF solution "
+                    "along it follows the guess and the rounding%s, so the quadrupole and "
+                    "natural orbitals may differ between runs and programs (the dipole and "
+                    "charges do not)", eigenvalue,
+                    ", and the relaxed density's response is not determined" if relaxed else "")
 
 
 def properties_stage(ctx: RunContext, scf_result: ScfResult,
@@ -181,8 +186,7 @@ def properties_stage(ctx: RunContext, scf_result: ScfResult,
     """The density's properties and the SCF density's into the context's node (and the
     natural orbitals into the Molden file, on rank 0)."""
     settings, node, mol = ctx.settings, ctx.node, ctx.calc.mol
-    if request.relaxed:
-        warn_of_a_free_rotation(scf_result)
+    warn_of_a_free_rotation(scf_result, request.relaxed)
     t0 = time.perf_counter()
     densities = density_of(ctx, scf_result, request.relaxed)
     ctx.timings["properties"] = time.perf_counter() - t0
