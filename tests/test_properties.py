@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from ase import Atoms
 from ase.units import Bohr
-from pyscf import lo
+from pyscf import df, lo, scf
 from pyscf.data.nist import AU2DEBYE, BOHR
 from pyscf.mp import dfmp2_native, dfump2_native
 from pyscf.tools import molden
 
-from conftest import molecule_path
+from conftest import molecule_path, pyscf_molecule
 from dfmp2.ase import DFMP2
 from dfmp2.grad import kernel as gradient
 from dfmp2.errors import RunFailure
@@ -37,6 +37,7 @@ from dfmp2.mp2.methods import method_scales
 from dfmp2.props.analysis import analyse
 from dfmp2.props.moments import dipole, nuclear_charge_centre, quadrupole
 from dfmp2.records.properties_section import PropertiesSection
+from dfmp2.records.sections import ScfSection
 from dfmp2.records.tree import read_record
 from dfmp2.scf.engine import scf_kernels
 from dfmp2.scf.reference import ScfOptions, new_scf, run_scf
@@ -455,3 +456,24 @@ def test_a_molden_file_among_the_records_files_is_refused(run_cli, tmp_path, nam
                      "-o", tmp_path / "p.h5", "--molden", tmp_path / name)
     assert result.code == 2 and "is one of the files of the record" in result.err
     assert not (tmp_path / "p.h5").exists()
+
+
+def test_json_gives_the_references_stability_and_spin_square(run_cli, tmp_path):
+    """run, gradient and frequencies --json say how far the reference can be trusted
+    (stability and its eigenvalue, <S^2>); properties --json did not, so a script could not
+    tell a dipole of a spin-contaminated or unstable UHF from any other."""
+    record = tmp_path / "ch3.h5"
+    result = run_cli("properties", molecule_path("methyl"), "--basis", "sto-3g", "--threads",
+                     "1", "--backend", "torch", "-o", record, "--json")
+    assert result.code == 0, result.err
+    out = json.loads(result.out)
+    mol = pyscf_molecule("methyl", "sto-3g", spin=1)
+    mf = scf.UHF(mol).density_fit(auxbasis=df.make_auxbasis(mol))
+    mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-8, 0
+    mf.kernel()
+    assert mf.converged
+    assert out["s2"] == pytest.approx(mf.spin_square()[0], abs=1e-7)
+    stored = ScfSection.read(read_record(record))
+    # Open shells are always checked: methyl's lowest orbital-Hessian eigenvalue is ~0.5 Eh.
+    assert out["stability"] == stored.stability == "stable"
+    assert out["stability_eigenvalue"] == stored.stability_eigenvalue > 0.1

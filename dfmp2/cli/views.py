@@ -13,6 +13,7 @@ from dfmp2.jobs import batch, compare, interaction, optimize
 from dfmp2.jobs.run import RunOutcome
 from dfmp2.records import report
 from dfmp2.records.properties_section import properties_json
+from dfmp2.records.sections import ScfSection
 from dfmp2.records.tree import (FREQUENCIES_SCHEMA, INTERACTION_SCHEMA, OPTIMIZE_SCHEMA,
                                 SCHEMA, Node, schema, status)
 from dfmp2.system.files import printable
@@ -44,7 +45,11 @@ def print_properties(record: Node, path: Path, as_json: bool) -> None:
     """A finished properties run on stdout: its ``--json`` object, or the text report."""
     if as_json:
         summary = properties_json(record)
-        emit(json.dumps({**summary, "record": str(path), "status": status(record)}))
+        # A dipole of an unstable or spin-contaminated reference is questionable: say so, as
+        # run's, gradient's and frequencies' --json do.
+        scf = ScfSection.read(record)
+        trust = {} if scf is None else report.reference_trust(scf)
+        emit(json.dumps({**summary, **trust, "record": str(path), "status": status(record)}))
     else:
         emit(printable(report.summary(record)))
         emit(f"\nrecord written to {printable(str(path), one_line=True)}")

@@ -37,6 +37,7 @@ from dfmp2.jobs.session import RecordSession, guarded, same_inputs, settle_super
 from dfmp2.jobs.stages import (carry_ledger, check_differentiable, energy_scales,
                                method_name)
 from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
+from dfmp2.records.report import reference_trust
 from kernels.accounting import KernelAccounting
 from dfmp2.records.checkpoint import (FRESH, RESUME, REUSE, PreviousRun,
                                      complete_copies_beside, examine_previous,
@@ -422,9 +423,7 @@ def json_summary(outcome: FrequencyOutcome) -> dict:
     # point's numbers questionable, and a script reading the JSON had no way to tell.
     scf = ScfSection.read(outcome.record)
     if scf is not None:
-        summary.update({"stability": scf.stability, "stability_eigenvalue": (
-            None if np.isnan(scf.stability_eigenvalue) else scf.stability_eigenvalue),
-            "s2": None if np.isnan(scf.s2) else scf.s2})
+        summary.update(reference_trust(scf))
     if outcome.vibrations is None:
         k, n = outcome.options.shard
         return {**summary, "shard": f"{k}/{n}", "points": outcome.points}

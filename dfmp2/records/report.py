@@ -224,6 +224,16 @@ def gradient_table(root: Node, section, gradient: np.ndarray) -> list[str]:
     return lines
 
 
+def reference_trust(scf: ScfSection) -> dict:
+    """The ``--json`` keys that say how far the reference can be trusted: its stability, the
+    lowest orbital-Hessian eigenvalue and <S^2> (None where JSON would need a NaN: an
+    unchecked reference has no eigenvalue, an older record no <S^2>)."""
+    return {"stability": scf.stability,
+            "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
+                                     else scf.stability_eigenvalue),
+            "s2": None if np.isnan(scf.s2) else scf.s2}
+
+
 def json_summary(root: Node, path: str) -> dict:
     """The ``--json`` object of ``dfmp2 run``."""
     energies, scf = Mp2Section.read(root), ScfSection.read(root)
@@ -237,15 +247,10 @@ def json_summary(root: Node, path: str) -> dict:
                # JSON has no NaN: an older record has no orbital gradient.
                "orbital_gradient": (None if np.isnan(scf.orbital_gradient)
                                     else scf.orbital_gradient),
-               "scf_settled": scf.settled, "stability": scf.stability,
-               # JSON has no NaN: an unchecked reference has no eigenvalue.
-               "stability_eigenvalue": (None if np.isnan(scf.stability_eigenvalue)
-                                        else scf.stability_eigenvalue),
+               "scf_settled": scf.settled, **reference_trust(scf),
                "unpairing_eigenvalue": (None if np.isnan(scf.unpairing_eigenvalue)
                                         else scf.unpairing_eigenvalue),
                "instabilities_followed": scf.instabilities_followed,
-               # JSON has no NaN: an older record has no <S^2>.
-               "s2": None if np.isnan(scf.s2) else scf.s2,
                "removed_combinations": scf.removed_combinations,
                # What was computed, beside its energies (e_scs is of these scales).
                "scs_os": energies.scs_os_scale, "scs_ss": energies.scs_ss_scale}
