@@ -16,7 +16,7 @@ from pyscf import gto, scf
 from pyscf.lib import param
 from pyscf.mp import dfmp2_native, dfump2_native
 
-from conftest import molecule_path
+from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference
 from dfmp2.cli.frequencies import parse_shard
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.input.settings import RunSettings
@@ -713,3 +713,31 @@ def test_an_unstable_reference_is_warned_about_once_per_job(tmp_path, caplog, mo
     run_job.run(replace(settings, task="run", output=tmp_path / "run.h5"))
     assert [r.levelno for r in caplog.records
             if "internally unstable" in r.getMessage()] == [logging.WARNING]
+
+
+def test_a_geometry_away_from_a_stationary_point_is_said_in_the_record_and_json(run_cli,
+                                                                                tmp_path,
+                                                                                caplog):
+    """Frequencies and thermochemistry at a geometry that is not stationary are not
+    meaningful: the job warned on stderr alone, while `show` of its record (and the job's own
+    report) printed them without a word and --json had nothing to tell a script. The largest
+    gradient component is now in --json, and the report warns above geomeTRIC's 4.5e-4."""
+    bond = 1.10  # Angstrom; HF's MP2/STO-3G bond is about 0.95
+    xyz, record = tmp_path / "hf.xyz", tmp_path / "hf.h5"
+    xyz.write_text(f"2\nstretched\nF 0 0 0\nH 0 0 {bond}\n")
+    result = run_cli("frequencies", xyz, "--basis", "sto-3g", "--backend", "torch",
+                     "--threads", "1", "--json", "-o", record)
+    assert result.code == 0, result.err
+    assert "not a stationary point" in caplog.text
+
+    def energy(length: float) -> float:
+        mf = pyscf_df_rhf(gto.M(atom=f"F 0 0 0; H 0 0 {length}", basis="sto-3g", verbose=0))
+        return mf.e_tot + pyscf_dfmp2_reference(mf, 0).e_corr
+
+    step = 1e-3  # Bohr
+    along_bond = (energy(bond + step * param.BOHR)
+                  - energy(bond - step * param.BOHR)) / (2 * step)
+    largest = json.loads(result.out)["max_gradient"]
+    assert largest == pytest.approx(abs(along_bond), abs=1e-6)
+    shown = run_cli("show", record).out
+    assert f"is {largest:.1e} Eh/Bohr: it is not a stationary point" in shown

@@ -55,7 +55,8 @@ from dfmp2.system.distributed import World
 from dfmp2.system.files import StagedText, refuse_overwriting, refuse_record_files
 from dfmp2.system.memory import peak_resident_megabytes
 from dfmp2.system.progress import Progress
-from dfmp2.vib.analysis import Thermochemistry, Vibrations, harmonic, thermochemistry
+from dfmp2.vib.analysis import (STATIONARY_MAX_GRADIENT, Thermochemistry, Vibrations,
+                                harmonic, not_stationary, thermochemistry)
 from dfmp2.vib.displacements import (DEFAULT_STEP_BOHR, REFERENCE_POINT, central_differences,
                                      check_step, displaced, hessian_from_gradients,
                                      point_count, shard_points)
@@ -66,9 +67,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TEMPERATURE = 298.15
 DEFAULT_PRESSURE = 101325.0
-# geomeTRIC's GAU criterion for the largest gradient component (Eh/Bohr): above it the input
-# geometry is not a stationary point and its harmonic frequencies are not meaningful.
-STATIONARY_MAX_GRADIENT = 4.5e-4
 
 
 @dataclass(frozen=True)
@@ -384,9 +382,7 @@ def _warn(vibrations: Vibrations, max_gradient: float) -> None:
                     "geometry is not a minimum", vibrations.imaginary,
                     "y" if vibrations.imaginary == 1 else "ies", shown)
     if max_gradient > STATIONARY_MAX_GRADIENT:
-        log.warning("the largest gradient component at the input geometry is %.1e Eh/Bohr: "
-                    "it is not a stationary point, so its harmonic frequencies are not "
-                    "meaningful; optimise it first (dfmp2 optimize)", max_gradient)
+        log.warning(not_stationary(max_gradient))
 
 
 def hessian(settings: RunSettings, step: float = DEFAULT_STEP_BOHR,
@@ -434,4 +430,6 @@ def json_summary(outcome: FrequencyOutcome) -> dict:
             "temperature": thermo.temperature, "pressure": thermo.pressure,
             "symmetry_number": thermo.symmetry_number,
             "imaginary": vibrations.imaginary, "linear": vibrations.linear,
+            # Away from a stationary point the frequencies and thermochemistry mean nothing.
+            "max_gradient": FrequenciesSection.read(outcome.record).max_gradient,
             "molden": None if outcome.options.molden is None else str(outcome.options.molden)}

@@ -25,7 +25,7 @@ from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Sec
                                     Section, StoredOrbitals, finite_numbers, write_gradient,
                                     write_scf)
 from dfmp2.records.tree import Node
-from dfmp2.vib.analysis import Thermochemistry
+from dfmp2.vib.analysis import STATIONARY_MAX_GRADIENT, Thermochemistry, not_stationary
 from dfmp2.vib.symmetry import SYMMETRY_TOLERANCE_BOHR
 from dfmp2.system.interrupts import written_whole
 
@@ -213,6 +213,8 @@ def frequency_lines(root: Node) -> list[str]:
         lines.append(f"  Warning: {section.imaginary} imaginary (negative) frequenc"
                      f"{'y' if section.imaginary == 1 else 'ies'}: the geometry is not a "
                      "minimum")
+    if section.max_gradient > STATIONARY_MAX_GRADIENT:
+        lines.append(f"  Warning: {not_stationary(section.max_gradient)}")
     lines += [f"  thermochemistry at {thermo.temperature:g} K and {thermo.pressure:g} Pa "
               "(ideal gas, rigid rotor, harmonic oscillator):",
               f"  {'E_tot':<8} {section.e_tot:20.10f} Eh",

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 KM_PER_MOL_PER_AU = si.N_A / (12.0 * si.epsilon_0 * si.c**2) * si.e**2 / si.atomic_mass / 1e3
 # The temperature (K) the vibrations divide by at 0 K, as PySCF's thermo.
 TINY_TEMPERATURE = 1e-14
+# geomeTRIC's GAU criterion for the largest gradient component (Eh/Bohr): above it a geometry
+# is not a stationary point and its harmonic frequencies are not meaningful.
+STATIONARY_MAX_GRADIENT = 4.5e-4
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,14 @@ class Thermochemistry:
     gibbs: float
     symmetry_number: int = 0
     """The rotational symmetry number the entropy used (0: not recorded, older records)."""
+
+
+def not_stationary(max_gradient: float) -> str:
+    """What a largest gradient component above :data:`STATIONARY_MAX_GRADIENT` means for the
+    harmonic analysis, for the job's warning and the record's report alike."""
+    return (f"the largest gradient component at the input geometry is {max_gradient:.1e} "
+            "Eh/Bohr: it is not a stationary point, so its harmonic frequencies and "
+            "thermochemistry are not meaningful; optimise it first (dfmp2 optimize)")
 
 
 def atom_masses(mol: gto.Mole) -> np.ndarray:
