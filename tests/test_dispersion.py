@@ -161,6 +161,13 @@ def test_dispersion_option_names_the_record_and_adds_to_the_functional(tmp_path)
       "--dispersion", "d3bj"], "needs a named functional"),
     (["--dispersion", "d4"], "give --xc too"),
     (["--xc", "DSD-PBEP86", "--dispersion", "d3bj"], "has no dispersion parameters"),
+    # PySCF's Kohn-Sham SCF reads a -D3/-D4 ending of its string as its own dispersion: the
+    # run ended in a traceback (pyscf-dispersion missing), or with it put PySCF's D3 into
+    # E_KS while the record said e_disp 0 and the gradient left it out.
+    (["--xc", "b3lyp-d3bj", "--mp2-os", "0.2", "--mp2-ss", "0.2"],
+     "a custom --xc string takes no dispersion ending ('-d3bj' in"),
+    (["--xc", "0.5*HF + 0.5*B88, LYP-D4", "--mp2-os", "0.2", "--mp2-ss", "0.2"],
+     "a custom --xc string takes no dispersion ending ('-d4' in"),
     (["--xc", "B2PLYP-D3BJ", "--dispersion", "d4"], "includes its own dispersion"),
     (["--xc", "PBE0-DH-D3BJ"], "dftd3 has no D3BJ parameters for 'pbe0dh'"),
     (["--jk-auxbasis", "no-such-jkfit"], "choose another with --jk-auxbasis"),

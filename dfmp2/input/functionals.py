@@ -16,6 +16,11 @@ from dataclasses import dataclass, replace
 
 from pyscf.dft import libxc
 
+try:
+    from pyscf.dft.dft_parser import parse_dft
+except ImportError:  # PySCF before 2.5 reads no dispersion from an exchange-correlation string
+    parse_dft = None
+
 from dfmp2.errors import InputError
 from dfmp2.input.dispersion import LABELS, MODELS, NONE, Dispersion, damping
 
@@ -219,6 +224,7 @@ def check_xc_string(xc: str) -> None:
         raise UnknownFunctional(f"unknown functional --xc {xc!r} ({detail}); known double hybrids: "
                          f"{known_names()}, or a PySCF exchange-correlation string such as "
                          "'0.53*HF + 0.47*B88, 0.73*LYP' with --mp2-os and --mp2-ss") from None
+    _refuse_dispersion_ending(xc)
     if omega:
         raise InputError(f"--xc {xc!r} has range-separated exchange (omega = {omega}), which "
                          "dfmp2 does not build; use a global hybrid mix")
@@ -228,6 +234,24 @@ def check_xc_string(xc: str) -> None:
             raise InputError(f"--xc {xc!r} has a coefficient of {coefficient!r}: give "
                              f"coefficients between -{MAX_SCALE_FACTOR:g} and "
                              f"{MAX_SCALE_FACTOR:g}")
+
+
+def _refuse_dispersion_ending(xc: str) -> None:
+    """PySCF's Kohn-Sham SCF takes a -D3/-D4 ending of its string (b3lyp-d3bj) as a
+    dispersion term of its own, computed by pyscf-dispersion inside E_KS: the record would
+    say no dispersion and the gradient would leave it out (without that package, the SCF
+    ended in a traceback). dfmp2's dispersion comes only with a named functional."""
+    if parse_dft is None:
+        return
+    try:
+        _, _, ending = parse_dft(xc)
+    except NotImplementedError as exc:
+        raise InputError(f"--xc {xc!r}: {exc}") from None
+    if ending:
+        with_own = ", ".join(name for name, named in NAMED.items() if named.dispersion)
+        raise InputError(f"a custom --xc string takes no dispersion ending ('-{ending}' in "
+                         f"{xc!r}): dispersion comes with a named double hybrid ({with_own}, "
+                         "or a name with -D3BJ, -D3ZERO or -D4); drop the ending")
 
 
 def stored_functional(name: str, xc: str, os_scale: float, ss_scale: float,
