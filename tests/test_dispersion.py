@@ -165,9 +165,11 @@ def test_dispersion_option_names_the_record_and_adds_to_the_functional(tmp_path)
     # run ended in a traceback (pyscf-dispersion missing), or with it put PySCF's D3 into
     # E_KS while the record said e_disp 0 and the gradient left it out.
     (["--xc", "b3lyp-d3bj", "--mp2-os", "0.2", "--mp2-ss", "0.2"],
-     "a custom --xc string takes no dispersion ending ('-d3bj' in"),
+     "'b3lyp-d3bj' carries D3BJ, which PySCF's SCF would add to E_KS"),
     (["--xc", "0.5*HF + 0.5*B88, LYP-D4", "--mp2-os", "0.2", "--mp2-ss", "0.2"],
-     "a custom --xc string takes no dispersion ending ('-d4' in"),
+     "LYP-D4' carries D4, which PySCF's SCF"),
+    (["--xc", "b97-3c", "--mp2-os", "0.2", "--mp2-ss", "0.2"],
+     "carries a dispersion or composite-method term that PySCF does not run"),
     (["--xc", "B2PLYP-D3BJ", "--dispersion", "d4"], "includes its own dispersion"),
     (["--xc", "PBE0-DH-D3BJ"], "dftd3 has no D3BJ parameters for 'pbe0dh'"),
     (["--jk-auxbasis", "no-such-jkfit"], "choose another with --jk-auxbasis"),

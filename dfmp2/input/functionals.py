@@ -237,21 +237,23 @@ def check_xc_string(xc: str) -> None:
 
 
 def _refuse_dispersion_ending(xc: str) -> None:
-    """PySCF's Kohn-Sham SCF takes a -D3/-D4 ending of its string (b3lyp-d3bj) as a
-    dispersion term of its own, computed by pyscf-dispersion inside E_KS: the record would
+    """PySCF's Kohn-Sham SCF takes a dispersion term its string names (b3lyp-d3bj, or cf22d,
+    which carries D3) as its own, computed by pyscf-dispersion inside E_KS: the record would
     say no dispersion and the gradient would leave it out (without that package, the SCF
     ended in a traceback). dfmp2's dispersion comes only with a named functional."""
     if parse_dft is None:
         return
     try:
-        _, _, ending = parse_dft(xc)
-    except NotImplementedError as exc:
-        raise InputError(f"--xc {xc!r}: {exc}") from None
-    if ending:
+        _, _, term = parse_dft(xc)
+    except NotImplementedError:
+        raise InputError(f"--xc {xc!r} carries a dispersion or composite-method term that "
+                         "PySCF does not run; give the exchange-correlation mix alone") from None
+    if term:
         with_own = ", ".join(name for name, named in NAMED.items() if named.dispersion)
-        raise InputError(f"a custom --xc string takes no dispersion ending ('-{ending}' in "
-                         f"{xc!r}): dispersion comes with a named double hybrid ({with_own}, "
-                         "or a name with -D3BJ, -D3ZERO or -D4); drop the ending")
+        raise InputError(f"a custom --xc string takes no dispersion term ({xc!r} carries "
+                         f"{term.upper()}, which PySCF's SCF would add to E_KS): dispersion "
+                         f"comes with a named double hybrid ({with_own}, or a name with -D3BJ, "
+                         "-D3ZERO or -D4); give the exchange-correlation mix alone")
 
 
 def stored_functional(name: str, xc: str, os_scale: float, ss_scale: float,
