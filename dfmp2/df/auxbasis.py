@@ -23,6 +23,8 @@ from dfmp2.input.basis_files import (BASIS_ERRORS, POPLE_BASE, basis_error_text,
 
 GENERATED = "even-tempered (PySCF)"
 DEFAULT_OPTION = "default"
+# The name under which PySCF generates every element's fitting set (ORCA's AutoAux recipe).
+AUTOAUX = "autoaux"
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ def describe(spec: str | dict) -> str:
 def ri_basis(mol: gto.Mole, option: str | None) -> AuxBasis:
     """The MP2 fitting basis: ``option`` (a PySCF basis name) or the RI partner of the basis."""
     if option is not None:
-        return _checked(mol, AuxBasis(option, option, option), "--auxbasis", "cc-pvdz-ri")
+        return _checked(mol, AuxBasis(option_spec(mol, option), option, option), "--auxbasis",
+                        "cc-pvdz-ri")
     spec = default_spec(mol, mp2fit=True)
     return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--auxbasis",
                     "cc-pvdz-ri")
@@ -60,11 +63,23 @@ def jk_basis(mol: gto.Mole, option: str | None = None) -> AuxBasis:
     """The SCF's JK-fit basis: ``option`` (``--jk-auxbasis``, a PySCF basis name), else
     PySCF's default, with generated functions where it has none."""
     if option is not None:
-        return _checked(mol, AuxBasis(option, option, option), "--jk-auxbasis",
-                        "def2-universal-jkfit")
+        return _checked(mol, AuxBasis(option_spec(mol, option), option, option),
+                        "--jk-auxbasis", "def2-universal-jkfit")
     spec = default_spec(mol, mp2fit=False)
     return _checked(mol, AuxBasis(spec, describe(spec), DEFAULT_OPTION), "--jk-auxbasis",
                     "def2-universal-jkfit")
+
+
+def option_spec(mol: gto.Mole, option: str) -> str | dict:
+    """The fitting set an ``--auxbasis`` or ``--jk-auxbasis`` name gives, as PySCF takes it.
+    PySCF's generated ``autoaux`` set of a ghost atom comes from a nuclear charge of zero, so
+    a counterpoise monomer was not in the dimer's fitting basis (the water dimer's E_int
+    moved by 4e-7 Eh): with ghosts, every atom gets its element's generated set."""
+    labels = {label for label, _ in mol._atom}
+    if option != AUTOAUX or all(_element(label) == label for label in labels):
+        return option
+    generated = df.autoaux(_ghosts_made_real(mol))
+    return {label: generated[_element(label)] for label in labels}
 
 
 def default_name(mol: gto.Mole, mp2fit: bool) -> str | None:
