@@ -169,6 +169,13 @@ def test_calculators_sharing_a_records_folder_never_take_each_others_records(tmp
     assert sorted(p.name for p in folder.iterdir()) == ["dfmp2-1.h5", "dfmp2-2.h5"]
     stored = [json_summary(read_record(folder / f"dfmp2-{n}.h5"), "")["e_tot"] for n in (1, 2)]
     assert stored == pytest.approx(list(energies.values()), abs=1e-12)
+    # A dangling link is a name the folder has too: the next number was taken for free, and
+    # the calculation refused to write through the link instead of taking dfmp2-4.h5.
+    (folder / "dfmp2-3.h5").symlink_to(tmp_path / "elsewhere.h5")
+    atoms = atoms_of("water")
+    atoms.calc = DFMP2(basis="sto-3g", threads=1, records=folder)
+    assert atoms.get_potential_energy() / Hartree == pytest.approx(energies["water"], abs=1e-9)
+    assert (folder / "dfmp2-4.h5").is_file() and not (tmp_path / "elsewhere.h5").exists()
 
 
 def test_an_nki_mode_that_names_no_mode_is_refused_whatever_the_backend():

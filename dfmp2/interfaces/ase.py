@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -143,9 +144,10 @@ class DFMP2(Calculator):
         if records:
             create_folder(Path(records), "give the calculator another records folder")
             # The next number no record in the folder has (another calculator's, an earlier
-            # script's): a calculation never takes another's record.
-            while (output := Path(records) / f"{self.prefix or 'dfmp2'}-{self.count}.h5"
-                   ).exists():
+            # script's): a calculation never takes another's record. A dangling link is a
+            # name taken too (exists() follows it, and the record is never written through it).
+            while os.path.lexists(output := Path(records)
+                                  / f"{self.prefix or 'dfmp2'}-{self.count}.h5"):
                 self.count += 1
         charge, spin = self._charge_spin()
         return RunSettings(molecule=Path(f"ase-{self.atoms.get_chemical_formula()}"),
