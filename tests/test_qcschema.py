@@ -169,6 +169,15 @@ def test_ghost_atoms_are_counterpoise_monomers(run_cli, tmp_path):
     ({"driver": "gradient", "model": {"method": "mp2", "basis": "sto-3g"},
       "keywords": {"scs_os": 1.2}},
      "keyword scs_os scales SCS-MP2, and this computes MP2; set model.method to scs-mp2"),
+    # A QCSchema BasisSet in place of a name came back as an unknown_error with a traceback
+    # ('BasisSet' object has no attribute 'strip').
+    ({"driver": "energy", "model": {"method": "mp2", "basis": {
+        "name": "sto-3g-h", "atom_map": ["h_s", "h_s", "h_s"], "center_data": {"h_s": {
+            "electron_shells": [{"harmonic_type": "spherical", "angular_momentum": [0],
+                                 "exponents": ["3.42525091", "0.62391373", "0.16885540"],
+                                 "coefficients": [["0.15432897", "0.53532814",
+                                                   "0.44463454"]]}]}}}}},
+     "model.basis is a QCSchema BasisSet ('sto-3g-h'); dfmp2 takes a basis name"),
     # PySCF reads the string; its own reason, not 'not an exchange-correlation string'.
     ({"driver": "energy", "model": {"method": "0.5*HF + 0.5*B88, 1e200*LYP", "basis": "sto-3g"},
       "keywords": {"mp2_os": 0.27, "mp2_ss": 0.27}},

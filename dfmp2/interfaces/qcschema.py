@@ -181,6 +181,11 @@ def input_settings(atomic_input: AtomicInput, output: Path, scratch: Path, threa
     keywords = dict(specification.keywords)
     if specification.model.basis is None:
         raise InputError("model.basis is missing; dfmp2 needs an orbital basis such as cc-pvdz")
+    if not isinstance(specification.model.basis, str):
+        raise InputError(f"model.basis is a QCSchema BasisSet "
+                         f"({getattr(specification.model.basis, 'name', '')!r}); dfmp2 takes a "
+                         "basis name from PySCF's library, such as cc-pvdz, or the path of a "
+                         "basis file (NWChem format)")
     driver = str(getattr(specification.driver, "value", specification.driver))
     if driver not in TASKS:
         raise InputError(f"driver {driver!r} is not available; dfmp2 computes "
