@@ -220,14 +220,15 @@ def test_an_ecp_file_that_starts_with_its_ecp_line(run_cli, tmp_path, monkeypatc
     assert abs(json.loads(fixed.out)["e_tot"] - json.loads(library_run.out)["e_tot"]) <= 1e-10
 
 
-def test_an_uncontracted_basis_keeps_the_core_potentials_it_is_made_for(run_cli, tmp_path):
-    """PySCF reads 'unc-def2-svp' as def2-SVP's functions uncontracted, which are made for
-    def2-SVP's core potentials (its own ecp='unc-def2-svp' cannot be parsed): xenon ran
-    all-electron on valence functions, E(SCF) -7055.0 Eh instead of about -328.3, status 0
-    and no warning."""
+@pytest.mark.parametrize("basis", ["unc-def2-svp", "def2-svp@5s4p2d"])
+def test_a_reshaped_basis_keeps_the_core_potentials_it_is_made_for(basis, run_cli, tmp_path):
+    """PySCF reads 'unc-def2-svp' as def2-SVP's functions uncontracted and 'def2-svp@5s4p2d'
+    as them contracted anew, both made for def2-SVP's core potentials (its own
+    ecp='unc-def2-svp' cannot be parsed): xenon ran all-electron on valence functions,
+    E(SCF) -7055.0 Eh instead of about -328.3, status 0 and no warning."""
     xenon = tmp_path / "xe.xyz"
     xenon.write_text("1\nxenon\nXe 0 0 0\n")
-    mol = gto.M(atom="Xe 0 0 0", basis="unc-def2-svp", ecp="def2-svp", verbose=0)
+    mol = gto.M(atom="Xe 0 0 0", basis=basis, ecp="def2-svp", verbose=0)
     mf = scf.RHF(mol).density_fit()
     mf.conv_tol, mf.conv_tol_grad, mf.verbose = 1e-12, 1e-7, 0
     mf.kernel()
@@ -236,7 +237,7 @@ def test_an_uncontracted_basis_keeps_the_core_potentials_it_is_made_for(run_cli,
     pt.verbose = 0
     pt.kernel(with_t2=False)
     record = tmp_path / "xe.h5"
-    result = run_cli("run", xenon, "--basis", "unc-def2-svp", "--frozen-core", "--threads", "1",
+    result = run_cli("run", xenon, "--basis", basis, "--frozen-core", "--threads", "1",
                      "--json", "-o", record)
     assert result.code == 0, result.err
     summary = json.loads(result.out)

@@ -20,8 +20,10 @@ from dfmp2.system.files import FILE, existing_kind
 
 log = logging.getLogger(__name__)
 NO_ECP = "none"
-# PySCF's basis reader uncontracts the basis named after this prefix.
+# PySCF's basis reader uncontracts the basis named after this prefix, and contracts anew
+# the one named before this mark by the scheme after it.
 UNCONTRACTED = "unc"
+CONTRACTION_SCHEME = "@"
 # Dashes that text pasted from a paper or a PDF holds where a basis name has a hyphen.
 NOT_HYPHENS = frozenset("\u2010\u2011\u2012\u2013\u2014\u2015\u2212")
 
@@ -144,11 +146,13 @@ def _potential_made_for(basis: str, symbol: str) -> list | None:
                                           if companion is not None else None)
 
 
-def _contracted_basis(basis: str) -> str:
-    """The basis whose functions PySCF's basis reader uncontracts for a name that starts
-    with 'unc' (unc-def2-svp: def2-SVP's), as that reader strips the prefix."""
-    return basis[len(UNCONTRACTED):].lstrip("-_ ") if basis.lower().startswith(
-        UNCONTRACTED) else basis
+def _source_basis(basis: str) -> str:
+    """The basis whose functions PySCF's basis reader reshapes, as that reader reads the
+    name: 'unc' before it uncontracts them (unc-def2-svp), '@' and a scheme after it
+    contracts them anew (def2-svp@5s4p2d)."""
+    if basis.lower().startswith(UNCONTRACTED):
+        basis = basis[len(UNCONTRACTED):].lstrip("-_ ")
+    return basis.split(CONTRACTION_SCHEME)[0]
 
 
 def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[str, str]:
@@ -156,10 +160,11 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
     on, LANL2DZ, cc-pVnZ-PP ...), as PySCF does with ``ecp=basis``, or the library's set it
     is made for (:func:`companion_ecp`: ccECP-cc-pVDZ ran all-electron, water 18 Eh below
     the valence calculation meant, with status 0); ``none`` runs all-electron; any other
-    name is an ECP set that must cover at least one element of the molecule. An
-    uncontracted basis is made for the potentials of the basis it uncontracts (xenon in
-    unc-def2-svp ran all-electron on valence functions, E(SCF) 6727 Eh too high, status 0)."""
-    basis = _contracted_basis(basis)
+    name is an ECP set that must cover at least one element of the molecule. A basis PySCF
+    uncontracts or contracts anew is made for the potentials of the basis it reshapes (xenon
+    in unc-def2-svp ran all-electron on valence functions, E(SCF) 6727 Eh too high, status
+    0)."""
+    basis = _source_basis(basis)
     present = sorted(set(symbols), key=elements.charge)
     if ecp is not None and ecp.strip().lower() == NO_ECP:
         carried = [s for s in present if _potential_made_for(basis, s)]
