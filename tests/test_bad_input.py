@@ -84,6 +84,8 @@ def test_odd_electron_count_from_charge(tmp_path, run_cli):
     # A valence basis for GTH pseudopotentials ran all-electron: water at E(SCF) -34.5 Eh.
     (("--basis", "gth-dzvp"), "is a valence basis for GTH pseudopotentials"),
     (("--basis", "GTH-SZV"), "is a valence basis for GTH pseudopotentials"),
+    # Uncontracted by PySCF's reader, the same functions ran all-electron: E(SCF) -62.1 Eh.
+    (("--basis", "unc-gth-dzvp"), "is a valence basis for GTH pseudopotentials"),
     (("--memory", "lots"), "cannot read memory size"),
     (("--backend", "cuda-magic"), None),
 ])

@@ -25,6 +25,10 @@ from dfmp2.errors import InputError
 # cannot take from the basis (AssertionError: cc-pvdz@3s2p, three s functions of hydrogen's
 # two).
 BASIS_ERRORS = (RuntimeError, KeyError, ValueError, TypeError, OSError, AssertionError)
+# PySCF's basis reader uncontracts the basis named after this prefix, and contracts anew
+# the one named before this mark by the scheme after it.
+UNCONTRACTED = "unc"
+CONTRACTION_SCHEME = "@"
 
 
 def basis_error_text(exc: Exception) -> str:
@@ -59,12 +63,22 @@ def refuse_misread_basis(name: str, option: str, symbols) -> None:
     _refuse_missing_elements(name, symbols, option)
 
 
+def source_basis(basis: str) -> str:
+    """The basis whose functions PySCF's basis reader reshapes, as that reader reads the
+    name: 'unc' before it uncontracts them (unc-def2-svp), '@' and a scheme after it
+    contracts them anew (def2-svp@5s4p2d)."""
+    if basis.lower().startswith(UNCONTRACTED):
+        basis = basis[len(UNCONTRACTED):].lstrip("-_ ")
+    return basis.split(CONTRACTION_SCHEME)[0]
+
+
 def refuse_pseudopotential_basis(name: str) -> None:
-    """Refuse a valence basis made for GTH pseudopotentials (gth-dzvp): PySCF's molecular
-    code builds it without them, so water ran all-electron on valence functions alone
-    (E(SCF) -34.5 Eh, status 0)."""
+    """Refuse a valence basis made for GTH pseudopotentials (gth-dzvp, also uncontracted):
+    PySCF's molecular code builds it without them, so water ran all-electron on valence
+    functions alone (E(SCF) -34.5 Eh, status 0; -62.1 Eh in unc-gth-dzvp)."""
+    source = source_basis(name)
     if (not os.path.isfile(name)
-            and gto.basis._format_basis_name(name) in getattr(gto.basis, "GTH_ALIAS", {})):
+            and gto.basis._format_basis_name(source) in getattr(gto.basis, "GTH_ALIAS", {})):
         raise InputError(f"--basis {name!r} is a valence basis for GTH pseudopotentials, which "
                          "dfmp2 does not apply; choose an all-electron basis, or one with core "
                          "potentials PySCF's molecular code reads (def2-svp, ccecp-cc-pvdz, "

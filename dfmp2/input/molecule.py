@@ -13,6 +13,7 @@ from pyscf.data import elements
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
+                                     source_basis,
                                      library_files, refuse_misread_basis,
                                      refuse_pseudopotential_basis, refuse_shadowed_library_name)
 from dfmp2.input.xyz import Geometry
@@ -20,10 +21,6 @@ from dfmp2.system.files import FILE, existing_kind
 
 log = logging.getLogger(__name__)
 NO_ECP = "none"
-# PySCF's basis reader uncontracts the basis named after this prefix, and contracts anew
-# the one named before this mark by the scheme after it.
-UNCONTRACTED = "unc"
-CONTRACTION_SCHEME = "@"
 # Dashes that text pasted from a paper or a PDF holds where a basis name has a hyphen.
 NOT_HYPHENS = frozenset("\u2010\u2011\u2012\u2013\u2014\u2015\u2212")
 
@@ -146,15 +143,6 @@ def _potential_made_for(basis: str, symbol: str) -> list | None:
                                           if companion is not None else None)
 
 
-def _source_basis(basis: str) -> str:
-    """The basis whose functions PySCF's basis reader reshapes, as that reader reads the
-    name: 'unc' before it uncontracts them (unc-def2-svp), '@' and a scheme after it
-    contracts them anew (def2-svp@5s4p2d)."""
-    if basis.lower().startswith(UNCONTRACTED):
-        basis = basis[len(UNCONTRACTED):].lstrip("-_ ")
-    return basis.split(CONTRACTION_SCHEME)[0]
-
-
 def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[str, str]:
     """Element -> ECP name. By default a basis brings its own core potentials (def2-* from Rb
     on, LANL2DZ, cc-pVnZ-PP ...), as PySCF does with ``ecp=basis``, or the library's set it
@@ -164,7 +152,7 @@ def resolve_ecp(basis: str, ecp: str | None, symbols: tuple[str, ...]) -> dict[s
     uncontracts or contracts anew is made for the potentials of the basis it reshapes (xenon
     in unc-def2-svp ran all-electron on valence functions, E(SCF) 6727 Eh too high, status
     0)."""
-    basis = _source_basis(basis)
+    basis = source_basis(basis)
     present = sorted(set(symbols), key=elements.charge)
     if ecp is not None and ecp.strip().lower() == NO_ECP:
         carried = [s for s in present if _potential_made_for(basis, s)]
