@@ -294,6 +294,9 @@ def _no_scf(monkeypatch):
 
 @pytest.mark.parametrize("args,fragment", [
     (("--frozen", "1000"), "cannot freeze 1000"),
+    # It said 'lower --frozen', an option not given.
+    (("--frozen-core", "--charge", "40"), "cannot freeze 6 of 1 occupied orbitals; "
+                                          "--frozen-core freezes PySCF's core count"),
     (("--memory", "100KB"), "memory budget"),
     # It was called "no virtual orbitals": more electrons than the basis holds.
     (("--basis", "sto-3g", "--charge", "-998"), "520 alpha electrons (charge -998, 2S 0) do not"),

@@ -176,7 +176,7 @@ def define_calculation(geometry: Geometry, request: CalculationRequest,
     warnings = _basis_warnings(mol, request)
     calc = Calculation(geometry, mol, reference, request.scf_method, auxbasis, jk_auxbasis, ecp,
                        nfrozen, request.ghosts, functional, request.grid, e_disp, warnings)
-    _check_frozen(calc)
+    _check_frozen(calc, request.frozen_core)
     for warning in warnings:
         if said is None or warning not in said:
             log.warning("%s", warning)
@@ -198,15 +198,18 @@ def _basis_warnings(mol: gto.Mole, request: CalculationRequest) -> tuple[str, ..
                  if warning is not None)
 
 
-def _check_frozen(calc: Calculation) -> None:
+def _check_frozen(calc: Calculation, frozen_core: bool) -> None:
     """Every spin channel must keep at least one active occupied orbital (the closed shell's
-    only channel, or both channels of UHF), and a virtual one."""
+    only channel, or both channels of UHF), and a virtual one. ``frozen_core``: the count is
+    PySCF's core count, which the remedy names (O6+ was told to lower a --frozen never
+    given)."""
     nalpha, nbeta = calc.nocc
     counts = [nalpha] if calc.reference == "rhf" else [nalpha, nbeta]
     if calc.nfrozen > min(counts) or calc.nfrozen >= max(counts):
         available = f"{nalpha} occupied" if len(counts) == 1 else f"{nalpha} alpha and {nbeta} beta"
-        raise InputError(f"cannot freeze {calc.nfrozen} of {available} orbitals; "
-                         "lower --frozen")
+        remedy = ("--frozen-core freezes PySCF's core count for these elements; leave it out "
+                  "or give a smaller --frozen N") if frozen_core else "lower --frozen"
+        raise InputError(f"cannot freeze {calc.nfrozen} of {available} orbitals; {remedy}")
     nao = calc.mol.nao_nr()
     if nalpha > nao:
         raise InputError(f"{nalpha} alpha electrons (charge {calc.mol.charge}, 2S "
