@@ -477,3 +477,20 @@ def test_json_gives_the_references_stability_and_spin_square(run_cli, tmp_path):
     # Open shells are always checked: methyl's lowest orbital-Hessian eigenvalue is ~0.5 Eh.
     assert out["stability"] == stored.stability == "stable"
     assert out["stability_eigenvalue"] == stored.stability_eigenvalue > 0.1
+
+
+@pytest.mark.parametrize("name, spin, warned", [("oxygen", 0, True), ("water", 0, False)])
+def test_a_closed_shells_stability_is_checked_without_asking(name, spin, warned, run_cli,
+                                                             tmp_path, caplog):
+    """Singlet O2's RHF doubly occupies one orbital of the pi* pair, and which one (so the
+    quadrupole's xx against yy) follows the guess: its lowest orbital-Hessian eigenvalue is
+    rounding. Properties checked a closed shell's stability only with --stability, so such a
+    quadrupole came out without a word; water's reference is stable and says so."""
+    result = run_cli("properties", molecule_path(name), "--basis", "sto-3g", "--spin", str(spin),
+                     "--threads", "1", "--backend", "torch", "--density", "unrelaxed",
+                     "-o", tmp_path / "p.h5", "--json")
+    assert result.code == 0, result.err
+    assert ("nearly free orbital rotation" in caplog.text) == warned
+    out = json.loads(result.out)
+    assert out["stability"] == "stable"
+    assert (abs(out["stability_eigenvalue"]) < 1e-6) == warned

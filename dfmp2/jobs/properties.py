@@ -83,7 +83,10 @@ def run(settings: RunSettings, request: PropertiesRequest, world: World | None =
     settings' ``task`` is taken to be ``properties``."""
     world = world or World()
     check_request(settings, request)
-    settings = replace(settings, task=TASK)
+    # A closed shell's reference is checked as an open shell's always is: a half-filled
+    # degenerate pair in an RHF (singlet O2) sets its quadrupole by the guess, and only the
+    # orbital Hessian's lowest eigenvalue tells (warn_of_a_free_rotation).
+    settings = replace(settings, task=TASK, stability=True)
     job = start_job(settings, settings.output_path(), world, geometry)
     path, env = job.path, job.env
     if request.molden is not None:
