@@ -590,6 +590,18 @@ def test_scale_factors_of_no_ordinary_size_are_refused(args, run_cli, tmp_path):
     assert "is not a scale factor" in result.err
 
 
+@pytest.mark.parametrize("args", [["--scs-os", "1_0"], ["--scs-ss", "\u0661"],
+                                  ["--xc", "0.53*HF + 0.47*B88, 0.73*LYP", "--mp2-os",
+                                   "0_27", "--mp2-ss", "0.27"]])
+def test_scale_factors_are_read_as_decimal_numbers(args, run_cli, tmp_path):
+    """Python's float() reads '1_0' as 10 and Arabic-Indic digits as digits: --scs-os 1_0
+    ran SCS-MP2 with an opposite-spin scale of 10. A number is written in ASCII decimal or
+    exponent form, as the XYZ reader and --origin read it."""
+    result = run_cli("run", molecule_path("water"), *args, "-o", tmp_path / "w.h5")
+    _assert_one_line_error(result, "is not a number")
+    assert not (tmp_path / "w.h5").exists()
+
+
 @pytest.mark.parametrize("command, args, message", [
     ("gradient", ["--scs-os", "1.1"], "--scs-os scales SCS-MP2, and this computes MP2"),
     ("properties", ["--method", "sos-mp2", "--scs-ss", "0.5", "--scs-os", "1"],

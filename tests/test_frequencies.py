@@ -278,6 +278,8 @@ def test_two_ranks_share_the_points(tmp_path, water):
     (("--pressure", "-1"), "--pressure"),
     (("--step", "0"), "--step"),
     (("--step", "inf"), "--step"),
+    (("--step", "1_0e-3"), "--step"),
+    (("--temperature", "2_98"), "--temperature"),
     (("--shard", "2/2"), "--shard"),
 ])
 def test_bad_options_are_one_line_and_exit_2(run_cli, tmp_path, options, message):

@@ -12,8 +12,8 @@ from dfmp2.cli import views
 from dfmp2.cli.calculate import on_every_rank
 from dfmp2.cli.group import cli
 from dfmp2.cli.options import (CALCULATION_OPTIONS, METHOD, MOLECULE_OPTIONS, XC_OPTIONS,
-                               XYZ_FILE, environment_settings, molden_option, record_options,
-                               refuse_unused_scales, with_options)
+                               XYZ_FILE, DecimalNumber, environment_settings, molden_option,
+                               record_options, refuse_unused_scales, with_options)
 from dfmp2.input.settings import RunSettings
 from dfmp2.jobs import batch, frequencies
 from dfmp2.records import report
@@ -34,11 +34,11 @@ def parse_shard(text: str | None, environ: Mapping[str, str]) -> tuple[int, int]
 @click.argument("molecule", type=XYZ_FILE)
 @with_options(*CALCULATION_OPTIONS, *XC_OPTIONS, *MOLECULE_OPTIONS)
 @METHOD
-@click.option("--step", type=float, default=DEFAULT_STEP_BOHR, show_default=True,
+@click.option("--step", type=DecimalNumber(), default=DEFAULT_STEP_BOHR, show_default=True,
               help="Displacement of each Cartesian coordinate (Bohr).")
-@click.option("--temperature", type=float, default=frequencies.DEFAULT_TEMPERATURE,
+@click.option("--temperature", type=DecimalNumber(), default=frequencies.DEFAULT_TEMPERATURE,
               show_default=True, help="Temperature of the thermochemistry (K).")
-@click.option("--pressure", type=float, default=frequencies.DEFAULT_PRESSURE,
+@click.option("--pressure", type=DecimalNumber(), default=frequencies.DEFAULT_PRESSURE,
               show_default=True, help="Pressure of the thermochemistry (Pa).")
 @molden_option("Write the normal modes to this Molden vibration file.")
 @click.option("--shard", default=None,

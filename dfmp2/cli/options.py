@@ -19,6 +19,7 @@ from dfmp2.input.calculation import REFERENCES
 from dfmp2.input.dispersion import CHOICES as DISPERSION_CHOICES
 from dfmp2.input.functionals import GRID_LEVELS, known_names
 from dfmp2.input.settings import scale_factor
+from dfmp2.input.xyz import decimal_number
 from dfmp2.mp2.methods import METHODS, SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.scf.engine import ENGINES
 from dfmp2.scf.reference import SCF_METHODS
@@ -75,6 +76,21 @@ class ScaleFactor(click.ParamType):
                 ctx: click.Context | None) -> float:
         try:
             return scale_factor(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class DecimalNumber(click.ParamType):
+    """A number in ASCII decimal or exponent form (:func:`dfmp2.input.xyz.decimal_number`)."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return decimal_number(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 

@@ -19,6 +19,7 @@ from dfmp2.scf.engine import ENGINES
 from dfmp2.scf.reference import SCF_METHODS
 from dfmp2.input.dispersion import NONE
 from dfmp2.input.functionals import GRID_LEVELS, MAX_SCALE_FACTOR, named_functional
+from dfmp2.input.xyz import decimal_number
 from dfmp2.system.memory import checked_size
 
 DEFAULT_OUTPUT_DIR = Path("runs")
@@ -40,8 +41,12 @@ def scale_factor(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a number")
     try:
-        number = float(value)
-    except (TypeError, ValueError):
+        number = decimal_number(value) if isinstance(value, str) else float(value)
+    except ValueError as exc:
+        if "not finite" not in str(exc):
+            raise ValueError(f"{value!r} is not a number") from None
+        number = math.inf
+    except TypeError:
         raise ValueError(f"{value!r} is not a number") from None
     if not math.isfinite(number):
         raise ValueError(f"{value!r} is not a finite number")

@@ -174,17 +174,24 @@ def _parse_symbol(token: str, where: str) -> str:
     return canonical
 
 
-def _parse_coordinate(token: str, where: str, angstrom_per_unit: float) -> float:
-    # Python's float() also takes '1_0' (10) and digits of other scripts; a coordinate is
-    # written in ASCII decimal or exponent form, as every chemistry program reads it.
-    if not DECIMAL_NUMBER.fullmatch(token):
+def decimal_number(token: str) -> float:
+    """``token`` read as a number written in ASCII decimal or exponent form, as every
+    chemistry program reads one: Python's float() also takes '1_0' (10), digits of other
+    scripts, 'nan' and 'inf'. Raises ValueError saying 'not a number' or 'not finite'."""
+    if not DECIMAL_NUMBER.fullmatch(token.strip()):
         try:
             finite = math.isfinite(float(token))
         except ValueError:
             finite = True
-        raise InputError(f"{where}: coordinate '{token}' is "
-                         f"{'not a number' if finite else 'not finite'}")
-    value = float(token)
+        raise ValueError(f"{token!r} is {'not a number' if finite else 'not finite'}")
+    return float(token)
+
+
+def _parse_coordinate(token: str, where: str, angstrom_per_unit: float) -> float:
+    try:
+        value = decimal_number(token)
+    except ValueError as exc:
+        raise InputError(f"{where}: coordinate {exc}") from None
     angstrom = value * angstrom_per_unit
     if abs(angstrom) > MAX_COORDINATE_ANGSTROM:
         raise InputError(f"{where}: coordinate {token} is beyond "
