@@ -270,6 +270,32 @@ def test_a_delimited_basis_file_with_core_potentials_runs_as_pyscf_reads_it(run_
     assert abs(json.loads(result.out)["e_scf"] - reference.e_tot) < 1e-9
 
 
+def test_a_basis_file_whose_name_begins_with_unc_is_that_file(run_cli, tmp_path, monkeypatch):
+    """PySCF's reader takes a name beginning with 'unc' as 'uncontract what follows':
+    --basis uncle.nw and --auxbasis uncontracted/fit.nw, files that exist, were read as
+    'le.nw' and 'ontracted/fit.nw' and refused as unknown. A file is read as the file."""
+    from pyscf import gto, mp, scf
+
+    monkeypatch.chdir(tmp_path)
+    shells = ("BASIS \"ao basis\" PRINT\n#BASIS SET: H\n" + STO3G_SHELLS["H"] + "#BASIS SET: O\n"
+              + STO3G_SHELLS["O_S"] + STO3G_SHELLS["O_SP"] + "END\n")
+    (tmp_path / "uncle.nw").write_text(shells)
+    (tmp_path / "uncontracted").mkdir()
+    (tmp_path / "uncontracted" / "fit.nw").write_text(shells)
+    (tmp_path / "water.xyz").write_text(WATER)
+    result = run_cli("run", "water.xyz", "--basis", "uncle.nw", "--auxbasis",
+                     "uncontracted/fit.nw", "--jk-auxbasis", "cc-pvdz-jkfit", "--json",
+                     "-o", "out.h5")
+    assert result.code == 0, result.err
+    mol = gto.M(atom="\n".join(WATER.splitlines()[2:]), basis="sto-3g", verbose=0)
+    reference = scf.RHF(mol).density_fit("cc-pvdz-jkfit").run(conv_tol=1e-12)
+    corr = mp.dfmp2.DFMP2(reference)
+    corr.with_df.auxbasis = "sto-3g"
+    out = json.loads(result.out)
+    assert abs(out["e_scf"] - reference.e_tot) < 1e-9
+    assert abs(out["e_corr"] - corr.kernel()[0]) < 1e-9
+
+
 def test_memory_too_small_names_the_minimum(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--memory", "10kB", "--backend", "torch",
                      "-o", tmp_path / "o.h5")

@@ -18,7 +18,7 @@ from pyscf.data import elements
 from pyscf.lib.exceptions import BasisNotFoundError
 
 from dfmp2.errors import InputError
-from dfmp2.input.basis_files import (BASIS_ERRORS, POPLE_BASE, basis_error_text,
+from dfmp2.input.basis_files import (BASIS_ERRORS, POPLE_BASE, as_pyscf_reads, basis_error_text,
                                      refuse_misread_basis, refuse_shadowed_library_name)
 
 GENERATED = "even-tempered (PySCF)"
@@ -77,7 +77,7 @@ def option_spec(mol: gto.Mole, option: str) -> str | dict:
     moved by 4e-7 Eh): with ghosts, every atom gets its element's generated set."""
     labels = {label for label, _ in mol._atom}
     if option != AUTOAUX or all(_element(label) == label for label in labels):
-        return option
+        return as_pyscf_reads(option)
     generated = df.autoaux(_ghosts_made_real(mol))
     return {label: generated[_element(label)] for label in labels}
 

@@ -63,10 +63,21 @@ def refuse_misread_basis(name: str, option: str, symbols) -> None:
     _refuse_missing_elements(name, symbols, option)
 
 
+def as_pyscf_reads(name: str) -> str:
+    """``name`` in the form PySCF's basis reader reads as meant: a file that exists by a path
+    that does not begin with 'unc', which the reader strips as 'uncontract what follows'
+    (--basis uncle.nw was read as le.nw and refused as unknown)."""
+    if os.path.isfile(name) and name.lower().startswith(UNCONTRACTED):
+        return os.path.join(os.curdir, name)
+    return name
+
+
 def source_basis(basis: str) -> str:
     """The basis whose functions PySCF's basis reader reshapes, as that reader reads the
     name: 'unc' before it uncontracts them (unc-def2-svp), '@' and a scheme after it
-    contracts them anew (def2-svp@5s4p2d)."""
+    contracts them anew (def2-svp@5s4p2d); a file is itself (:func:`as_pyscf_reads`)."""
+    if os.path.isfile(basis):
+        return basis
     if basis.lower().startswith(UNCONTRACTED):
         basis = basis[len(UNCONTRACTED):].lstrip("-_ ")
     return basis.split(CONTRACTION_SCHEME)[0]

@@ -12,10 +12,10 @@ from pyscf import gto
 from pyscf.data import elements
 
 from dfmp2.errors import InputError
-from dfmp2.input.basis_files import (BASIS_ERRORS, basis_error_text, is_library_name,
-                                     source_basis,
-                                     library_files, refuse_misread_basis,
-                                     refuse_pseudopotential_basis, refuse_shadowed_library_name)
+from dfmp2.input.basis_files import (BASIS_ERRORS, as_pyscf_reads, basis_error_text,
+                                     is_library_name, library_files, refuse_misread_basis,
+                                     refuse_pseudopotential_basis, refuse_shadowed_library_name,
+                                     source_basis)
 from dfmp2.input.xyz import Geometry
 from dfmp2.system.files import FILE, existing_kind
 
@@ -234,7 +234,7 @@ def build_molecule(geometry: Geometry, basis: str, charge: int, spin: int,
     mol = gto.Mole()
     mol.atom = geometry.pyscf_atoms(ghosts)
     mol.unit = "Angstrom"
-    mol.basis = basis
+    mol.basis = as_pyscf_reads(basis)
     mol.ecp = {symbol: element_ecp(name, symbol) for symbol, name in (ecp or {}).items()}
     mol.charge = charge
     mol.spin = spin
