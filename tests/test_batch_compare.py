@@ -247,6 +247,23 @@ def test_shards_split_the_list(tmp_path, run_cli, monkeypatch):
         "ammonia-sto-3g.h5", "methane-sto-3g.h5", "water-sto-3g.h5"]
 
 
+def test_a_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path, run_cli, monkeypatch):
+    """mol[1].xyz given as it is named (quoted, or escaped by a shell's completion) is that
+    file: read as a pattern, the batch ran mol1.xyz, another molecule, under its name, or
+    failed it as matching no file."""
+    monkeypatch.chdir(tmp_path)
+    Path("mol[1].xyz").write_text((MOLECULES / "water.xyz").read_text())
+    Path("mol1.xyz").write_text((MOLECULES / "hydrogen_fluoride.xyz").read_text())
+    result = run_cli("batch", "mol[1].xyz", "--basis", "sto-3g", "--threads", "1", "--out",
+                     "out", "--json")
+    assert result.code == 0, result.err
+    [row] = json.loads(result.out)
+    assert row["molecule"] == "mol[1].xyz"
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    assert abs(row["e_corr"] - reference.e_corr) <= 1e-8
+    assert abs(row["e_tot"] - reference.e_tot) <= 1e-8
+
+
 def test_output_options_on_a_manifest_line_fail_that_line_only(tmp_path, run_cli):
     """--qcschema on a line ended the whole batch in a TypeError traceback, before any
     molecule ran."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +155,10 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
     as_dimer = {"split": None, "charges": None, "spins": None} if dimers else None
     items: list[BatchItem] = []
     for text in inputs:
-        if GLOB_CHARACTERS & set(text):
+        # A file whose name holds a pattern's characters (mol[1].xyz, as a shell passes it
+        # when quoted or escaped) is that file: taken as a pattern, it ran mol1.xyz instead,
+        # or matched no file.
+        if GLOB_CHARACTERS & set(text) and not os.path.lexists(text):
             matches = sorted(glob.glob(text))
             if not matches:
                 items.append(BatchItem(len(items), Path(text), {},
