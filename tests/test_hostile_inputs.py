@@ -81,6 +81,10 @@ CASES = [
     ("unknown option", ["run", "water.xyz", "--fast"], 2, "No such option"),
     ("unwritable output folder", ["run", "water.xyz", "-o", "/proc/dfmp2-out.h5"], 2,
      "not writable"),
+    # Each molecule failed without a record, then the summary failed the batch (status 1)
+    # without printing its rows.
+    ("unwritable batch folder", ["batch", "water.xyz", "--out", "/proc", "--json"], 2,
+     "--out /proc is not a writable folder"),
     ("missing output folder", ["run", "water.xyz", "-o", "no/such/dir/out.h5"], 2,
      "does not exist"),
     ("output is a non-record file", ["run", "water.xyz", "-o", "notes.h5"], 2,

@@ -30,7 +30,8 @@ from dfmp2.jobs.manifest import BatchItem, line_settings
 from dfmp2.system.distributed import environment_integer
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.system import interrupts
-from dfmp2.system.files import create_folder, existing_kind, printable
+from dfmp2.system.files import (can_create_files_in, create_folder, existing_kind,
+                                printable)
 from dfmp2.system.progress import Progress
 from dfmp2.records.tree import (COMPLETE, FAILED, INTERACTION_SCHEMA, RUNNING, SCHEMA, Node,
                                 new_record, read_record, schema, set_status, status, write_record)
@@ -294,6 +295,10 @@ def run_batch(items: list[BatchItem], base: RunSettings, out_dir: Path,
     computing, or reports on it, waits for its row: a complete record it was skipping was
     listed ``interrupted``."""
     create_folder(out_dir, "choose another --out")
+    if not can_create_files_in(out_dir, ".summary."):
+        # Found per molecule, each failed without a record, and the summary then failed the
+        # batch without printing its rows.
+        raise InputError(f"--out {out_dir} is not a writable folder; choose another --out")
     for path in summary_paths(out_dir, shard):
         # Found only when the summary was written, after every molecule was computed, and
         # the results table was never printed.

@@ -42,8 +42,8 @@ from dfmp2.records.tree import SCHEMA, Node, new_record, record_problem
 from dfmp2.scf.engine import ScfKernels, scf_kernels
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World, launch_from
-from dfmp2.system.files import (FILE, check_name_length, create_folder, existing_kind,
-                                link_refusal)
+from dfmp2.system.files import (FILE, can_create_files_in, check_name_length, create_folder,
+                                existing_kind, link_refusal)
 from dfmp2.system.limits import cpu_quota_cores
 from dfmp2.system.memory import memory_budget
 
@@ -77,12 +77,8 @@ def check_output_path(path: Path, resume: bool = False) -> None:
         create_folder(parent, "choose another -o")
     if not parent.is_dir():
         raise InputError(f"output folder {parent} does not exist; create it or choose another -o")
-    try:
-        probe_fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
-    except OSError:
-        raise InputError(f"output folder {parent} is not writable; choose another -o") from None
-    os.close(probe_fd)
-    os.unlink(probe)
+    if not can_create_files_in(parent, f".{path.name}."):
+        raise InputError(f"output folder {parent} is not writable; choose another -o")
 
 
 def apply_threads(threads: int | None) -> int:

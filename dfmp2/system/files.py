@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import stat
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,18 @@ def check_text_output(path: Path, option: str, remedy: str) -> None:
                          f"writable folder; {remedy}")
     if len(os.fsencode(TEXT_TEMPORARY.format(path.name))) > folder_name_max(folder):
         raise InputError(f"{option} name {shown(path.name)} is too long; {remedy}")
+
+
+def can_create_files_in(folder: Path, prefix: str) -> bool:
+    """Whether a file can be created in ``folder``: tried (an empty ``<prefix>*.probe``,
+    removed at once), not asked, since root passes any access test, and /proc passes it."""
+    try:
+        probe_fd, probe = tempfile.mkstemp(prefix=prefix, suffix=".probe", dir=folder)
+    except OSError:
+        return False
+    os.close(probe_fd)
+    os.unlink(probe)
+    return True
 
 
 def create_folder(folder: Path, remedy: str) -> None:
