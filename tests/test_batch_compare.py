@@ -1,6 +1,8 @@
 """Batch runs (failures recorded, complete records skipped, shards) and `compare`."""
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import csv
 import json
@@ -261,6 +263,30 @@ def test_a_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path, run_cli, 
     assert row["molecule"] == "mol[1].xyz"
     reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
     assert abs(row["e_corr"] - reference.e_corr) <= 1e-8
+    assert abs(row["e_tot"] - reference.e_tot) <= 1e-8
+
+
+def test_a_summary_that_cannot_be_written_still_shows_the_batchs_results(tmp_path, run_cli,
+                                                                         monkeypatch):
+    """A full disk at the summary ended the batch in its error line alone: the rows of the
+    molecules it had computed were never printed, and --json printed nothing."""
+    real_open = os.open
+
+    def full_disk_at_the_summary(path, flags, mode=0o777, **options):
+        if Path(path).name.startswith((".summary.csv.", ".summary.json.")):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_open(path, flags, mode, **options)
+
+    monkeypatch.setattr(os, "open", full_disk_at_the_summary)
+    result = run_cli("batch", MOLECULES / "water.xyz", "--basis", "sto-3g", "--threads", "1",
+                     "--out", tmp_path / "out", "--json")
+    assert result.code == 1
+    [error] = result.err.strip().splitlines()
+    assert error.startswith("Error: cannot write the batch summary") and \
+        "No space left on device" in error
+    [row] = json.loads(result.out)
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    assert row["status"] == "complete"
     assert abs(row["e_tot"] - reference.e_tot) <= 1e-8
 
 

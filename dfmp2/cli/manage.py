@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
@@ -21,6 +22,8 @@ from dfmp2.jobs.bench import MAX_REPEATS
 from dfmp2.records.tree import interpreting, read_record
 from dfmp2.system import distributed
 from dfmp2.system.memory import memory_budget
+
+log = logging.getLogger(__name__)
 
 
 @cli.command("batch")
@@ -68,15 +71,18 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
         raise
     if stop is not None:
         world.close(failed=True)
-        rows, csv_path, json_path = batch.write_summaries(rows, out_dir, shard_k_n)
-        views.print_batch(rows, [csv_path, json_path], as_json)
+        rows, unwritten = batch.write_summaries(rows, out_dir, shard_k_n)
+        views.print_batch(rows, [] if unwritten else batch.summary_paths(out_dir, shard_k_n),
+                          as_json)
+        if unwritten:
+            log.error("%s", unwritten)
         raise stop
     # Under a launcher the ranks meet when every share is done: a rank that ended early with
     # a failure made torchrun stop the others, whose molecules then never finished. Then a
     # row left to a sibling rank (a duplicate) reads that rank's finished record, and rank 0
     # alone prints the whole batch (each rank printed its own table or JSON array).
     # Written before the meeting too: a rank stopped while it waits keeps its share's rows.
-    rows, _, _ = batch.write_summaries(rows, out_dir, shard_k_n)
+    rows, _ = batch.write_summaries(rows, out_dir, shard_k_n)
     try:
         shares = world.gather_when_all_arrive((rows, shard_k_n),
                                               "waiting for every rank's share of the batch")
@@ -84,23 +90,29 @@ def batch_command(obj: dict, inputs: tuple[str, ...], out_dir: Path, shard: str 
         world.close(failed=True)
         raise
     world.close()
-    batch.write_summaries(rows, out_dir, shard_k_n)
+    _, unwritten = batch.write_summaries(rows, out_dir, shard_k_n)
     rows = sorted(batch.settled([row for share, _ in shares for row in share]),
                   key=lambda row: row["index"])
     if not world.is_root:
+        if unwritten:
+            raise RunFailure(unwritten)
         return 1 if any(row["status"] in ("failed", batch.CHECK_FAILED) for row in rows) else 0
-    views.print_batch(rows, [path for _, shard in shares
+    views.print_batch(rows, [path for _, shard in shares if not (unwritten and shard == shard_k_n)
                              for path in batch.summary_paths(out_dir, shard)], as_json)
+    # After the rows: they are the results, whatever happened to their copies.
+    summary_note = f"; {unwritten}" if unwritten else ""
     failed = [row for row in rows if row["status"] == "failed"]
     if failed:
         names = "; ".join(f"{Path(r['molecule']).name} ({r['error']})" for r in failed)
-        raise RunFailure(f"{len(failed)} of {len(rows)} molecules failed: {names}")
+        raise RunFailure(f"{len(failed)} of {len(rows)} molecules failed: {names}{summary_note}")
     # As `dfmp2 run --check` does, a disagreement with PySCF ends the batch with status 1.
     disagreeing = [row for row in rows if row["status"] == batch.CHECK_FAILED]
     if disagreeing:
         names = ", ".join(Path(r["molecule"]).name for r in disagreeing)
         raise RunFailure(f"{len(disagreeing)} of {len(rows)} molecules disagree with PySCF "
-                         f"beyond the --check tolerance: {names}")
+                         f"beyond the --check tolerance: {names}{summary_note}")
+    if unwritten:
+        raise RunFailure(unwritten)
     return 0
 
 

@@ -84,8 +84,10 @@ def print_record(root: Node, show_all: bool) -> None:
 
 
 def print_batch(rows: list[dict], summaries: list[Path], as_json: bool) -> None:
-    """A batch's summary rows, and where their CSV and JSON copies were written."""
-    shown = ", ".join(printable(str(path), one_line=True) for path in summaries)
+    """A batch's summary rows, and where their CSV and JSON copies were written (none: they
+    could not be)."""
+    shown = (", ".join(printable(str(path), one_line=True) for path in summaries)
+             or "not written")
     emit(json.dumps(rows, default=str) if as_json else
                f"{printable(batch.format_table(rows))}\n\nsummary: {shown}")
 

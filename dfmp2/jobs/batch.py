@@ -391,8 +391,11 @@ def summary_paths(out_dir: Path, shard: tuple[int, int]) -> tuple[Path, Path]:
 
 
 def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]
-                    ) -> tuple[list[dict], Path, Path]:
-    """Write the CSV and JSON summaries of :func:`settled` rows; returns the rows written."""
+                    ) -> tuple[list[dict], str | None]:
+    """Write the CSV and JSON summaries of :func:`settled` rows; returns the rows and why the
+    summaries could not be written (None: they were). Not raised: the rows are the batch's
+    results, to be shown whatever happens to their copies (a full disk there ended the batch
+    without its table, and ``--json`` printed nothing)."""
     rows = settled(rows)
     csv_path, json_path = summary_paths(out_dir, shard)
     table = io.StringIO(newline="")
@@ -400,9 +403,12 @@ def write_summaries(rows: list[dict], out_dir: Path, shard: tuple[int, int]
     writer.writeheader()
     for row in rows:
         writer.writerow({key: _csv_cell(row.get(key, "")) for key in SUMMARY_FIELDS})
-    _replace_file(csv_path, table.getvalue())
-    _replace_file(json_path, json.dumps(rows, indent=1, default=str) + "\n")
-    return rows, csv_path, json_path
+    try:
+        _replace_file(csv_path, table.getvalue())
+        _replace_file(json_path, json.dumps(rows, indent=1, default=str) + "\n")
+    except RunFailure as exc:
+        return rows, str(exc)
+    return rows, None
 
 
 def _csv_cell(value):
