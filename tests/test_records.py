@@ -941,6 +941,39 @@ def test_a_resumed_run_drops_the_complete_copy_its_killed_rerun_set_aside(run_cl
     assert other.exists()
 
 
+def test_a_resume_over_a_complete_record_killed_as_it_starts_leaves_the_result(run_cli, tmp_path,
+                                                                              water_record):
+    """--resume over a complete record of the same inputs (a requeued job that always passes
+    it) rewrote the record in place: killed (SIGKILL) after its first save, it left a running
+    record holding nothing of the result, and the rerun computed it all again."""
+    record = tmp_path / "w.h5"
+    shutil.copy(water_record, record)
+    killed_after_the_first_save = (
+        "import os, signal, sys\n"
+        "from dfmp2.records import checkpoint\n"
+        "write = checkpoint.write_record\n"
+        "def write_then_die(path, root):\n"
+        "    write(path, root)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "checkpoint.write_record = write_then_die\n"
+        "from dfmp2.cli import main\n"
+        "main(sys.argv[1:])\n")
+    killed = subprocess.run([python_exe(), "-c", killed_after_the_first_save,
+                             *WATER_RECORD_ARGS, "--threads", "1", "--resume", "-o", record],
+                            capture_output=True, text=True, timeout=TIMEOUT_SECONDS)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    kept = [path for path in tmp_path.glob("w*.h5")
+            if read_record(path).attrs["status"] == "complete"]
+    assert len(kept) == 1
+    with h5py.File(kept[0], "r") as h5:
+        assert abs(h5["mp2"].attrs["e_tot"] - reference.e_tot) <= 1e-8
+    resumed = run_cli(*WATER_RECORD_ARGS, "--threads", "1", "--resume", "-o", record, "--json")
+    assert resumed.code == 0, resumed.err
+    assert abs(json.loads(resumed.out)["e_tot"] - reference.e_tot) <= 1e-8
+    assert [path.name for path in tmp_path.glob("w*.h5")] == ["w.h5"]
+
+
 def test_show_of_an_older_unconverged_record_names_no_missing_gradient(run_cli, tmp_path,
                                                                        water_record):
     """A record written before /scf held the orbital gradient showed 'orbital gradient nan'."""

@@ -11,9 +11,9 @@ Policy for a record already at the output path:
   (its work is not ours to throw away);
 - ``failed`` with the same inputs: resume what it finished; with other inputs: replace it;
 - ``complete`` with the same inputs: reused where the caller allows (batch), else
-  recomputed; with other inputs: recomputed. A complete record is never overwritten: it is
-  first moved aside (``<stem>.superseded-<created>.h5``), and the copy is dropped only when
-  the new run completes with the same inputs.
+  recomputed (resumed from it under ``--resume``); with other inputs: recomputed. A complete
+  record is never overwritten: it is first moved aside (``<stem>.superseded-<created>.h5``),
+  and the copy is dropped only when the new run completes with the same inputs.
 """
 from __future__ import annotations
 
@@ -115,7 +115,10 @@ def _previous_run(path: Path, previous: Node, expected_schema: str, inputs: Calc
         if same and reuse_complete:
             return PreviousRun(REUSE, previous)
         if same and resume_required:
-            return PreviousRun(RESUME, previous)
+            # Resumed from its contents, which the new record rewrites from its first save
+            # (holding none of the result yet): a kill then left a running record in its
+            # place, and the result had to be computed again.
+            return PreviousRun(RESUME, previous, set_aside(path, previous))
         if resume_required:
             raise InputError(f"--resume: {path} holds a complete run with other options; "
                              "drop --resume to recompute it")
