@@ -368,6 +368,23 @@ def test_a_record_with_a_non_finite_energy_is_refused_as_altered(tmp_path, run_c
         assert "/mp2 e_corr holds nan, not a finite energy" in result.err
 
 
+def test_records_of_energies_no_molecule_has_are_refused_as_altered(tmp_path, run_cli,
+                                                                      water_record):
+    """Finite energies whose difference overflows (+-1.7e308 Eh in two altered records)
+    ended compare --json in a ValueError traceback, and its table showed -inf."""
+    records = []
+    for name, energy in (("high.h5", 1.7e308), ("low.h5", -1.7e308)):
+        records.append(tmp_path / name)
+        shutil.copy(water_record, records[-1])
+        with h5py.File(records[-1], "r+") as h5:
+            h5["mp2"].attrs["e_tot"] = energy
+    for command in (("compare", *records, "--json"), ("compare", *records)):
+        result = run_cli(*command)
+        assert result.code == 2 and result.out == ""
+        [error] = result.err.strip().splitlines()
+        assert "/mp2 e_tot holds 1.7e+308, not a finite energy" in error
+
+
 def test_batch_accepts_dimers(tmp_path, run_cli):
     manifest = tmp_path / "dimers.txt"
     # Trailing comments as in the README's example, which used to fail their lines ("Got

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -19,6 +18,10 @@ from dfmp2.input.basis_files import library_name_key
 from dfmp2.records.tree import FOREIGN_RECORD, Node
 from dfmp2.system.files import printable
 from dfmp2.system.interrupts import written_whole
+
+
+# Eh: far beyond any molecule's (a thousand uranium atoms hold about -2.8e7).
+LARGEST_ENERGY = 1e15
 
 
 class Section:
@@ -61,8 +64,10 @@ def from_attr(value: Any, annotation: str, where: str) -> Any:
     elif np.ndim(value) == 0 and not isinstance(value, (str, bytes)):
         number = value.item() if isinstance(value, np.generic) else value
         if kind == "float" and isinstance(number, (int, float)):
-            # dfmp2 records an energy only once it is finite.
-            if where.rsplit(" ", 1)[-1].startswith("e_") and not math.isfinite(number):
+            # dfmp2 records an energy only once it is finite, and of a molecule's size: sums
+            # and differences of stored ones must stay finite too (+-1.7e308 overflowed).
+            if (where.rsplit(" ", 1)[-1].startswith("e_")
+                    and not abs(number) <= LARGEST_ENERGY):
                 raise InputError(f"the record's {where} holds {number!r}, not a finite "
                                  f"energy; {FOREIGN_RECORD}")
             return float(number)
