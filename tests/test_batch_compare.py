@@ -266,6 +266,20 @@ def test_a_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path, run_cli, 
     assert abs(row["e_tot"] - reference.e_tot) <= 1e-8
 
 
+def test_a_manifest_written_with_a_byte_order_mark_runs_its_first_line(tmp_path, run_cli):
+    """A manifest saved as Windows editors save UTF-8 (a byte-order mark, CRLF line ends)
+    failed its first line: its molecule's name began with an invisible U+FEFF."""
+    (tmp_path / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
+    manifest = tmp_path / "jobs.txt"
+    manifest.write_bytes(b"\xef\xbb\xbfwater.xyz --basis sto-3g\r\n")
+    result = run_cli("batch", manifest, "--threads", "1", "--out", tmp_path / "out", "--json")
+    assert result.code == 0, result.err
+    [row] = json.loads(result.out)
+    assert row["molecule"] == str(tmp_path / "water.xyz")
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    assert abs(row["e_tot"] - reference.e_tot) <= 1e-8
+
+
 def test_a_summary_that_cannot_be_written_still_shows_the_batchs_results(tmp_path, run_cli,
                                                                          monkeypatch):
     """A full disk at the summary ended the batch in its error line alone: the rows of the

@@ -53,7 +53,8 @@ class BatchItem:
 def _manifest_items(manifest: Path, commands: dict[str, click.Command],
                     start: int) -> list[BatchItem]:
     try:
-        lines = text_lines(manifest.read_text(encoding="utf-8"))
+        # A byte-order mark (Notepad's and PowerShell's UTF-8) is no part of the first path.
+        lines = text_lines(manifest.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError):
         return [BatchItem(start, manifest, {}, error=f"manifest {manifest} cannot be read as "
                                                       "text")]
