@@ -266,6 +266,25 @@ def test_a_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path, run_cli, 
     assert abs(row["e_tot"] - reference.e_tot) <= 1e-8
 
 
+def test_records_of_names_that_differ_only_in_case_are_numbered(tmp_path, run_cli):
+    """gas/CO.xyz and metals/Co.xyz were given CO-sto-3g.h5 and Co-sto-3g.h5: one file on a
+    file system that ignores case (macOS's, Windows'), where the second run set the first's
+    record aside and the first row named a record holding the other molecule."""
+    molecules = {"Mol": "water", "mol": "hydrogen_fluoride"}
+    for folder, (stem, name) in zip(("a", "b"), molecules.items()):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{stem}.xyz").write_text((MOLECULES / f"{name}.xyz").read_text())
+    result = run_cli("batch", tmp_path / "a" / "Mol.xyz", tmp_path / "b" / "mol.xyz",
+                     "--basis", "sto-3g", "--threads", "1", "--out", tmp_path / "out", "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)
+    assert len({row["record"].casefold() for row in rows}) == 2
+    for row, name in zip(rows, molecules.values()):
+        reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule(name, "sto-3g")), 0)
+        with h5py.File(row["record"], "r") as h5:
+            assert abs(h5["mp2"].attrs["e_tot"] - reference.e_tot) <= 1e-8
+
+
 def test_a_manifest_written_with_a_byte_order_mark_runs_its_first_line(tmp_path, run_cli):
     """A manifest saved as Windows editors save UTF-8 (a byte-order mark, CRLF line ends)
     failed its first line: its molecule's name began with an invisible U+FEFF."""

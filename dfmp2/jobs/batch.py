@@ -149,23 +149,26 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
         if identity is not None:
             names[n] = first_names.setdefault(repr(identity), names[n])
     # By name first: comparing every line with every other is quadratic in a long manifest.
+    # Names that differ only in case are one file where the records may go (macOS, Windows):
+    # gas/CO.xyz's record held Co.xyz's calculation once both had run.
     by_name: dict[str, list[tuple[BatchItem, tuple]]] = {}
     for item, name, identity in zip(items, names, identities):
         if item.error is None:
-            by_name.setdefault(name, []).append((item, identity))
+            by_name.setdefault(name.casefold(), []).append((item, identity))
     # Its options were not read, so its name says little: it must not number the record of a
     # good line (which a fixed manifest then named otherwise, and computed again).
     unread = {item.index: (f"{name}-item{item.index}" if item.line is None
                            else f"{name}-line{item.line}")
               for item, name in zip(items, names) if item.error is not None}
-    clashes = collections.Counter(unread.values())
+    clashes = collections.Counter(label.casefold() for label in unread.values())
     chosen = []
     for item, name, identity in zip(items, names, identities):
         if item.error is not None:
             label = unread[item.index]
-            chosen.append(f"{label}-{item.index}.h5" if clashes[label] > 1 else f"{label}.h5")
+            chosen.append(f"{label}-{item.index}.h5" if clashes[label.casefold()] > 1
+                          else f"{label}.h5")
             continue
-        same_name = by_name[name]
+        same_name = by_name[name.casefold()]
         if all(other == identity for _, other in same_name):
             chosen.append(f"{name}.h5")
         else:
