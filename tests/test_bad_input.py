@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import molecule_path
+from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
 from dfmp2.records.tree import read_record
 
 WATER = "3\ncharge=0 multiplicity=1\nO 0 0 0\nH 0 0.757 0.587\nH 0 -0.757 0.587\n"
@@ -308,6 +308,20 @@ def test_output_that_is_not_a_record(run_cli, tmp_path):
     result = run_cli("run", molecule_path("water"), "--backend", "torch", "-o", target)
     _assert_one_line_error(result, "not a dfmp2 run record")
     assert target.read_text() == "my notes"
+
+
+@pytest.mark.parametrize("resume", [(), ("--resume",)])
+def test_an_empty_file_at_the_output_takes_the_record(resume, run_cli, tmp_path):
+    """A job script's output name from mktemp (an empty file) was refused as 'not a dfmp2
+    run record', and --resume on it as 'cannot resume': it holds nothing to lose."""
+    target = tmp_path / "tmp.x3Yq.h5"
+    target.touch()
+    result = run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--threads", "1",
+                     "-o", target, "--json", *resume)
+    assert result.code == 0, result.err
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    assert abs(json.loads(result.out)["e_tot"] - reference.e_tot) <= 1e-8
+    assert read_record(target).attrs["status"] == "complete"
 
 
 def _no_scf(monkeypatch):

@@ -29,6 +29,7 @@ from dfmp2.jobs import preamble, run as run_job
 from dfmp2.input.calculation import define_calculation
 from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.jobs.measure import energy_flops, gemm_rate
+from dfmp2.system.files import is_empty_file
 from dfmp2.system.memory import format_size
 from dfmp2.system.progress import Progress
 from dfmp2.jobs.check import pyscf_dfmp2_energy
@@ -252,7 +253,8 @@ def run_bench(settings: RunSettings, repeat: int, skip_pyscf: bool) -> tuple[dic
         # An earlier benchmark is other measurements: it moves aside, as a complete record
         # of any command does, and comes back where this one cannot be written.
         try:
-            earlier = set_aside(path, read_record(path)) if path.exists() else None
+            earlier = (set_aside(path, read_record(path))
+                       if path.exists() and not is_empty_file(path) else None)
             write_record(path, root)
         except CannotSetAside as exc:
             # Found after the repeats: the measurements are still shown.
@@ -278,7 +280,7 @@ def _put_back(earlier: Path | None, path: Path) -> str:
 def _refuse_other_records(path: Path) -> None:
     """A record of another command at ``-o`` is refused before any work: it used to be
     replaced by the benchmark's, a complete run or optimisation lost without a word."""
-    if path.exists():
+    if path.exists() and not is_empty_file(path):
         kind = schema(read_record(path))
         if kind != BENCH_SCHEMA:
             raise InputError(f"{path} holds a {kind} record, not a {BENCH_SCHEMA} one; "

@@ -43,7 +43,7 @@ from dfmp2.scf.engine import ScfKernels, scf_kernels
 from dfmp2.scf.reference import check_scf_memory
 from dfmp2.system.distributed import World, launch_from
 from dfmp2.system.files import (FILE, can_create_files_in, check_name_length, create_folder,
-                                existing_kind, link_refusal)
+                                existing_kind, is_empty_file, link_refusal)
 from dfmp2.system.limits import cpu_quota_cores
 from dfmp2.system.memory import memory_budget
 
@@ -66,7 +66,8 @@ def check_output_path(path: Path, resume: bool = False) -> None:
         raise link_refusal(path)
     if kind not in (None, FILE):
         raise InputError(f"output {path} is {kind}, not a regular file; choose another -o")
-    problem = record_problem(path) if kind == FILE else None
+    # An empty file (a job script's mktemp) holds nothing to replace or resume.
+    problem = record_problem(path) if kind == FILE and not is_empty_file(path) else None
     if problem is not None:
         if resume:
             raise InputError(f"cannot resume from {path}: it is not a readable dfmp2 run record "

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dfmp2.errors import Dfmp2Error, InputError
 from dfmp2.system import interrupts
+from dfmp2.system.files import is_empty_file
 from dfmp2.mp2.pairs import PairKey
 from dfmp2.mp2.plan import BlockPlan
 from dfmp2.records.job_sections import read_steps
@@ -80,10 +81,10 @@ def examine_previous(path: Path, expected_schema: str, inputs: CalculationInputs
     complete one is set aside."""
     for tmp in stale_temporaries(path):
         tmp.unlink(missing_ok=True)
-    if not path.exists():
+    if not path.exists() or is_empty_file(path):
         # A job stopped before it wrote its record (a signal while it started) left nothing
         # to resume, as one stopped before its SCF was saved: a requeued job that always
-        # passes --resume starts it.
+        # passes --resume starts it. So does an empty file (a job script's mktemp).
         if resume_required:
             log.warning("--resume: there is no record at %s, so nothing finished to resume; "
                         "starting the run", path)

@@ -181,6 +181,17 @@ def check_text_output(path: Path, option: str, remedy: str) -> None:
         raise InputError(f"{option} name {shown(path.name)} is too long; {remedy}")
 
 
+def is_empty_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file of no bytes (not through a link): what ``mktemp``
+    and Python's temporary files give a job script as its output's name, holding nothing a
+    record written there could destroy."""
+    try:
+        info = os.lstat(path)
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == 0
+
+
 def can_create_files_in(folder: Path, prefix: str) -> bool:
     """Whether a file can be created in ``folder``: tried (an empty ``<prefix>*.probe``,
     removed at once), not asked, since root passes any access test, and /proc passes it."""
