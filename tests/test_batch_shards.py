@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from dfmp2.jobs.batch import RUNNING_ELSEWHERE, parse_shard
+from dfmp2.jobs.batch import RUNNING_ELSEWHERE, ordinal, parse_shard
 from dfmp2.errors import InputError
 from dfmp2.records.tree import (FAILED, SCHEMA, new_record, read_record, set_status, status,
                                 write_record)
@@ -118,11 +118,17 @@ def test_the_shard_an_array_task_takes_by_default_is_said(caplog):
     word on stderr."""
     environ = slurm_environment([0, 1, 2], 2, 1)
     assert parse_shard(None, environ) == (2, 3)
-    assert "runs shard 2/3 of the batch" in caplog.text
+    assert "runs shard 2/3 of the batch (every 3rd molecule from the 3rd)" in caplog.text
     assert "give --shard 0/1 to run all of them" in caplog.text
     caplog.clear()
     parse_shard("array", environ)
     assert not caplog.text
+
+
+def test_ordinals_are_english():
+    """The warning above read 'every 3-th molecule from the 2-th'."""
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
 
 
 @pytest.mark.parametrize("form", REGULAR_ARRAYS)

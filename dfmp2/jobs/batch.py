@@ -76,9 +76,9 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
         if n > 1:
             # Documented, but a task given a list of its own would run a part of it and
             # report success.
-            log.warning("this Slurm array task runs shard %d/%d of the batch (every %d-th "
-                        "molecule from the %s); give --shard 0/1 to run all of them", k, n, n,
-                        "first" if k == 0 else f"{k + 1}-th")
+            log.warning("this Slurm array task runs shard %d/%d of the batch (every %s "
+                        "molecule from the %s); give --shard 0/1 to run all of them", k, n,
+                        ordinal(n), ordinal(k + 1))
     elif text.strip().lower() == ARRAY_SHARD:
         shard = slurm_array_shard(environ)
         if shard is None:
@@ -94,6 +94,12 @@ def parse_shard(text: str | None, environ: Mapping[str, str], rank: int = 0,
         if not 0 <= k < n:
             raise InputError(f"--shard {text}: K must satisfy 0 <= K < N")
     return k + n * rank, n * world_size
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 def _slurm_number(environ: Mapping[str, str], name: str, default: int | None = None
