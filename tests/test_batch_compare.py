@@ -249,6 +249,23 @@ def test_shards_split_the_list(tmp_path, run_cli, monkeypatch):
         "ammonia-sto-3g.h5", "methane-sto-3g.h5", "water-sto-3g.h5"]
 
 
+def test_a_pattern_of_any_depth_of_folders_takes_every_molecule(tmp_path, run_cli):
+    """mols/**/*.xyz left out mols/water.xyz (and any molecule two folders down): '**' was
+    read as '*', one folder exactly."""
+    (tmp_path / "mols" / "more").mkdir(parents=True)
+    (tmp_path / "mols" / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
+    (tmp_path / "mols" / "more" / "hf.xyz").write_text(
+        (MOLECULES / "hydrogen_fluoride.xyz").read_text())
+    result = run_cli("batch", f"{tmp_path}/mols/**/*.xyz", "--basis", "sto-3g", "--threads",
+                     "1", "--out", tmp_path / "out", "--json")
+    assert result.code == 0, result.err
+    rows = {Path(row["molecule"]).name: row for row in json.loads(result.out)}
+    assert sorted(rows) == ["hf.xyz", "water.xyz"]
+    for name, molecule in (("water.xyz", "water"), ("hf.xyz", "hydrogen_fluoride")):
+        reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule(molecule, "sto-3g")), 0)
+        assert abs(rows[name]["e_tot"] - reference.e_tot) <= 1e-8
+
+
 def test_a_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path, run_cli, monkeypatch):
     """mol[1].xyz given as it is named (quoted, or escaped by a shell's completion) is that
     file: read as a pattern, the batch ran mol1.xyz, another molecule, under its name, or

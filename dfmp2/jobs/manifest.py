@@ -160,7 +160,9 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
         # when quoted or escaped) is that file: taken as a pattern, it ran mol1.xyz instead,
         # or matched no file.
         if GLOB_CHARACTERS & set(text) and not os.path.lexists(text):
-            matches = sorted(glob.glob(text))
+            # '**' as shells with globstar read it, any depth of folders: read as '*', it
+            # left out the molecules beside and below the folders it matched.
+            matches = sorted(glob.glob(text, recursive=True))
             if not matches:
                 items.append(BatchItem(len(items), Path(text), {},
                                        error=f"the pattern {text!r} matches no file"))
