@@ -256,11 +256,14 @@ def test_a_pattern_of_any_depth_of_folders_takes_every_molecule(tmp_path, run_cl
     (tmp_path / "mols" / "water.xyz").write_text((MOLECULES / "water.xyz").read_text())
     (tmp_path / "mols" / "more" / "hf.xyz").write_text(
         (MOLECULES / "hydrogen_fluoride.xyz").read_text())
+    # Followed, a link back up listed every molecule forty times over.
+    (tmp_path / "mols" / "more" / "up").symlink_to("..")
     result = run_cli("batch", f"{tmp_path}/mols/**/*.xyz", "--basis", "sto-3g", "--threads",
                      "1", "--out", tmp_path / "out", "--json")
     assert result.code == 0, result.err
-    rows = {Path(row["molecule"]).name: row for row in json.loads(result.out)}
-    assert sorted(rows) == ["hf.xyz", "water.xyz"]
+    listed = json.loads(result.out)
+    rows = {Path(row["molecule"]).name: row for row in listed}
+    assert sorted(rows) == ["hf.xyz", "water.xyz"] and len(listed) == 2
     for name, molecule in (("water.xyz", "water"), ("hf.xyz", "hydrogen_fluoride")):
         reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule(molecule, "sto-3g")), 0)
         assert abs(rows[name]["e_tot"] - reference.e_tot) <= 1e-8

@@ -148,6 +148,19 @@ def _line_item(manifest: Path, number: int, line: str, commands: dict[str, click
     return item(path, overrides, interaction)
 
 
+def _below_a_linked_folder(match: str, pattern: str) -> bool:
+    """Whether ``match`` lies below a folder reached through a symbolic link under the
+    pattern's fixed folders: '**' follows none, as shells do (a link back up, mols/self -> .,
+    listed every molecule forty times over)."""
+    parts = pattern.split(os.sep)
+    fixed = 0
+    while fixed < len(parts) - 1 and not GLOB_CHARACTERS & set(parts[fixed]):
+        fixed += 1
+    components = match.split(os.sep)[:-1]
+    return any(os.path.islink(os.sep.join(components[:end]))
+               for end in range(fixed + 1, len(components) + 1))
+
+
 def collect_items(inputs: list[str], commands: dict[str, click.Command],
                   dimers: bool = False) -> list[BatchItem]:
     """XYZ files, globs of them, and manifests, in the order given. With ``dimers`` every XYZ
@@ -162,7 +175,8 @@ def collect_items(inputs: list[str], commands: dict[str, click.Command],
         if GLOB_CHARACTERS & set(text) and not os.path.lexists(text):
             # '**' as shells with globstar read it, any depth of folders: read as '*', it
             # left out the molecules beside and below the folders it matched.
-            matches = sorted(glob.glob(text, recursive=True))
+            matches = sorted(match for match in glob.glob(text, recursive=True)
+                             if "**" not in text or not _below_a_linked_folder(match, text))
             if not matches:
                 items.append(BatchItem(len(items), Path(text), {},
                                        error=f"the pattern {text!r} matches no file"))
