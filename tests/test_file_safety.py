@@ -188,6 +188,26 @@ def test_a_full_disk_at_the_lock_is_one_line_and_leaves_no_lock(tmp_path, run_cl
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_lock_file_this_user_cannot_open_says_what_to_do(tmp_path, run_cli, monkeypatch):
+    """Another user's lock file, left by their killed run in a shared or sticky folder, ended
+    the run with 'Permission denied' and status 1, without a word on what to do."""
+    real_open = os.open
+    lock = tmp_path / ".w.h5.lock"
+    lock.touch()
+
+    def another_users(path, flags, mode=0o777, **options):
+        if Path(path) == lock:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, flags, mode, **options)
+
+    monkeypatch.setattr(os, "open", another_users)
+    result = run_cli("run", *QUICK, "-o", tmp_path / "w.h5")
+    assert result.code == 2, result.err
+    line = one_error_line(result.err)
+    assert "Permission denied" in line and "choose another -o" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".w.h5.lock"]
+
+
 @pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK])
 def test_a_file_system_without_locks_is_one_line_and_leaves_no_lock(tmp_path, run_cli,
                                                                     monkeypatch, code):

@@ -48,6 +48,13 @@ class RecordLock:
             except IsADirectoryError:
                 # Something the user put there, as a link or a FIFO would be: bad input.
                 raise InputError(f"the lock file {self.path} is a folder; {REMEDY}") from None
+            except PermissionError as exc:
+                # Left by another user's killed run (in a sticky folder such as /tmp it is
+                # theirs alone to remove): only another -o lets this run go on.
+                raise InputError(f"cannot open the lock file {self.path} ({exc.strerror}): "
+                                 "it is another user's, or this folder's permissions do not "
+                                 "let you replace it; remove it if no dfmp2 run uses the "
+                                 f"record, or {REMEDY}") from None
             except OSError as exc:
                 raise RunFailure(f"cannot create the lock file {self.path}: "
                                  f"{disk_reason(exc, SPACE_REMEDY)}") from None
