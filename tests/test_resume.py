@@ -10,7 +10,8 @@ import shutil
 import h5py
 import pytest
 
-from conftest import WATER_RECORD_ARGS, as_interrupted, molecule_path
+from conftest import (WATER_RECORD_ARGS, as_interrupted, molecule_path, pyscf_df_rhf,
+                      pyscf_dfmp2_reference, pyscf_molecule)
 from dfmp2.records.tree import read_record
 
 
@@ -32,6 +33,27 @@ def test_resume_with_other_options_is_refused(interrupted_water, run_cli):
     assert result.code == 2
     assert "different basis" in result.err and len(result.err.strip().splitlines()) == 1
     assert read_record(interrupted_water).attrs["status"] == "running"
+
+
+def test_a_note_added_to_the_comment_line_does_not_make_another_molecule(interrupted_water,
+                                                                          run_cli, tmp_path):
+    """The record compared the XYZ file's text: a note added to its comment line made the
+    interrupted run's molecule another one ('holds an interrupted run with different xyz'),
+    and its finished work could not be resumed. A moved atom is still another molecule."""
+    lines = molecule_path("water").read_text().splitlines()
+    noted = tmp_path / "water.xyz"
+    noted.write_text("\n".join([lines[0], "water, geometry from the 2019 paper", *lines[2:]])
+                     + "\n")
+    args = ("run", noted, "--backend", "torch", "--threads", "1", "-o", interrupted_water)
+    moved = tmp_path / "moved.xyz"
+    moved.write_text(noted.read_text().replace(lines[2], lines[2] + "1"))
+    refused = run_cli("run", moved, *args[2:], "--resume")
+    assert refused.code == 2 and "different xyz" in refused.err
+    result = run_cli(*args, "--resume", "--json")
+    assert result.code == 0, result.err
+    assert read_record(interrupted_water).attrs["resumed"]
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "cc-pvdz")), 0)
+    assert abs(json.loads(result.out)["e_tot"] - reference.e_tot) <= 1e-8
 
 
 def test_resume_finishes_the_remaining_pairs(interrupted_water, run_cli, tmp_path):

@@ -15,6 +15,7 @@ import numpy as np
 
 from dfmp2.errors import InputError
 from dfmp2.input.basis_files import library_name_key
+from dfmp2.input.xyz import parse_xyz
 from dfmp2.records.tree import FOREIGN_RECORD, Node
 from dfmp2.system.files import printable
 from dfmp2.system.interrupts import written_whole
@@ -186,12 +187,27 @@ class CalculationInputs(Section):
         stuttgart-rlc, one file: compared as text, each listing set the other's record aside
         and computed it again on every run)."""
         value = getattr(self, name)
+        if name == "xyz":
+            return molecule_key(value)
         if name in LIBRARY_NAMED_FIELDS and not getattr(self, f"{name}_file"):
             return library_name_key(value)
         if name == "ecp" and not self.ecp_file:
             return sorted((element, library_name_key(set_name))
                           for element, set_name in json.loads(value or "{}").items())
         return value
+
+
+def molecule_key(xyz: str) -> Any:
+    """An XYZ text as the molecule it holds: its atoms and their coordinates in Angstrom, to
+    the bit. Its comment's charge, multiplicity and units are in those or in the fields
+    beside it; the rest is free text, and a note added there made an interrupted run's
+    molecule another one, which refused to resume. Text that does not parse is compared as
+    it is."""
+    try:
+        geometry = parse_xyz(xyz)
+    except InputError:
+        return xyz
+    return geometry.symbols, np.ascontiguousarray(geometry.coords, dtype=np.float64).tobytes()
 
 
 def read_inputs(node: Node) -> CalculationInputs | None:
