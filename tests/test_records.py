@@ -974,6 +974,33 @@ def test_a_resume_over_a_complete_record_killed_as_it_starts_leaves_the_result(r
     assert [path.name for path in tmp_path.glob("w*.h5")] == ["w.h5"]
 
 
+def test_a_signal_while_the_complete_copy_is_dropped_does_not_keep_it(run_cli, tmp_path,
+                                                                        water_record, caplog,
+                                                                        monkeypatch):
+    """A rerun completed; a SIGTERM while it checked the complete record it had set aside was
+    swallowed there: the copy of the same calculation stayed, with a warning that it was 'of
+    other inputs', and the run ended with status 0."""
+    from dfmp2.jobs import session
+
+    record = tmp_path / "w.h5"
+    shutil.copy(water_record, record)
+    read = session.read_record
+
+    def signalled_while_reading(path):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return read(path)
+
+    monkeypatch.setattr(session, "read_record", signalled_while_reading)
+    result = run_cli(*WATER_RECORD_ARGS, "--threads", "1", "-o", record)
+    assert result.code == 128 + signal.SIGTERM, result.err
+    assert "of other inputs" not in caplog.text
+    assert [path.name for path in tmp_path.glob("w*.h5")] == ["w.h5"]
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert abs(h5["mp2"].attrs["e_tot"] - reference.e_tot) <= 1e-8
+
+
 def test_show_of_an_older_unconverged_record_names_no_missing_gradient(run_cli, tmp_path,
                                                                        water_record):
     """A record written before /scf held the orbital gradient showed 'orbital gradient nan'."""

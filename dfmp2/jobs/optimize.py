@@ -38,6 +38,7 @@ from dfmp2.scf.reference import (ScfOptions, ScfResult, reference_warned_once,
                                  release_integrals, run_scf)
 from dfmp2.input.settings import RunSettings
 from dfmp2.input.xyz import Geometry
+from dfmp2.system import interrupts
 from dfmp2.system.files import check_text_output, printable, refuse_overwriting, stage_text
 
 log = logging.getLogger(__name__)
@@ -349,8 +350,10 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
                                    criteria(convergence))
 
         outcome = guarded(session, root, work)
-        if settle_superseded(previous.superseded, same_optimisation) and moved_geometry:
-            moved_geometry.unlink(missing_ok=True)
+        # The geometry set aside goes with its record, a signal meanwhile notwithstanding.
+        with interrupts.signals_held():
+            if settle_superseded(previous.superseded, same_optimisation) and moved_geometry:
+                moved_geometry.unlink(missing_ok=True)
         return outcome
 
 

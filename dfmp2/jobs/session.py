@@ -305,14 +305,18 @@ def settle_superseded(superseded: Path | None, same: Callable[[Node], bool]) -> 
     it. Whether it was dropped."""
     if superseded is None:
         return False
-    try:
-        if same(read_record(superseded)):
-            superseded.unlink()
-            log.info("removed %s: the new record holds the same calculation", superseded)
-            return True
-    except (Dfmp2Error, OSError):
-        pass
-    log.warning("the earlier complete record, of other inputs, is kept as %s", superseded)
+    # A signal is raised once the copy is settled: landing in its read, it was taken for a
+    # copy that cannot be read, and one of the same calculation stayed, said to be of other
+    # inputs.
+    with interrupts.signals_held():
+        try:
+            if same(read_record(superseded)):
+                superseded.unlink()
+                log.info("removed %s: the new record holds the same calculation", superseded)
+                return True
+        except (Dfmp2Error, OSError):
+            pass
+        log.warning("the earlier complete record, of other inputs, is kept as %s", superseded)
     return False
 
 
