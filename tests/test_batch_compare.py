@@ -286,6 +286,21 @@ def test_a_file_whose_name_looks_like_a_pattern_is_that_file(tmp_path, run_cli, 
     assert abs(row["e_tot"] - reference.e_tot) <= 1e-8
 
 
+def test_a_pattern_that_matches_nothing_names_its_record_without_its_wildcards(tmp_path,
+                                                                              run_cli):
+    """The failed line of 'nomatch/*.xyz' left its record as '*-sto-3g-item0.h5': a file
+    name that every shell command on the folder reads as a pattern."""
+    result = run_cli("batch", f"{tmp_path}/nomatch/*.xyz", MOLECULES / "water.xyz", "--basis",
+                     "sto-3g", "--threads", "1", "--out", tmp_path / "out", "--json")
+    assert result.code == 1 and "matches no file" in result.err
+    names = sorted(p.name for p in (tmp_path / "out").glob("*.h5"))
+    assert names == ["_-sto-3g-item0.h5", "water-sto-3g.h5"]
+    rows = json.loads(result.out)
+    assert [Path(row["record"]).name for row in rows] == names
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    assert abs(rows[1]["e_tot"] - reference.e_tot) <= 1e-8
+
+
 def test_records_of_names_that_differ_only_in_case_are_numbered(tmp_path, run_cli):
     """gas/CO.xyz and metals/Co.xyz were given CO-sto-3g.h5 and Co-sto-3g.h5: one file on a
     file system that ignores case (macOS's, Windows'), where the second run set the first's

@@ -135,6 +135,9 @@ def slurm_array_shard(environ: Mapping[str, str]) -> tuple[int, int] | None:
     return position, count
 
 
+WILDCARDS = re.compile(r"[*?\[\]]")
+
+
 def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[str]:
     """``<molecule>-<basis>[-<functional>].h5``, numbered where two different calculations
     would share a name. The same calculation listed twice (the same file, options and split,
@@ -163,8 +166,10 @@ def record_names(items: list[BatchItem], settings: list[RunSettings]) -> list[st
             by_name.setdefault(name.casefold(), []).append((item, identity))
     # Its options were not read, so its name says little: it must not number the record of a
     # good line (which a fixed manifest then named otherwise, and computed again).
-    unread = {item.index: (f"{name}-item{item.index}" if item.line is None
-                           else f"{name}-line{item.line}")
+    # A pattern that matched nothing is such a line: its wildcards would name a file that
+    # every shell command on the folder reads as a pattern.
+    unread = {item.index: (f"{WILDCARDS.sub('_', name)}-item{item.index}" if item.line is None
+                           else f"{WILDCARDS.sub('_', name)}-line{item.line}")
               for item, name in zip(items, names) if item.error is not None}
     clashes = collections.Counter(label.casefold() for label in unread.values())
     chosen = []
