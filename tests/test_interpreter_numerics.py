@@ -219,6 +219,22 @@ def test_transposes():
 
 
 @nki.jit
+def vector_transpose(a):
+    out = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.nc_transpose(dst=t, data=nl.load(a), engine=nisa.engine.vector)
+    nl.store(out, t)
+    return out
+
+
+def test_vector_engine_transposes_inf_and_nan_exactly():
+    """Only the Tensor Engine's matmul-style transpose is inexact for them on NeuronCore-v2."""
+    a = np.arange(24, dtype=F32).reshape(4, 6)
+    a[1, 2], a[3, 0] = np.inf, np.nan
+    np.testing.assert_array_equal(simulate(vector_transpose)(a), a.T)
+
+
+@nki.jit
 def index_styles(a):
     """ds(), slices and integer indexing of a rank-3 HBM tensor (0.3.0 has no nl.arange)."""
     out = nl.ndarray((2, 4, 8), dtype=nl.float32, buffer=nl.shared_hbm)

@@ -69,6 +69,11 @@ def k_transpose_shape(a):
 
 
 @nki.jit
+def k_transpose_nonfinite(a):
+    nisa.nc_transpose(dst=psum((8, 32)), data=nl.load(a))
+
+
+@nki.jit
 def k_transpose_dtype(a):
     nisa.nc_transpose(dst=psum((32, 64)), data=nl.load(a, dtype=nl.bfloat16))
 
@@ -282,6 +287,8 @@ CASES = [
     (k_transpose_buffer, (arr(64, 32),), "transpose-buffer", "(32, 64)"),
     (k_transpose_shape, (arr(32, 64),), "transpose-shape", "(64, 64)"),
     (k_transpose_dtype, (arr(64, 32),), "transpose-dtype", "(32, 64)"),
+    (k_transpose_nonfinite, (np.where(arr(32, 8) == 3, np.inf, arr(32, 8)).astype(F32),),
+     "transpose-nonfinite", "data (32, 8) holding NaN or Inf"),
     (k_unsupported, (arr(64, 64), arr(64, 64)), "unsupported", "is_transpose"),
     (k_tensor_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),
     (k_nl_divide, (arr(128, 8),), "tensor-divide", "(128, 8)"),

@@ -7,8 +7,8 @@ import enum
 
 import numpy as np
 
-from kernels.trn1 import (MATMUL_K_MAX, MATMUL_M_MAX, MATMUL_N_MAX, PE_TRANSPOSE_MAX,
-                          VECTOR_TRANSPOSE_MAX)
+from kernels.trn1 import (MATMUL_K_MAX, MATMUL_M_MAX, MATMUL_N_MAX, NEURON_CORE_VERSION,
+                          PE_TRANSPOSE_MAX, VECTOR_TRANSPOSE_MAX)
 
 from . import buffers as _buffers
 from .dma import dma_copy, dge_mode, oob_mode
@@ -46,6 +46,9 @@ class reduce_cmd(enum.Enum):
 
 
 _REDUCE_IDLE = reduce_cmd.idle
+# A Tensor Engine transpose is exact for NaN / Inf inputs from NeuronCore-v3 on (nki.isa
+# nc_transpose); on v2 it is a matmul against an identity, where 0 * Inf spreads NaN.
+_EXACT_PE_TRANSPOSE_MIN_CORE_VERSION = 3
 
 
 def _engine_name(selected: object, default: str, allowed: tuple[str, ...],
@@ -193,13 +196,29 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
         raise NKIRuleError(
             "transpose-dtype",
             f"dst {shape_str(dst.shape)} {dst.dtype!r} must have the dtype of data {data.dtype!r}")
+    values = read_f32(data, "data").reshape(p, f)
+    if where == "tensor":
+        _finite_for_pe_transpose(values, data)
     # A Tensor Engine transpose is a matmul against an identity: its PSUM output is matmul-written.
-    write(dst, read_f32(data, "data").reshape(p, f).T, by_tensor_engine=where == "tensor")
+    write(dst, values.T, by_tensor_engine=where == "tensor")
     profile = current().profile
     if where == "tensor":
         profile.record_transpose(p, f, low_precision=data.dtype is not float32)
     else:
         profile.record_elementwise("vector", p, f)
+
+
+def _finite_for_pe_transpose(values: np.ndarray, data) -> None:
+    """Refuse NaN / Inf in a Tensor Engine transpose on NeuronCore-v2: the documents say its
+    result is then not bit-accurate, so no exact transpose can stand for it."""
+    if NEURON_CORE_VERSION >= _EXACT_PE_TRANSPOSE_MIN_CORE_VERSION or np.isfinite(values).all():
+        return
+    raise NKIRuleError(
+        "transpose-nonfinite",
+        f"Tensor Engine nc_transpose of data {shape_str(data.shape)} holding NaN or Inf: on "
+        f"NeuronCore-v{NEURON_CORE_VERSION} (trn1) the transpose is a matmul against an "
+        "identity and is not bit-accurate for such values; replace them first, or transpose on "
+        "the Vector engine (up to 32x32)")
 
 
 def tensor_copy(dst, src, engine=engine.unknown, name=None) -> None:
