@@ -12,7 +12,9 @@ import pytest
 import torch
 
 import kernels
+from kernels.accounting import KernelAccounting
 from kernels.nki import launcher as nki_launcher
+from kernels.nki_host.kernel_set import NkiKernels
 from kernels.nki_host.planner import ladder
 from kernels.torch_backend import TorchKernels
 from nki_helpers import (CPU, energy_inputs, os_inputs, reference_sums, rel_err, rng,
@@ -91,6 +93,25 @@ def test_a_call_that_launches_nothing_is_not_counted_as_nki(nk):
     nk.transform_gemm(torch.ones((3, 130), dtype=torch.float64),
                       torch.ones((130, 7), dtype=torch.float64))
     assert nk.accounting.calls == {("transform_gemm", nk.executor): 1}
+
+
+def test_a_refused_launch_is_not_reported_as_run(interpreter_only, shared_launcher,
+                                                 monkeypatch):
+    """A launch the interpreter refused falls back to torch, yet the report's launches and
+    signatures (the run record's /backend) counted it as a kernel that ran on NKI."""
+    def refused(a_t, b):
+        return a_t  # a kernel input as the output: output-buffer
+
+    launcher = nki_launcher.Launcher(shared_launcher.mode)
+    nk = NkiKernels(accounting=KernelAccounting(), device=CPU, launcher=launcher)
+    monkeypatch.setattr(launcher, "kernel", lambda name: refused)
+    a = torch.randn(5, 200, dtype=torch.float64, generator=rng(11))
+    b = torch.randn(200, 3, dtype=torch.float64, generator=rng(12))
+    with pytest.warns(RuntimeWarning, match="output-buffer"):
+        c = nk.gemm(a, b)
+    assert rel_err(c, a @ b) < 1e-6 and nk.accounting.fallbacks == 1
+    report = nk.report()
+    assert (report["signatures"], report["launches"]) == (0, {})
 
 
 def test_require_nki_raises_instead_of_falling_back(nk, monkeypatch):

@@ -171,15 +171,18 @@ class Launcher:
 
     def launch(self, kernel_name: str, kernel: Any, *args: Any) -> Any:
         """Run ``kernel`` on numpy arrays (other values are compile-time constants); return the
-        output(s) as numpy fp32 arrays."""
-        self.launches[signature_string(kernel_name, args)] += 1
+        output(s) as numpy fp32 arrays. Only a launch that returned is counted: the record's
+        launches and signatures say what ran, and a failed one fell back to torch."""
         if self.mode == "interpreter":
             from kernels.nki import interpreter
-            return interpreter.simulate(kernel, profile=self.profile)(*args)
-        if self.mode == "simulator":
+            out = interpreter.simulate(kernel, profile=self.profile)(*args)
+        elif self.mode == "simulator":
             import nki
-            return nki.simulate(kernel)(*args)
-        return self._launch_hardware(kernel, args)
+            out = nki.simulate(kernel)(*args)
+        else:
+            out = self._launch_hardware(kernel, args)
+        self.launches[signature_string(kernel_name, args)] += 1
+        return out
 
     def run(self, kernel_name: str, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """Launch the kernel named ``kernel_name`` (a key of KERNELS) on ``args``: its output as
