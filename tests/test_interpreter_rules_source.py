@@ -42,6 +42,32 @@ def k_is_in_helper(a):
     return a
 
 
+def copy_kernel_of(rows):
+    """A kernel built by a factory: its tile size lives in the factory's frame (a closure)."""
+    @nki.jit
+    def k_closure(a):
+        out = nl.ndarray((rows, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a[0:rows, 0:4]))
+        return out
+    return k_closure
+
+
+def row_count_of(rows):
+    def row_count(a):
+        return nl.tile_size.pmax if a.shape[0] > rows else a.shape[0]
+    return row_count
+
+
+clamped_rows = row_count_of(64)  # a module-level helper that is a closure
+
+
+@nki.jit
+def k_closure_helper(a):
+    out = nl.ndarray((clamped_rows(a), 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, nl.load(a[0:clamped_rows(a), 0:4]))
+    return out
+
+
 @nki.jit
 def k_nested_slice_tile(a):
     t = nl.load(a)
@@ -319,6 +345,8 @@ CASES = [
     # (kernel, args, rule id, text that must appear: the offending shape or value)
     (k_is, (arr(4, 4),), "is-operator", "`is` in k_is"),
     (k_is_in_helper, (arr(4, 4),), "is-operator", "`is not` in is_set"),
+    (copy_kernel_of(8), (arr(8, 4),), "closure", "copy_kernel_of.<locals>.k_closure"),
+    (k_closure_helper, (arr(8, 4),), "closure", "row_count_of.<locals>.row_count"),
     (k_nested_slice_tile, (arr(128, 8),), "nested-slice", "(64, 8)"),
     (k_nested_slice_hbm, (arr(8, 8),), "nested-slice", "(4, 8)"),
     (k_accumulate_onto_memset, (arr(64, 64), arr(64, 64)), "psum-accumulate-init", "(64, 64)"),

@@ -1,7 +1,10 @@
 """Rules on a kernel's Python source, which the NKI 0.3.0 compiler reads (it parses the kernel
 into an AST instead of running it as Python).
 
-``is`` / ``is not`` are rejected (NKI 0.3.0 update guide, "Replace is / is not with == / !=").
+``is`` / ``is not`` are rejected (NKI 0.3.0 update guide, "Replace is / is not with == / !="),
+and so is a closure: a function that reads variables of an enclosing function, which the
+compiler, reading the source alone, cannot see (REFERENCE "Programming model": no closures over
+Python variables inside ``@nki.jit`` functions; sizes are literals or module constants).
 
 Reach of the check: the kernel function and, transitively, every function it calls through a
 module-level name (``helper(...)``, ``module.helper(...)``, another ``@nki.jit`` kernel) that is
@@ -26,23 +29,25 @@ from .jit import JitKernel
 
 _INTERPRETER_PACKAGE = __name__.rpartition(".")[0]
 
-# kernel code object -> message of its first violation (None: clean); a kernel is parsed once.
-_VERDICTS: dict[types.CodeType, str | None] = {}
+# kernel code object -> (rule, message) of its first violation (None: clean); a kernel is
+# parsed once.
+_VERDICTS: dict[types.CodeType, tuple[str, str] | None] = {}
 
 
 def check_kernel_source(kernel: Callable[..., Any]) -> None:
-    """Raise ``[is-operator]`` when the kernel or a helper it reaches uses ``is`` / ``is not``."""
+    """Raise ``[is-operator]`` when the kernel or a helper it reaches uses ``is`` / ``is not``,
+    ``[closure]`` when one of them reads variables of an enclosing function."""
     code = getattr(kernel, "__code__", None)
     if code is None:  # a callable object, not a function: no source to read
         return
     if code not in _VERDICTS:
         _VERDICTS[code] = _first_violation(kernel)
-    message = _VERDICTS[code]
-    if message is not None:
-        raise NKIRuleError("is-operator", message)
+    verdict = _VERDICTS[code]
+    if verdict is not None:
+        raise NKIRuleError(*verdict)
 
 
-def _first_violation(kernel: types.FunctionType) -> str | None:
+def _first_violation(kernel: types.FunctionType) -> tuple[str, str] | None:
     pending = [kernel]
     seen: set[types.CodeType] = set()
     while pending:
@@ -50,6 +55,14 @@ def _first_violation(kernel: types.FunctionType) -> str | None:
         if func.__code__ in seen:
             continue
         seen.add(func.__code__)
+        captured = func.__code__.co_freevars
+        if captured:
+            return ("closure",
+                    f"{func.__qualname__} ({func.__code__.co_filename}:"
+                    f"{func.__code__.co_firstlineno}) reads {', '.join(captured)} from an "
+                    "enclosing function: the NKI 0.3.0 compiler reads the kernel's source and "
+                    "cannot see a closure's variables; pass them as arguments or make them "
+                    "module constants")
         tree = _function_tree(func)
         if tree is None:
             continue
@@ -59,7 +72,8 @@ def _first_violation(kernel: types.FunctionType) -> str | None:
                     if isinstance(op, (ast.Is, ast.IsNot)):
                         spelled = "is not" if isinstance(op, ast.IsNot) else "is"
                         line = func.__code__.co_firstlineno + node.lineno - 1
-                        return (f"`{spelled}` in {func.__qualname__} "
+                        return ("is-operator",
+                                f"`{spelled}` in {func.__qualname__} "
                                 f"({func.__code__.co_filename}:{line}): the NKI 0.3.0 "
                                 "compiler does not support is / is not; compare with == / !=")
             elif isinstance(node, ast.Call):
