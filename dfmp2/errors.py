@@ -24,6 +24,10 @@ class Interrupted(RunFailure):
     """The run was stopped by a signal (SIGTERM from a batch scheduler, or Ctrl-C). What it
     finished is in the record, which a later run resumes."""
 
+    # The kernels' fallback policy lets it through: a stop that lands inside an NKI kernel is
+    # not that kernel failing, to be counted as a fallback and rerun on torch.
+    stops_run = True
+
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code

@@ -114,6 +114,24 @@ def test_a_refused_launch_is_not_reported_as_run(interpreter_only, shared_launch
     assert (report["signatures"], report["launches"]) == (0, {})
 
 
+def test_a_stop_inside_a_kernel_is_no_fallback(nk, monkeypatch):
+    """SIGTERM during an NKI kernel (dfmp2's handler raises Interrupted where the kernel runs)
+    was taken for the kernel failing: a warning, a fallback in the record and the call rerun
+    on torch before the run stopped."""
+    from dfmp2.errors import Interrupted
+
+    def stopped(*args, **kwargs):
+        raise Interrupted("terminated by signal SIGTERM", 143)
+
+    monkeypatch.setattr(nk.launcher, "launch", stopped)
+    a = torch.randn(5, 7, dtype=torch.float64, generator=rng(13))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning either
+        with pytest.raises(Interrupted, match="SIGTERM"):
+            nk.gemm(a, a.T)
+    assert nk.accounting.fallbacks == 0 and not nk.accounting.calls
+
+
 def test_require_nki_raises_instead_of_falling_back(nk, monkeypatch):
     nk.require_nki = True
 

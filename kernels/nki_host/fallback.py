@@ -4,6 +4,10 @@ A kernel call runs on NKI; if that fails it either raises :class:`NkiRequired` (
 required) or warns, counts a fallback in the accounting and runs the torch fp32 kernel (which
 records itself under its torch executor). A call is recorded under the NKI executor only when
 it really ran there: when it launched a kernel.
+
+A request to stop the run that lands while a kernel runs (the application's signal handler
+raising its exception there) is no kernel failure: an exception whose class sets a true
+``stops_run`` attribute passes through, without a warning, a fallback or a torch rerun.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ class FallbackPolicy:
         try:
             result = nki_call()
         except Exception as exc:
+            if getattr(exc, "stops_run", False):
+                raise
             reason = f"{type(exc).__name__}: {exc}"
             if self.require_nki:
                 raise NkiRequired(
