@@ -196,24 +196,39 @@ def test_vector_and_scalar_engine_ops():
 
 @nki.jit
 def transposes(a):
-    out1 = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
-    out2 = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
-    out3 = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+    """Each transpose path on data of a's dtype: PE nc_transpose, load_transpose2d, nl.transpose
+    and the Vector Engine nc_transpose."""
+    shape = (a.shape[1], a.shape[0])
+    outs = (nl.ndarray(shape, dtype=a.dtype, buffer=nl.shared_hbm),
+            nl.ndarray(shape, dtype=a.dtype, buffer=nl.shared_hbm),
+            nl.ndarray(shape, dtype=a.dtype, buffer=nl.shared_hbm),
+            nl.ndarray(shape, dtype=a.dtype, buffer=nl.shared_hbm))
     x = nl.load(a)
-    ps = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.psum)
+    ps = nl.ndarray(shape, dtype=a.dtype, buffer=nl.psum)
     nisa.nc_transpose(dst=ps, data=x)
-    t = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    t = nl.ndarray(shape, dtype=a.dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=t, src=ps)
-    nl.store(out1, t)
-    nl.store(out2, nl.load_transpose2d(a))
-    t2 = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nl.store(outs[0], t)
+    nl.store(outs[1], nl.load_transpose2d(a))
+    t2 = nl.ndarray(shape, dtype=a.dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=t2, src=nl.transpose(x))
-    nl.store(out3, t2)
-    return out1, out2, out3
+    nl.store(outs[2], t2)
+    t3 = nl.ndarray(shape, dtype=a.dtype, buffer=nl.sbuf)
+    nisa.nc_transpose(dst=t3, data=x, engine=nisa.engine.vector)
+    nl.store(outs[3], t3)
+    return outs
 
 
 def test_transposes():
     a = np.arange(24, dtype=F32).reshape(4, 6)
+    for res in simulate(transposes)(a):
+        np.testing.assert_array_equal(res, a.T)
+
+
+def test_transposes_move_int32_values_exactly():
+    """A transpose moves data of any dtype into a dst of the same dtype: int32 beyond 2^24 came
+    back rounded to fp32 (2^24 + 1 as 2^24)."""
+    a = np.array([[2**24 + 1, 3, -(2**31)], [5, -(2**24 + 3), 2**31 - 1]], dtype=np.int32)
     for res in simulate(transposes)(a):
         np.testing.assert_array_equal(res, a.T)
 

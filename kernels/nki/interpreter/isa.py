@@ -196,7 +196,9 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None) -> None:
         raise NKIRuleError(
             "transpose-dtype",
             f"dst {shape_str(dst.shape)} {dst.dtype!r} must have the dtype of data {data.dtype!r}")
-    values = read_f32(data, "data").reshape(p, f)
+    # A transpose moves values (dst keeps data's dtype, and the reference calls it bit-accurate
+    # except NaN / Inf on v2): no trip through fp32, which rounds int32 beyond 2^24.
+    values = read(data, "data").reshape(p, f)
     if where == "tensor":
         _finite_for_pe_transpose(values, data)
     # A Tensor Engine transpose is a matmul against an identity: its PSUM output is matmul-written.
