@@ -250,6 +250,28 @@ def test_vector_engine_transposes_inf_and_nan_exactly():
 
 
 @nki.jit
+def broadcasts(a):
+    """nl.broadcast_to with a dtype, and to the shape x already has."""
+    cast = nl.ndarray((4, a.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+    same = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    x = nl.load(a)
+    nl.store(cast, nl.broadcast_to(x, (4, a.shape[1]), dtype=nl.bfloat16))
+    nl.store(same, nl.broadcast_to(x, a.shape))
+    return cast, same
+
+
+def test_broadcast_to_casts_and_returns_a_tile_of_its_shape_unchanged():
+    """The reference's nl.broadcast_to(x, shape, dtype=None): the dtype was refused (a
+    TypeError), and x already of the shape was copied by a Vector Engine instruction."""
+    a = np.array([[1 + 2**-8, 1 + 3 * 2**-8, 3.0]], dtype=F32)
+    profile = Profile()
+    cast, same = simulate(broadcasts, profile=profile)(a)
+    np.testing.assert_array_equal(cast, np.repeat([[1.0, 1 + 2**-6, 3.0]], 4, axis=0))
+    np.testing.assert_array_equal(same, a)
+    assert profile.instructions["vector"] == 1  # the cast broadcast only
+
+
+@nki.jit
 def index_styles(a):
     """ds(), slices and integer indexing of a rank-3 HBM tensor (0.3.0 has no nl.arange)."""
     out = nl.ndarray((2, 4, 8), dtype=nl.float32, buffer=nl.shared_hbm)

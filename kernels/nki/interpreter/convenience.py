@@ -14,7 +14,7 @@ from . import isa
 from .dtypes import DType, float32, resolve
 from .errors import NKIRuleError, shape_str
 from .ops import Op
-from .operands import on_chip, read, write
+from .operands import on_chip, read, read_f32, write
 from .state import current
 from .tensor import Tensor, allocate, check_shape
 
@@ -87,15 +87,21 @@ def reduce(op: Op, x, axis, dtype=None, keepdims=False) -> Tensor:
     return out
 
 
-def broadcast_to(x, shape) -> Tensor:
-    """Copy ``x`` broadcast (size-1 dims stretched, including partitions) into a new tile."""
+def broadcast_to(x, shape, dtype=None) -> Tensor:
+    """Copy ``x`` broadcast (size-1 dims stretched, including partitions) into a new tile, cast
+    to ``dtype`` (through fp32) when given; ``x`` itself when it has the shape and the dtype
+    already (the nki.language.broadcast_to reference: "returns x unchanged")."""
     x = on_chip(x, "x")
     shape = check_shape(shape)
     if len(shape) != x.ndim or any(s != d and s != 1 for s, d in zip(x.shape, shape)):
         raise NKIRuleError("broadcast-shape",
                            f"cannot broadcast {shape_str(x.shape)} to {shape_str(shape)}")
-    out = allocate(shape, x.dtype, _buffers.sbuf)
-    write(out, np.broadcast_to(read(x, "x"), shape))
+    out_dtype = x.dtype if dtype is None else resolve(dtype)
+    if shape == x.shape and out_dtype is x.dtype:
+        return x
+    out = allocate(shape, out_dtype, _buffers.sbuf)
+    values = read(x, "x") if out_dtype is x.dtype else read_f32(x, "x")
+    write(out, np.broadcast_to(values, shape))
     current().profile.record_elementwise("vector", out.partitions, out.free_size)
     return out
 
