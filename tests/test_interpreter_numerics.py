@@ -250,6 +250,23 @@ def test_vector_engine_transposes_inf_and_nan_exactly():
 
 
 @nki.jit
+def cast_transpose(a):
+    out = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((a.shape[1], a.shape[0]), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=t, src=nl.transpose(nl.load(a), dtype=nl.bfloat16))
+    nl.store(out, t)
+    return out
+
+
+def test_nl_transpose_casts_to_its_dtype():
+    """The reference's nl.transpose(x, dtype=None) casts the output; a dtype other than x's
+    was refused (transpose-dtype), which only nisa.nc_transpose's dst must obey."""
+    a = np.array([[1 + 2**-8, 2.0], [1 + 3 * 2**-8, -3.0]], dtype=F32)
+    expected = np.array([[1.0, 1 + 2**-6], [2.0, -3.0]], dtype=F32)
+    np.testing.assert_array_equal(simulate(cast_transpose)(a), expected)
+
+
+@nki.jit
 def broadcasts(a):
     """nl.broadcast_to with a dtype, and to the shape x already has."""
     cast = nl.ndarray((4, a.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)

@@ -107,15 +107,18 @@ def broadcast_to(x, shape, dtype=None) -> Tensor:
 
 
 def transpose(x, dtype=None) -> Tensor:
-    """Tensor Engine transpose of a 2-D SBUF tile into a new PSUM tile."""
+    """Tensor Engine transpose of a 2-D SBUF tile into a new PSUM tile; with a ``dtype`` of
+    its own (the nki.language.transpose reference casts the output) nc_transpose keeps x's
+    dtype, as it must, and a Vector Engine copy in PSUM casts."""
     x = on_chip(x, "x")
-    if dtype is not None and resolve(dtype) is not x.dtype:
-        raise NKIRuleError("transpose-dtype",
-                           f"nl.transpose keeps the dtype of {shape_str(x.shape)} {x.dtype!r}")
     isa.check_transpose_limit(x, "tensor")
     out = allocate((x.free_size, x.partitions), x.dtype, _buffers.psum)
     isa.nc_transpose(dst=out, data=x)
-    return out
+    if dtype is None or resolve(dtype) is x.dtype:
+        return out
+    cast = allocate(out.shape, resolve(dtype), _buffers.psum)
+    isa.tensor_copy(dst=cast, src=out)
+    return cast
 
 
 def matmul(x, y, transpose_x=False) -> Tensor:
