@@ -189,6 +189,11 @@ def k_memset_type():
 
 
 @nki.jit
+def k_memset_out_of_range():
+    nisa.memset(dst=nl.ndarray((128, 8), dtype=nl.int8, buffer=nl.sbuf), value=300)
+
+
+@nki.jit
 def k_hbm_operand(a):
     t = nl.load(a)
     nisa.tensor_tensor(dst=sbuf((128, 8)), data1=t, data2=a, op=nl.add)
@@ -312,6 +317,7 @@ CASES = [
     (k_reduce_axis, (arr(128, 4, 8),), "reduce-axis", "(128, 4, 8)"),
     (k_reduce_shape, (arr(128, 8),), "reduce-shape", "(128, 2)"),
     (k_memset_type, (), "memset-type", "(128, 8)"),
+    (k_memset_out_of_range, (), "memset-type", "300, outside nl.int8 (-128 .. 127)"),
     (k_hbm_operand, (arr(128, 8),), "hbm-operand", "(128, 8)"),
     (k_broadcast_shape, (arr(2, 3),), "broadcast-shape", "(2, 3)"),
     (k_start_partition_vector, (arr(128, 8),), "start-partition",

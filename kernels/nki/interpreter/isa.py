@@ -15,8 +15,8 @@ from .dma import dma_copy, dge_mode, oob_mode
 from .dtypes import FP32_CLASS, float32
 from .errors import NKIRuleError, not_in_subset, shape_str
 from .ops import Op, canonical
-from .operands import (in_buffer, matmul_operand_at_row_zero, on_chip, read, read_f32,
-                       same_layout, same_partitions, scalar_f32, vector_operand, write)
+from .operands import (in_buffer, integer_fill, matmul_operand_at_row_zero, on_chip, read,
+                       read_f32, same_layout, same_partitions, scalar_f32, vector_operand, write)
 from .state import current
 
 __all__ = [
@@ -461,13 +461,10 @@ def memset(dst, value, engine=engine.unknown, name=None) -> None:
     where = _engine_name(engine, default, ("vector", "gpsimd"), "memset-engine",
                          f"memset of {shape_str(dst.shape)}")
     _gpsimd_keeps_off_psum(where, "memset", dst=dst)
-    if not dst.dtype.is_float and not isinstance(value, (int, np.integer)):
-        raise NKIRuleError(
-            "memset-type",
-            f"memset of {dst.dtype!r} tile {shape_str(dst.shape)} needs an int value, "
-            f"got {value!r}")
     if dst.dtype.is_float:
         value = scalar_f32(value, "value")
+    else:
+        integer_fill(value, dst, "memset")
     write(dst, np.full(dst.shape, value))
     current().profile.record_elementwise(where, dst.partitions, dst.free_size)
 

@@ -171,6 +171,21 @@ def scalar_f32(value: object, what: str) -> np.float32:
     raise NKIRuleError("operand-type", f"{what} must be a Python scalar or a tile, got {value!r}")
 
 
+def integer_fill(value: object, t: Tensor, what: str) -> None:
+    """Refuse a fill of int tile ``t`` that is no int (the 0.3.0 strict type matching) or lies
+    outside its dtype: what the device stores then is not documented, and silently saturating
+    would hide it."""
+    if not isinstance(value, (int, np.integer)):
+        raise NKIRuleError(
+            "memset-type",
+            f"{what} of {t.dtype!r} tile {shape_str(t.shape)} needs an int value, got {value!r}")
+    if not t.dtype.low <= int(value) <= t.dtype.high:
+        raise NKIRuleError(
+            "memset-type",
+            f"{what} of {t.dtype!r} tile {shape_str(t.shape)} with {value!r}, outside "
+            f"{t.dtype!r} ({t.dtype.low} .. {t.dtype.high})")
+
+
 def vector_operand(value: object, data: Tensor, what: str) -> np.ndarray | np.float32:
     """A tensor_scalar / activation operand: a scalar, or a (P, 1) fp32 tile matching ``data``."""
     if not isinstance(value, Tensor):
