@@ -7,7 +7,8 @@ import json
 import h5py
 import pytest
 
-from conftest import molecule_path
+from conftest import molecule_path, pyscf_df_rhf, pyscf_dfmp2_reference, pyscf_molecule
+from dfmp2.records.ledger import fallbacks_of
 from dfmp2.records.tree import read_record
 
 
@@ -102,3 +103,32 @@ def test_a_required_nki_kernel_that_fails_ends_the_run_in_one_line(run_cli, tmp_
     stored = read_record(record)
     assert stored.attrs["status"] == "failed"
     assert "internal error" not in stored.attrs["error"]
+
+
+def test_a_batch_that_requires_nki_recomputes_a_record_whose_kernels_fell_back(
+        run_cli, tmp_path, monkeypatch):
+    """A complete record whose kernels fell back to torch was reused by a batch under
+    DFMP2_REQUIRE_NKI=1 and reported complete: the requirement was never met."""
+    from kernels.nki.launcher import Launcher
+
+    working = Launcher.launch
+
+    def broken(self, kernel_name, kernel, *args):
+        raise RuntimeError("simulated kernel failure")
+
+    args = (molecule_path("water"), "--basis", "sto-3g", "--backend", "nki", "--threads", "1",
+            "--out", tmp_path / "out", "--json")
+    monkeypatch.setattr(Launcher, "launch", broken)
+    first = run_cli("batch", *args)
+    assert first.code == 0, first.err
+    [row] = json.loads(first.out)
+    assert fallbacks_of(read_record(row["record"])) > 0
+    monkeypatch.setattr(Launcher, "launch", working)
+    monkeypatch.setenv("DFMP2_REQUIRE_NKI", "1")
+    second = run_cli("batch", *args)
+    assert second.code == 0, second.err
+    [row] = json.loads(second.out)
+    stored = read_record(row["record"])
+    assert fallbacks_of(stored) == 0
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    assert abs(stored.groups["mp2"].attrs["e_corr"] - reference.e_corr) < 1e-6

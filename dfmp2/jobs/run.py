@@ -7,6 +7,7 @@ the same record skips both. With a world of several ranks, rank 0 alone writes t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from dfmp2.jobs.session import (RecordSession, guarded, same_inputs, settle_supe
 from dfmp2.jobs.stages import (RunContext, calculate, check_differentiable, gradient_stage,
                                record_rank_stages, reference_stage)
 from dfmp2.records.checkpoint import RESUME, REUSE, RecordSaver
+from dfmp2.records.ledger import fallbacks_of
 from dfmp2.records.sections import ScfSection
 from dfmp2.records.tree import Node
 from dfmp2.system.distributed import World
@@ -39,6 +41,22 @@ def holds_stability(record: Node) -> bool:
     return section is not None and section.stability != "not checked"
 
 
+def ran_without_fallbacks(record: Node) -> bool:
+    """Whether a complete record answers DFMP2_REQUIRE_NKI: one whose kernels fell back to
+    torch is computed again (a batch reused it and reported it complete)."""
+    return fallbacks_of(record) == 0
+
+
+def answers_request(settings: RunSettings) -> Callable[[Node], bool] | None:
+    """What a complete record of the same inputs must also hold to be reused: the checks
+    that options outside the inputs ask for (None: nothing more)."""
+    checks = ([holds_stability] if settings.stability else []) + (
+        [ran_without_fallbacks] if settings.require_nki else [])
+    if not checks:
+        return None
+    return lambda record: all(check(record) for check in checks)
+
+
 def run(settings: RunSettings, world: World | None = None, reuse_complete: bool = False,
         geometry: Geometry | None = None, ghosts: frozenset[int] = frozenset()) -> RunOutcome:
     """The whole job. With ``reuse_complete`` a complete record of the same inputs is returned
@@ -54,7 +72,7 @@ def run(settings: RunSettings, world: World | None = None, reuse_complete: bool 
     inputs = run_inputs(calc, settings, env)
     with RecordSession(path, env, same_inputs(inputs)) as session:
         previous = shared_previous_run(session, inputs, settings.resume, reuse_complete,
-                                       holds_stability if settings.stability else None)
+                                       answers_request(settings))
         if previous.action == REUSE:
             return RunOutcome(previous.record, path, 0, reused=True)
         root = job.new_record()
