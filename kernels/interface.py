@@ -21,7 +21,7 @@ and let the stage's functions take a ``CoulombKernelSet``.
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -111,4 +111,14 @@ class KernelSet(Protocol):
     def report(self) -> dict:
         """JSON-friendly facts for the run record beyond the call counts (NKI: mode,
         signatures, launches and the estimate; torch: nothing)."""
+        ...
+
+    def hand_over_launches(self) -> Any:
+        """What :meth:`report` counted so far (NKI: launches and interpreter costs; torch:
+        None), then counting afresh: another rank's share for rank 0's record."""
+        ...
+
+    def absorb_launches(self, tally: Any) -> None:
+        """Add another rank's :meth:`hand_over_launches`, so that :meth:`report` covers every
+        rank, as the call counts in ``accounting`` do."""
         ...

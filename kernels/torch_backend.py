@@ -132,6 +132,13 @@ class TorchKernels:
         """Backend-specific facts for the run record (none beyond the call counts here)."""
         return {}
 
+    def hand_over_launches(self) -> None:
+        """Nothing counted beyond the calls."""
+        return None
+
+    def absorb_launches(self, tally: object) -> None:
+        """Nothing to add: torch counts no launches."""
+
     def gemm(self, a: torch.Tensor, b: torch.Tensor,
              out: torch.Tensor | None = None) -> torch.Tensor:
         self.accounting.record("gemm", self.executor)

@@ -701,3 +701,47 @@ def test_a_later_rank_stopped_during_its_grace_exits_without_a_line(monkeypatch)
         timer.cancel()
     assert result.code == 128 + signal.SIGTERM and time.monotonic() - started < 20
     assert "Error:" not in result.err
+
+
+def launches_of(group, kernel: str) -> int:
+    """The launches of every signature of ``kernel`` in a record's ``/backend`` or
+    ``/scf_engine``."""
+    launches = json.loads(group.attrs["launches"])
+    return sum(n for signature, n in launches.items() if signature.startswith(f"{kernel}("))
+
+
+@pytest.mark.parametrize("command", ["run", "frequencies"])
+def test_nki_launches_and_estimate_count_every_rank(tmp_path, command):
+    """On NKI the record's launches, signatures and estimated trn1 time were rank 0's alone,
+    beside call counts summed over every rank (water / STO-3G on two ranks: 8 of the 15
+    energy pairs' launches, half the SCF's syrk launches). With one occupied orbital per
+    block the ranks compute the single process's energy pairs (a frequency job its points,
+    each whole on one rank), so their launches add up to that process's; each SCF's launches
+    match its calls."""
+    molecule = molecule_path("water" if command == "run" else "hydrogen_fluoride")
+    args = [molecule, "--basis", "sto-3g", "--backend", "nki", "--occ-block", "1",
+            "--threads", "1", "--json"]
+    single = run_in_process(command, *args, "-o", tmp_path / "one.h5")
+    assert single.code == 0, single.err
+    double = on_ranks(2, command, *args, "-o", tmp_path / "two.h5")
+    assert double.code == 0, double.err
+    with h5py.File(tmp_path / "one.h5", "r") as one, h5py.File(tmp_path / "two.h5", "r") as two:
+        assert two["backend"].attrs["nki_mode"] == "interpreter"
+        for kernel in ("gemm", "syrk"):
+            calls = f"calls.{kernel}.nki-interpreter"
+            # These SCFs launch each J/K product once; the ranks each build their part.
+            assert launches_of(one["scf_engine"], kernel) == one["scf_engine"].attrs[calls]
+            assert launches_of(two["scf_engine"], kernel) == two["scf_engine"].attrs[calls]
+        if command == "run":
+            energy = ("mp2_energy", "mp2_energy_fused", "mp2_energy_os", "mp2_energy_os_fused")
+            assert (sum(launches_of(two["backend"], k) for k in energy)
+                    == sum(launches_of(one["backend"], k) for k in energy) > 0)
+            return
+        # (Each rank converges its own SCF at the reference geometry first: the SCFs' launches
+        # differ, and are checked against their calls above.)
+        backend = one["backend"].attrs, two["backend"].attrs
+        assert json.loads(backend[1]["launches"]) == json.loads(backend[0]["launches"])
+        assert backend[1]["matmul_flops"] == backend[0]["matmul_flops"] > 0
+        estimates = [json.loads(attrs["estimate"]) for attrs in backend]
+        assert {k: pytest.approx(v, rel=1e-12) if isinstance(v, float) else v
+                for k, v in estimates[0].items()} == estimates[1]

@@ -640,21 +640,24 @@ def test_rank_zero_counts_every_kept_points_kernel_calls_round_by_round():
     from dfmp2.system.progress import Progress
     from dfmp2.vib.hessian import Finished, compute_points
     from dfmp2.records.frequencies_section import Point
-    from kernels.accounting import KernelAccounting
+    import kernels
 
     def point(index: int) -> Finished:
         return Finished(Point(index, np.zeros((2, 3)), -1.0, np.zeros((2, 3)), np.zeros(3)))
 
-    rank_one = iter([(point(2), None, [({("gemm", "torch"): 7}, 0, []),
-                                       ({("syrk", "torch"): 2}, 0, [])]),
-                     (None, "the SCF did not converge", [({("gemm", "torch"): 3}, 1, ["why"]),
-                                                         ({("syrk", "torch"): 4}, 0, [])])])
+    # Each rank hands its calls with its launches (none on torch).
+    rank_one = iter([(point(2), None, [(({("gemm", "torch"): 7}, 0, []), None),
+                                       (({("syrk", "torch"): 2}, 0, []), None)]),
+                     (None, "the SCF did not converge",
+                      [(({("gemm", "torch"): 3}, 1, ["why"]), None),
+                       (({("syrk", "torch"): 4}, 0, []), None)])])
 
     class RankZeroOfTwo(World):
         def gather_when_all_arrive(self, value, what):
             return [value, next(rank_one)]
 
-    accounting, scf_accounting = KernelAccounting(), KernelAccounting()
+    mp2_kernels, scf_kernels = kernels.load("torch"), kernels.load("torch")
+    accounting, scf_accounting = mp2_kernels.accounting, scf_kernels.accounting
 
     def evaluate(index: int) -> Finished:
         accounting.record("gemm", "torch", 5)
@@ -663,7 +666,7 @@ def test_rank_zero_counts_every_kept_points_kernel_calls_round_by_round():
     kept = []
     with pytest.raises(RunFailure, match="rank 1: the SCF did not converge"):
         compute_points([1, 2, 3, 4], evaluate, RankZeroOfTwo(2, 0), kept.extend,
-                       Progress(4, "points", False), [accounting, scf_accounting])
+                       Progress(4, "points", False), [mp2_kernels, scf_kernels])
     assert [done.point.index for done in kept] == [1, 2, 3]
     assert accounting.calls == {("gemm", "torch"): 5 + 7 + 5 + 3}
     assert accounting.fallbacks == 1 and accounting.fallback_reasons == ["why"]

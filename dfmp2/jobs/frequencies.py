@@ -336,7 +336,7 @@ def _compute(job: Job, evaluator: PointEvaluator, options: FrequencyOptions,
         if world.rank < len(pending):
             evaluator.start_from(reference)
         compute_points(pending, evaluate, world, keep, progress,
-                       [job.env.kernel_set.accounting, job.env.scf_kernels.accounting])
+                       [job.env.kernel_set, job.env.scf_kernels.fast])
     if world.size > 1 and pending:
         ranks = world.gather((busy, peak_resident_megabytes(), mine),
                              "gathering every rank's points and seconds")

@@ -31,7 +31,7 @@ from dfmp2.records.checkpoint import RecordSaver, resumable_pairs, stored_occ_bl
 from dfmp2.records.sections import (DoubleHybridSection, GradientSection, Mp2Section, PlanSection,
                                     ScfEngineSection, Sizes, read_scf, write_distributed,
                                     write_gradient, write_rank_stages, write_scf, write_timings)
-from dfmp2.records.ledger import stored_calls, write_accounting
+from dfmp2.records.ledger import absorb_ledger, hand_over_ledger, stored_calls, write_accounting
 from dfmp2.records.tree import Node, set_resumed
 from dfmp2.scf.engine import ScfKernels
 from dfmp2.scf.reference import (ScfOptions, ScfResult, integrals_released_on_failure,
@@ -154,18 +154,20 @@ def _record_reference(ctx: RunContext, scf_result: ScfResult) -> None:
 
 
 def gather_scf_calls(ctx: RunContext) -> None:
-    """With several ranks, every rank's SCF kernel calls into rank 0's ledger at the SCF's
-    end (a collective): the record saved there, which a killed job leaves for its resume,
-    held rank 0's alone. The other ranks then count afresh, so that their calls at the end
-    (the orbital response's) are not counted twice."""
-    world, accounting = ctx.env.world, ctx.env.scf_kernels.accounting
+    """With several ranks, every rank's SCF kernel calls (and NKI launches) into rank 0's
+    ledger at the SCF's end (a collective): the record saved there, which a killed job leaves
+    for its resume, held rank 0's alone. The other ranks then count afresh, so that their
+    calls at the end (the orbital response's) are not counted twice."""
+    world, engine = ctx.env.world, ctx.env.scf_kernels.fast
     if world.size == 1:
         return
-    handed = world.gather(accounting.snapshot() if world.is_root else accounting.hand_over(),
+    handed = world.gather(None if world.is_root else hand_over_ledger(engine),
                           "gathering every rank's SCF kernel calls")
     if world.is_root:
-        for calls in handed[1:]:
-            accounting.absorb(calls)
+        for share in handed[1:]:
+            absorb_ledger(engine, share)
+
+
 
 
 def carry_scf_ledger(ctx: RunContext) -> None:
@@ -357,17 +359,17 @@ def record_rank_stages(ctx: RunContext) -> None:
         if ScfEngineSection.group_name in ctx.node.groups:
             write_scf_ledger(ctx.node, env.scf_kernels)
         return
-    ranks = world.gather((ctx.timings, peak_resident_megabytes(),
-                          env.kernel_set.accounting.snapshot(),
-                          env.scf_kernels.accounting.snapshot()),
+    ledgers = ((None, None) if world.is_root else
+               (hand_over_ledger(env.kernel_set), hand_over_ledger(env.scf_kernels.fast)))
+    ranks = world.gather((ctx.timings, peak_resident_megabytes(), *ledgers),
                          "gathering every rank's stage times and kernel calls")
     write_rank_stages(ctx.node, world.size, world.backend, [r[0] for r in ranks],
                       [r[1] for r in ranks])
     if not world.is_root:
         return
-    for _, _, mp2_calls, scf_calls in ranks[1:]:
-        env.kernel_set.accounting.absorb(mp2_calls)
-        env.scf_kernels.accounting.absorb(scf_calls)
+    for _, _, mp2_share, scf_share in ranks[1:]:
+        absorb_ledger(env.kernel_set, mp2_share)
+        absorb_ledger(env.scf_kernels.fast, scf_share)
     if ScfEngineSection.group_name in ctx.node.groups:
         write_scf_ledger(ctx.node, env.scf_kernels)
 

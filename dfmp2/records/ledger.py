@@ -12,6 +12,7 @@ from dfmp2.records.sections import Section, from_attr
 from dfmp2.errors import InputError
 from dfmp2.records.tree import FOREIGN_RECORD, Node
 from dfmp2.system.interrupts import written_whole
+from kernels.interface import KernelSet
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,18 @@ def _count(value: Any, group_name: str, key: str) -> int:
         raise InputError(f"the record's /{group_name} {key} holds {count}, not a count; "
                          f"{FOREIGN_RECORD}")
     return count
+
+
+def hand_over_ledger(kernel_set: KernelSet) -> tuple:
+    """A rank's kernel calls and NKI launches since its last hand-over, for rank 0's record;
+    it then counts afresh."""
+    return kernel_set.accounting.hand_over(), kernel_set.hand_over_launches()
+
+
+def absorb_ledger(kernel_set: KernelSet, share: tuple) -> None:
+    """Another rank's :func:`hand_over_ledger` into this rank's ledger: the record's calls,
+    launches, signatures and estimate then count every rank's kernels alike (the launches
+    and estimate were rank 0's alone beside every rank's calls)."""
+    calls, launches = share
+    kernel_set.accounting.absorb(calls)
+    kernel_set.absorb_launches(launches)

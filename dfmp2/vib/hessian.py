@@ -23,13 +23,14 @@ from dfmp2.jobs.preamble import Job
 from dfmp2.jobs.stages import double_hybrid_section, method_name, mp2_section
 from dfmp2.mp2.pairs import Mp2Energies
 from dfmp2.records.frequencies_section import Point, ReferenceSections
+from dfmp2.records.ledger import absorb_ledger, hand_over_ledger
 from dfmp2.records.sections import GradientSection, ScfSection
 from dfmp2.scf.reference import ScfResult
 from dfmp2.system.distributed import World
 from dfmp2.system.progress import Progress
 from dfmp2.vib.dipole import dipole_moment
 from dfmp2.vib.displacements import REFERENCE_POINT
-from kernels.accounting import KernelAccounting
+from kernels.interface import KernelSet
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +114,12 @@ class PointEvaluator:
 
 def compute_points(pending: list[int], evaluate: Callable[[int], Finished], world: World,
                    keep: Callable[[list[Finished]], None], progress: Progress,
-                   ledgers: Sequence[KernelAccounting]) -> None:
+                   kernel_sets: Sequence[KernelSet]) -> None:
     """Compute the ``pending`` points, each rank one point per round; after each round every
-    rank hands the finished ones to ``keep`` (rank 0 saves them), and rank 0's ``ledgers``
-    (the MP2 stage's and the SCF's) take the kernel calls the other ranks made for them: a
-    job that fails, or is stopped, after a round counts the calls behind every point it kept.
+    rank hands the finished ones to ``keep`` (rank 0 saves them), and rank 0's ``kernel_sets``
+    (the MP2 stage's and the SCF's) take the kernel calls and NKI launches the other ranks
+    made for them: a job that fails, or is stopped, after a round counts the calls behind
+    every point it kept.
     A point that fails on one rank fails the job on every rank, after the points that did
     finish are kept."""
     for start in range(0, len(pending), world.size):
@@ -132,7 +134,7 @@ def compute_points(pending: list[int], evaluate: Callable[[int], Finished], worl
                 if world.size == 1:
                     raise
                 failure = exc
-        calls = None if world.is_root else [ledger.hand_over() for ledger in ledgers]
+        calls = None if world.is_root else [hand_over_ledger(ks) for ks in kernel_sets]
         # A round's points take the same time on every rank but the last round's, where a
         # rank with no point waits a whole point's time: longer than DFMP2_DIST_TIMEOUT, a
         # collective's wait failed every such job at its end (and its every resume).
@@ -141,8 +143,8 @@ def compute_points(pending: list[int], evaluate: Callable[[int], Finished], worl
             "gathering the displaced gradients")
         if world.is_root:
             for _, _, handed in shared[1:]:
-                for ledger, snapshot in zip(ledgers, handed):
-                    ledger.absorb(snapshot)
+                for kernel_set, share in zip(kernel_sets, handed):
+                    absorb_ledger(kernel_set, share)
         finished = [done for done, _, _ in shared if done is not None]
         if finished:
             keep(finished)

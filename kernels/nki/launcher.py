@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -128,6 +129,15 @@ def signature_string(kernel_name: str, args: tuple) -> str:
     return f"{kernel_name}(" + ", ".join(_value_signature(a) for a in args) + ")"
 
 
+@dataclass
+class LaunchTally:
+    """What one process's launcher counted (launches per signature and, in the interpreter,
+    their Profile), handed to the process that writes the record to add to its own."""
+
+    launches: Counter
+    profile: Any
+
+
 class Launcher:
     """Runs kernels in one mode; counts distinct signatures, launches and (interpreter) costs."""
 
@@ -207,3 +217,21 @@ class Launcher:
     def launch_counts(self) -> dict[str, int]:
         """Signature string -> number of launches."""
         return dict(sorted(self.launches.items()))
+
+    def hand_over(self) -> LaunchTally:
+        """The launches and costs counted so far, then counting afresh: another rank's share
+        for rank 0's record, which must not be handed twice."""
+        tally = LaunchTally(self.launches, self.profile)
+        self.launches = Counter()
+        if self.profile is not None:
+            from kernels.nki import interpreter
+            self.profile = interpreter.Profile()
+        return tally
+
+    def absorb(self, tally: LaunchTally) -> None:
+        """Add another rank's :meth:`hand_over`: the record's launches, signatures and
+        estimate then cover every rank, as its call counts do. A rank in another mode (no
+        interpreter Profile) adds its launches alone."""
+        self.launches.update(tally.launches)
+        if self.profile is not None and tally.profile is not None:
+            self.profile.add(tally.profile)

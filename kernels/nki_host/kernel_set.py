@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from kernels.accounting import KernelAccounting
-from kernels.nki.launcher import Launcher
+from kernels.nki.launcher import LaunchTally, Launcher
 from kernels.nki_host import gemm as gemm_host
 from kernels.nki_host import gemm_split as gemm_split_host
 from kernels.nki_host import mp2_energy as mp2_energy_host
@@ -150,6 +150,15 @@ class NkiKernels:
                                                     denom_col, nvir_row, nvir_col))
 
     # ---- record ---------------------------------------------------------------------------
+    def hand_over_launches(self) -> LaunchTally:
+        """This rank's launches and interpreter costs so far, then counting afresh."""
+        return self.launcher.hand_over()
+
+    def absorb_launches(self, tally: LaunchTally | None) -> None:
+        """Another rank's launches and costs into this record's report."""
+        if tally is not None:
+            self.launcher.absorb(tally)
+
     def report(self) -> dict:
         """JSON-friendly summary of the NKI launches for the run record."""
         launcher = self.launcher
