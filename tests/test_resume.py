@@ -252,3 +252,38 @@ def test_a_resumed_run_accounts_for_the_pairs_it_did_not_compute(run_cli, tmp_pa
         # The restored SCF keeps the interrupted run's /scf_engine (it was dropped).
         with h5py.File(record, "r") as h5:
             assert any(key.startswith("calls.") for key in h5["scf_engine"].attrs)
+
+
+def test_a_resumed_run_keeps_the_interrupted_runs_fallback_reasons_as_they_were(run_cli,
+                                                                               tmp_path):
+    """The interrupted run's fallback reasons were read back as one reason, the text of their
+    JSON list: every resumed record said fallback_reasons ["[]"] beside 0 fallbacks, and one
+    whose killed run had fallen back gave a reason '["mp2_energy: ..."]'."""
+    record = tmp_path / "w.h5"
+    args = ("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+            "--threads", "1", "--occ-block", "1", "-o", record, "--json")
+    assert run_cli(*args).code == 0
+    reason = "mp2_energy: the kernel failed"
+    for group, reasons in (("scf_engine", []), ("backend", [reason])):
+        with h5py.File(record, "r+") as h5:
+            h5.attrs["status"] = "interrupted"
+            if "mp2" in h5:
+                del h5["mp2"]
+            h5[group].attrs["fallback_reasons"] = json.dumps(reasons)
+            h5[group].attrs["fallbacks"] = len(reasons)
+        assert run_cli(*args).code == 0
+        with h5py.File(record, "r") as h5:
+            assert h5.attrs["status"] == "complete"
+            assert json.loads(h5[group].attrs["fallback_reasons"]) == reasons
+            assert h5[group].attrs["fallbacks"] == len(reasons)
+
+
+def test_fallback_reasons_that_are_not_a_list_of_text_are_refused(tmp_path):
+    from dfmp2.errors import InputError
+    from dfmp2.records.ledger import stored_calls
+    from dfmp2.records.tree import Node
+
+    node = Node()
+    node.group("backend").attrs.update({"fallbacks": 0, "fallback_reasons": "{not json"})
+    with pytest.raises(InputError, match="fallback_reasons"):
+        stored_calls(node)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dfmp2.records.sections import Section, from_attr
+from dfmp2.records.sections import Section, from_attr, text_list
 from dfmp2.errors import InputError
 from dfmp2.records.tree import FOREIGN_RECORD, Node
 from dfmp2.system.interrupts import written_whole
@@ -114,7 +114,10 @@ def stored_calls(node: Node, group_name: str = BackendFacts.group_name
         if key.startswith("calls.") and key.count(".") >= 2:
             _, kernel, executor = key.split(".", 2)
             calls[(kernel, executor)] = _count(value, group_name, key)
-    reasons = [str(r) for r in np.atleast_1d(group.attrs.get("fallback_reasons", []))]
+    # Read as an array, the JSON text was one reason: '[]' in every resumed record.
+    reasons = text_list(group.attrs.get("fallback_reasons", "[]"),
+                        f"/{group_name} fallback_reasons",
+                        "the list of fallback reasons dfmp2 writes")
     return calls, _count(group.attrs.get("fallbacks", 0), group_name, "fallbacks"), reasons
 
 

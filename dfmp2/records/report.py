@@ -2,21 +2,19 @@
 and a dump of everything."""
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 
-from dfmp2.errors import InputError
 from dfmp2.input.xyz import parse_xyz
 from dfmp2.mp2.methods import SCS_OS_DEFAULT, SCS_SS_DEFAULT
 from dfmp2.records.sections import (CalculationInputs, CheckSection, DoubleHybridSection,
                                     Mp2Section, ScfSection, Sizes, read_gradient, read_inputs,
-                                    read_timings)
+                                    read_timings, text_list)
 from dfmp2.records.ledger import executors_of, fallbacks_of, read_kernel_ledger
 from dfmp2.records.properties_section import PropertiesSection, properties_lines
 from dfmp2.records.frequencies_section import FrequenciesSection, frequency_lines
-from dfmp2.records.tree import FOREIGN_RECORD, FREQUENCIES_SCHEMA, Node, error, schema, status
+from dfmp2.records.tree import FREQUENCIES_SCHEMA, Node, error, schema, status
 from dfmp2.scf.reference import UNSTABLE_BELOW
 from dfmp2.scf.spin import exact_spin_square, spin_contaminated
 from dfmp2.system.files import printable
@@ -185,15 +183,8 @@ def basis_warnings(inputs: CalculationInputs | None) -> list[str]:
     """The warnings on the bases a record's run gave (none in an older record)."""
     if inputs is None or inputs.basis_warnings is None:
         return []
-    try:
-        warnings = json.loads(inputs.basis_warnings)
-    except ValueError:
-        warnings = None
-    if not isinstance(warnings, list) or not all(isinstance(each, str) for each in warnings):
-        raise InputError(f"the record's /input basis_warnings holds "
-                         f"{printable(inputs.basis_warnings[:40], one_line=True)}, not the list "
-                         f"of warnings dfmp2 writes; {FOREIGN_RECORD}")
-    return warnings
+    return text_list(inputs.basis_warnings, "/input basis_warnings",
+                     "the list of warnings dfmp2 writes")
 
 
 def _check_line(check: CheckSection) -> str:

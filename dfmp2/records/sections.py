@@ -84,6 +84,20 @@ def from_attr(value: Any, annotation: str, where: str) -> Any:
                      f"not {expected}; {FOREIGN_RECORD}")
 
 
+def text_list(value: Any, where: str, what: str) -> list[str]:
+    """A stored list of text, which dfmp2 writes as JSON; anything else (an altered record's)
+    is an input error naming the attribute and ``what`` dfmp2 writes there."""
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, list) or not all(isinstance(each, str) for each in parsed):
+        raise InputError(f"the record's {where} holds "
+                         f"{printable(str(value)[:40], one_line=True)}, not {what}; "
+                         f"{FOREIGN_RECORD}")
+    return parsed
+
+
 def finite_numbers(value: Any, where: str, shape: tuple[int | None, ...]) -> np.ndarray:
     """A stored dataset as finite fp64 numbers of ``shape`` (None: any length there): dfmp2
     records only such; anything else (text, NaN, another shape) is an input error naming the
