@@ -287,3 +287,15 @@ def test_fallback_reasons_that_are_not_a_list_of_text_are_refused(tmp_path):
     node.group("backend").attrs.update({"fallbacks": 0, "fallback_reasons": "{not json"})
     with pytest.raises(InputError, match="fallback_reasons"):
         stored_calls(node)
+
+
+def test_a_stored_records_executors_are_read_as_a_list(run_cli, tmp_path):
+    """Read back from the file, a record's executors were the text of their JSON list taken
+    as one executor: ['["torch-cpu"]']."""
+    from dfmp2.records.ledger import executors_of
+    from dfmp2.records.tree import read_record
+
+    record = tmp_path / "w.h5"
+    assert run_cli("run", molecule_path("water"), "--basis", "sto-3g", "--backend", "torch",
+                   "--threads", "1", "-o", record).code == 0
+    assert executors_of(read_record(record)) == ["torch-cpu"]

@@ -74,7 +74,9 @@ def executors_of(node: Node) -> list[str]:
     for name in (BackendFacts.group_name, "scf_engine"):
         group = node.groups.get(name)
         if group is not None:
-            found.update(str(e) for e in np.atleast_1d(group.attrs.get("executors", [])))
+            stored = group.attrs.get("executors", [])
+            found.update(text_list(stored, f"/{name} executors", "a list of executors")
+                         if isinstance(stored, str) else (str(e) for e in np.atleast_1d(stored)))
     return sorted(found)
 
 
