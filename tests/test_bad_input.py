@@ -476,6 +476,9 @@ def test_verbosity_is_accepted_on_every_subcommand(run_cli, tmp_path, caplog):
 
 @pytest.mark.parametrize("variable,value,fragment", [
     ("DFMP2_DIST_TIMEOUT", "30s", "DFMP2_DIST_TIMEOUT='30s' is not a whole number"),
+    # int() reads '1_0' as 10 and digits of other scripts as digits.
+    ("DFMP2_DIST_TIMEOUT", "1_0", "DFMP2_DIST_TIMEOUT='1_0' is not a whole number"),
+    ("SLURM_STEP_NUM_TASKS", "\u0662", "is not a whole number"),
     ("DFMP2_DIST_TIMEOUT", "0", "must be at least 1"),
     # Beyond 7.4e9 s torch's deadlines overflow: the ranks hung while joining, for good.
     ("DFMP2_DIST_TIMEOUT", "7500000000", "must be at most 31536000"),

@@ -100,7 +100,8 @@ def test_a_task_id_off_the_array_is_refused(task):
                                         ("SLURM_ARRAY_TASK_COUNT", "four"),
                                         ("SLURM_ARRAY_TASK_MIN", ""),
                                         ("SLURM_ARRAY_TASK_MAX", "15.0"),
-                                        ("SLURM_ARRAY_TASK_STEP", "5x")])
+                                        ("SLURM_ARRAY_TASK_STEP", "5x"),
+                                        ("SLURM_ARRAY_TASK_STEP", "1_0")])
 def test_junk_in_an_array_variable_is_an_input_error(name, value):
     environ = {**slurm_environment([0, 5, 10, 15], 5, 5), name: value}
     with pytest.raises(InputError, match=f"{name}={value!r} is not a whole number"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -40,6 +41,8 @@ DEFAULT_TIMEOUT_SECONDS = 300
 # 7.4e9 s, and a join then hung for good.
 LONGEST_TIMEOUT_SECONDS = 365 * 24 * 3600
 DEFAULT_MASTER_PORT = "29500"
+# How environment variables write a whole number (int() also reads '1_0' and other scripts).
+WHOLE_NUMBER = re.compile(r"[+-]?\d+", re.ASCII)
 # A diagonal (syrk) block pair costs about half an off-diagonal one.
 DIAGONAL_COST = 0.5
 # Longest pause between two looks at an unfinished collective: a bound on the latency a wait
@@ -121,10 +124,9 @@ def environment_integer(environ: Mapping[str, str], name: str, default: int | No
     text = environ.get(name)
     if text is None:
         return default
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise InputError(f"{name}={text!r} is not a whole number; {remedy}") from None
+    if not WHOLE_NUMBER.fullmatch(text.strip()):
+        raise InputError(f"{name}={text!r} is not a whole number; {remedy}")
+    value = int(text.strip())
     if minimum is not None and value < minimum:
         raise InputError(f"{name}={text!r} must be at least {minimum}; {remedy}")
     if maximum is not None and value > maximum:
