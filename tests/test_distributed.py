@@ -39,13 +39,14 @@ def torchrun(nproc: int, *args: str, command: str = "run") -> list[str]:
 
 
 def on_ranks(nranks: int, command: str, *args, program: list[str] | None = None,
-             variables: dict[str, str] | None = None) -> CliResult:
+             variables: dict[str, str] | None = None, waited: int | None = None) -> CliResult:
     """``dfmp2 COMMAND ARGS`` (or ``program COMMAND ARGS``) on ``nranks`` ranks started as
     ``srun`` starts a step's tasks (one process each, told its rank by SLURM_PROCID), or in
     this process for one (the single process a distributed result is checked against), with
     the environment's ``variables``. Without torchrun's own interpreter in front, a job
     starts about 2 s sooner; the torchrun tests are in this file. The output is every
-    rank's, rank 0's first."""
+    rank's, rank 0's first. With ``waited``, only the first ``waited`` ranks are waited for
+    and the others killed then (a rank that never ends by itself)."""
     if nranks == 1:
         return run_in_process(command, *args)
     port = str(free_port())
@@ -64,7 +65,7 @@ def on_ranks(nranks: int, command: str, *args, program: list[str] | None = None,
                                         "SLURM_STEP_NUM_TASKS": str(nranks),
                                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
         try:
-            codes = [rank.wait(timeout=JOB_TIMEOUT_SECONDS) for rank in ranks]
+            codes = [rank.wait(timeout=JOB_TIMEOUT_SECONDS) for rank in ranks[:waited]]
         finally:
             for rank in ranks:
                 rank.kill()
@@ -212,6 +213,25 @@ def test_a_block_pair_longer_than_the_timeout_completes_on_ranks(tmp_path):
         assert h5.attrs["status"] == "complete"
         ranks = h5["distributed"].attrs
         assert ranks["world_size"] == 2 and len(json.loads(ranks["rank1.pairs"])) > 1
+
+
+def test_a_stopped_rank_ends_the_job_within_the_timeout(tmp_path):
+    """A rank alive but stopped (SIGSTOP, a frozen node) left the others waiting for its
+    block pair for good: they watched for a rank that died, not for one that went silent.
+    Here rank 1 stops itself at its first pair, and rank 0 ends within about the 3 s
+    timeout."""
+    start = time.monotonic()
+    job = on_ranks(2, "run", molecule_path("water_dimer"), "--basis", "sto-3g", "--backend",
+                   "torch", "--threads", "1", "--occ-block", "2", "-o", tmp_path / "two.h5",
+                   program=slowed_program(
+                       tmp_path, "dfmp2.mp2.pairs:pair_sums",
+                       "os.environ['SLURM_PROCID'] == '1' and os.kill(os.getpid(), 19)", 0),
+                   variables={"DFMP2_DIST_TIMEOUT": "3"}, waited=1)
+    assert job.code == 1
+    assert "rank 1 has not been heard from in 3 s" in job.err
+    assert time.monotonic() - start < PROMPT_END_SECONDS + 10
+    with h5py.File(tmp_path / "two.h5", "r") as h5:
+        assert h5.attrs["status"] == "failed"
 
 
 def _pairs_done(record) -> int:

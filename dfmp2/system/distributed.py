@@ -33,6 +33,7 @@ import torch.distributed as torch_dist
 
 from dfmp2.errors import InputError, RunFailure
 from dfmp2.system import interrupts
+from dfmp2.system.heartbeat import Heartbeat, SilenceWatch
 from dfmp2.system.orphans import process_ended, process_state
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ class World:
     key_store: object = None
     """The launch's key-value store (a ``torch.distributed.TCPStore`` held by rank 0's
     process), which the process group shares; None in a world of one."""
+    heartbeat: Heartbeat | None = None
+    """This rank's sign of life in ``key_store`` (:mod:`dfmp2.system.heartbeat`)."""
 
     @property
     def is_root(self) -> bool:
@@ -321,9 +324,13 @@ class World:
         deadline and this rank's signal handlers running: first every millisecond (ranks
         that finish together meet at once), then a few times a second. A rank that dies ends
         the wait through the launcher, the store that rank 0 holds (a look then fails), or,
-        on this rank's machine, the look at its process every second."""
+        on this rank's machine, the look at its process every second; a rank that is alive
+        but stopped or hung, by its heartbeat standing still for DFMP2_DIST_TIMEOUT."""
         next_check = time.monotonic() + PEER_CHECK_SECONDS
         pause = 1e-3
+        beats = (None if self.heartbeat is None else guarded_call(
+            lambda: SilenceWatch(self.store(), [r for r in range(self.size) if r != self.rank],
+                                 self.timeout_seconds), what))
         while True:
             if guarded_call(condition, what):
                 return
@@ -331,7 +338,7 @@ class World:
             pause = min(2 * pause, ARRIVAL_POLL_SECONDS)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + PEER_CHECK_SECONDS
-                lost = self.peers.lost()
+                lost = self.peers.lost() or (beats and guarded_call(beats.silent, what))
                 if lost is not None:
                     raise RunFailure(f"distributed run broken while {what}: {lost}")
 
@@ -339,6 +346,8 @@ class World:
         """Leave the process group. After a failure a collective may still be waiting on a
         dead rank, and destroying the group would wait for it (until torchrun's SIGKILL):
         the group is then left to the process's exit."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.size > 1 and torch_dist.is_initialized() and not failed:
             torch_dist.destroy_process_group()
 
@@ -434,6 +443,9 @@ def init_world(launch: Launch) -> World:
                               "meeting the other ranks")
         world.hosts = len({host for (host, _), _, _ in places})
         world.peers = _watch_peers(places, world.rank)
+        world.heartbeat = guarded_call(lambda: Heartbeat(
+            launch.master_addr, int(launch.master_port), world.rank, launch.timeout_seconds),
+            "starting this rank's heartbeat")
     log.info("rank %d of %d (%s) on %d host(s)", world.rank, world.size, backend, world.hosts)
     return world
 
