@@ -388,8 +388,8 @@ def _warn(vibrations: Vibrations, max_gradient: float) -> None:
 def hessian(settings: RunSettings, step: float = DEFAULT_STEP_BOHR,
             geometry: Geometry | None = None,
             world: World | None = None) -> tuple[np.ndarray, float] | None:
-    """The Hessian and energy of ``settings.method`` (MP2, SCS-MP2, SOS-MP2; no double
-    hybrid) for QCEngine's ``hessian`` driver.
+    """The Hessian and energy of ``settings.method`` (MP2, SCS-MP2, SOS-MP2, or the double
+    hybrid of ``settings.xc``) for QCEngine's ``hessian`` driver.
 
     Returns ``(H, E)``: ``H`` is the (3N, 3N) Cartesian Hessian d2E/dx_i dx_j in Eh/Bohr^2,
     rows and columns in atom order, x, y, z per atom, from central differences of the
