@@ -1001,6 +1001,35 @@ def test_a_signal_while_the_complete_copy_is_dropped_does_not_keep_it(run_cli, t
         assert abs(h5["mp2"].attrs["e_tot"] - reference.e_tot) <= 1e-8
 
 
+def test_a_signal_while_a_completed_run_removes_leftovers_stops_it(run_cli, tmp_path,
+                                                                   monkeypatch):
+    """A SIGTERM while a completed run removed an earlier run's scratch files was swallowed
+    as a file that could not go ('... is left: terminated by signal'), and the run ended with
+    status 0; had it gone on, the record's lock would not have been released."""
+    from dfmp2.jobs import session
+
+    record = tmp_path / "w.h5"
+    leftover = tmp_path / ".w.h5.run.b0.bin"
+    leftover.write_bytes(b"a killed run's B")
+    check = session.refuse_unless_regular
+
+    def signalled_while_checking(path, remedy):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return check(path, remedy)
+
+    monkeypatch.setattr(session, "refuse_unless_regular", signalled_while_checking)
+    result = run_cli(*WATER_RECORD_ARGS, "--threads", "1", "-o", record)
+    assert result.code == 128 + signal.SIGTERM, result.err
+    monkeypatch.setattr(session, "refuse_unless_regular", check)
+    reference = pyscf_dfmp2_reference(pyscf_df_rhf(pyscf_molecule("water", "sto-3g")), 0)
+    with h5py.File(record, "r") as h5:
+        assert h5.attrs["status"] == "complete"
+        assert abs(h5["mp2"].attrs["e_tot"] - reference.e_tot) <= 1e-8
+    again = run_cli(*WATER_RECORD_ARGS, "--threads", "1", "-o", record)
+    assert again.code == 0, again.err
+    assert not leftover.exists()
+
+
 def test_show_of_an_older_unconverged_record_names_no_missing_gradient(run_cli, tmp_path,
                                                                        water_record):
     """A record written before /scf held the orbital gradient showed 'orbital gradient nan'."""

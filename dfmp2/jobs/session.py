@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dfmp2.df.store import ScratchArea
 from kernels.accounting import NkiRequired
-from dfmp2.errors import Dfmp2Error, Interrupted, RunFailure
+from dfmp2.errors import Dfmp2Error, InputError, Interrupted, RunFailure
 from dfmp2.jobs.preamble import Environment
 from dfmp2.records.checkpoint import FRESH, RESUME, PreviousRun, examine_previous, put_back
 from dfmp2.records.lock import RecordInUse, RecordLock
@@ -98,9 +98,11 @@ class RecordSession:
         for output in self.outputs:
             output.discard()
         if self.lock is not None:
-            if self._complete:
-                self._remove_leftovers()
-            self.lock.release()
+            try:
+                if self._complete:
+                    self._remove_leftovers()
+            finally:
+                self.lock.release()
 
     def _remove_leftovers(self) -> None:
         """Every scratch file of this record's stages, and of other ranks' stages, that is
@@ -116,7 +118,8 @@ class RecordSession:
                 refuse_unless_regular(path, "remove it by hand")
                 path.unlink(missing_ok=True)
                 log.info("removed the scratch file %s of an earlier run", path)
-            except (Dfmp2Error, OSError) as exc:
+            # A signal here is no file that cannot go: it stops the run (the result stands).
+            except (InputError, OSError) as exc:
                 log.warning("the scratch file %s of an earlier run is left: %s", path, exc)
 
     def _files_of_stages(self, folder: Path, prefix: str) -> list[Path]:
