@@ -219,6 +219,27 @@ def test_water_optimisation_ends_where_a_finite_difference_one_ends(tmp_path):
         assert h5["scf_engine"].attrs["calls.syrk.torch-cpu"] >= steps
 
 
+def test_the_step_criteria_are_stated_in_the_unit_geometric_measures_steps_in(tmp_path):
+    """geomeTRIC compares each step's atom displacements with the set's drms/dmax in Angstrom
+    (geometric.step.calc_drms_dmax), but the summary gave them in Bohr: GAU's max step of
+    1.8e-3 read as 1.8e-3 Bohr is 3.4e-3 Bohr."""
+    from geometric.step import calc_drms_dmax
+
+    start = np.zeros((2, 3))
+    moved = start.copy()
+    moved[1, 2] = 1.0
+    # Centred, each atom has moved 0.5 Bohr.
+    _, measured = calc_drms_dmax(moved.ravel(), start.ravel(), align=False)
+    outcome = optimize.OptimizeOutcome(None, tmp_path / "o.h5", read_xyz(molecule_path("water")),
+                                       tmp_path / "o.xyz", -76.0, 3, optimize.criteria("GAU"))
+    line = next(line for line in optimize.format_summary(outcome).splitlines()
+                if "RMS/max step" in line)
+    criteria, unit = line.rsplit("RMS/max step", 1)[1].split()
+    assert [float(value) for value in criteria.split("/")] == [1.2e-3, 1.8e-3]
+    per_bohr = {"Bohr": 1.0, "Angstrom": optimize.param.BOHR}[unit]
+    assert measured == pytest.approx(0.5 * per_bohr, rel=1e-9)
+
+
 def test_an_optimisation_that_runs_out_of_steps_fails_then_resumes(run_cli, tmp_path):
     record = tmp_path / "w.h5"
     molecule = tmp_path / "distorted.xyz"

@@ -44,7 +44,9 @@ from dfmp2.system.files import check_text_output, printable, refuse_overwriting,
 log = logging.getLogger(__name__)
 
 # geomeTRIC's convergence sets (energy Eh, RMS and max gradient Eh/Bohr, RMS and max step
-# Bohr), as geometric/params.py defines them.
+# Angstrom), as geometric/params.py defines them. The step criteria are in Angstrom because
+# geomeTRIC measures each atom's displacement in Angstrom (geometric.step.calc_drms_dmax),
+# although the sets carry the numbers Gaussian applies in Bohr.
 CONVERGENCE_SETS = ("GAU", "GAU_TIGHT", "GAU_VERYTIGHT", "GAU_LOOSE", "NWCHEM_LOOSE",
                     "TURBOMOLE", "INTERFRAG_TIGHT")
 DEFAULT_MAX_STEPS = 100
@@ -384,7 +386,7 @@ def format_summary(outcome: OptimizeOutcome) -> str:
     c = outcome.criteria
     lines = [f"optimised in {outcome.steps} steps: E = {outcome.energy:.10f} Eh",
              f"criteria: energy {c['energy']:g} Eh, RMS/max gradient {c['grms']:g}/"
-             f"{c['gmax']:g} Eh/Bohr, RMS/max step {c['drms']:g}/{c['dmax']:g} Bohr",
+             f"{c['gmax']:g} Eh/Bohr, RMS/max step {c['drms']:g}/{c['dmax']:g} Angstrom",
              "final geometry (Angstrom):"]
     lines += [f"  {s:<2} {x:14.8f} {y:14.8f} {z:14.8f}"
               for s, (x, y, z) in zip(outcome.geometry.symbols, outcome.geometry.coords)]
