@@ -164,6 +164,22 @@ def test_a_multiplicity_in_the_comment_line_is_split_by_spins_or_refused(run_cli
     assert negative.code == 2 and "--spins 2,-1: each is a monomer's 2S" in negative.err
 
 
+@pytest.mark.parametrize("options, said", [
+    (("--spins", "1,0"), "dimer: 20 electrons cannot have spin 2S=1: the parity differs; "
+                         "--spins a,b are the monomers' 2S"),
+    (("--charges=-20,0",), "do not fit in the basis's 14 orbitals; check --charges and --spins"),
+])
+def test_a_fragment_error_names_this_commands_options(options, said, run_cli, tmp_path):
+    """The remedy named run's --spin and --charge, which interaction refuses as unknown."""
+    dimer = tmp_path / "dimer.xyz"
+    dimer.write_text("6\nwater dimer\n" + "\n".join(_atoms("water_dimer")) + "\n")
+    result = run_cli("interaction", dimer, "--split", "3", "--basis", "sto-3g", *options,
+                     "-o", tmp_path / "d.h5")
+    assert result.code == 2 and said in result.err
+    assert "--spin " not in result.err and "--charge " not in result.err
+    assert not (tmp_path / "d.h5").exists()
+
+
 @pytest.mark.parametrize("command", ["interaction", "optimize"])
 def test_a_rerun_of_the_same_job_leaves_no_superseded_copy(command, run_cli, tmp_path,
                                                            caplog):

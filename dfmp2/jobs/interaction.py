@@ -348,11 +348,27 @@ def _calculations(job: Job, settings: RunSettings, split: int, charges: tuple[in
         try:
             calcs[name] = job.calculation(charge, spin, ghosts, geom, settings)
         except InputError as exc:
-            hint = str(exc).replace("need --spin (2S, e.g. --spin 1 for a doublet)",
-                                    "need --spins a,b (2S per monomer, e.g. --spins 1,0 "
-                                    "for a doublet and a singlet)")
-            raise InputError(f"{name.replace('_', ' ')}: {hint}") from None
+            raise InputError(f"{name.replace('_', ' ')}: {in_this_jobs_options(str(exc))}"
+                             ) from None
     return calcs
+
+
+# A calculation's remedies name run's --charge and --spin, which this job does not take: the
+# monomers' --charges and --spins set them.
+REMEDIES = {
+    "need --spin (2S, e.g. --spin 1 for a doublet)":
+        "need --spins a,b (2S per monomer, e.g. --spins 1,0 for a doublet and a singlet)",
+    "--spin is 2S (multiplicity - 1)":
+        "--spins a,b are the monomers' 2S (multiplicity - 1), and the dimer's is their sum",
+    "check --charge and --spin": "check --charges and --spins",
+}
+
+
+def in_this_jobs_options(message: str) -> str:
+    """``message`` with its remedy in the options of ``dfmp2 interaction``."""
+    for theirs, ours in REMEDIES.items():
+        message = message.replace(theirs, ours)
+    return message
 
 
 def batch_values(root: Node) -> dict:
