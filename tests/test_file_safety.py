@@ -402,6 +402,26 @@ def test_the_optimised_geometry_never_replaces_a_record(run_cli, tmp_path):
     assert geometry.read_bytes() == before and not (tmp_path / "o.h5").exists()
 
 
+def test_the_optimised_geometry_never_replaces_another_molecules_file(run_cli, tmp_path):
+    """`optimize hf.xyz -o water.h5` beside water.xyz replaced that molecule's file with the
+    optimised HF without a word. The final geometry of the complete record at -o still goes
+    aside with that record when it is rerun."""
+    other = tmp_path / "w.xyz"
+    shutil.copy(molecule_path("ammonia"), other)
+    before = other.read_bytes()
+    record = tmp_path / "w.h5"
+    args = ("optimize", *QUICK, "--threads", "1", "-o", record)
+    result = run_cli(*args)
+    assert result.code == 2
+    assert "is not the final geometry of the record" in one_error_line(result.err)
+    assert other.read_bytes() == before and not record.exists()
+    other.unlink()
+    assert run_cli(*args).code == 0
+    rerun = run_cli(*args, "--convergence", "GAU_TIGHT")
+    assert rerun.code == 0, rerun.err
+    assert other.read_text().splitlines()[1].endswith("optimised by dfmp2")
+
+
 def test_a_batch_leaves_a_dangling_link_at_a_record_name_alone(run_cli, tmp_path):
     """The batch refused the link, then put its 'failed' record where the link was, which the
     error line told the user to remove."""

@@ -298,6 +298,7 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
     # Before the record is touched: a refusal after it had set the complete record aside
     # left nothing at -o and did not say where the result went.
     check_text_output(xyz_path, "the optimised geometry's file", XYZ_REMEDY)
+    refuse_foreign_geometry(xyz_path, path)
     calc = job.calculation(settings.charge, settings.spin)
     check_differentiable(calc)
     start = optimised_molecule(start, int(calc.mol.charge), int(calc.mol.spin) + 1)
@@ -357,6 +358,26 @@ def run(settings: RunSettings, convergence: str = "GAU", max_steps: int = DEFAUL
             if settle_superseded(previous.superseded, same_optimisation) and moved_geometry:
                 moved_geometry.unlink(missing_ok=True)
         return outcome
+
+
+def refuse_foreign_geometry(xyz_path: Path, path: Path) -> None:
+    """Refuse, before any work, a file at the optimised geometry's name that is not the final
+    geometry of the complete record at ``path`` (which goes aside with that record): another
+    molecule's XYZ file there (``optimize hf.xyz -o water.h5`` beside water.xyz) was replaced
+    by the optimised geometry without a word."""
+    if not xyz_path.is_file():
+        return
+    try:
+        section = OptimizationSection.read(read_record(path)) if path.is_file() else None
+    except InputError:
+        section = None
+    if (section is not None
+            and xyz_path.read_text(encoding="utf-8", errors="replace") == section.final_xyz):
+        return
+    raise InputError(f"{printable(str(xyz_path), one_line=True)} exists, and the optimised "
+                     f"geometry goes there (beside the record, as .xyz), but it is not the "
+                     f"final geometry of the record {printable(str(path), one_line=True)}; "
+                     "move it away, or choose another -o")
 
 
 def _set_geometry_aside(xyz_path: Path, superseded: Path | None) -> Path | None:
