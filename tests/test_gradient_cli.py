@@ -424,3 +424,18 @@ def test_a_gradient_on_a_settled_scf_says_it_is_less_accurate(run_cli, tmp_path)
         assert "the SCF settled" in shown
         assert ("an analytic gradient assumes a stationary SCF" in shown) == (
             command == "gradient")
+
+
+@pytest.mark.parametrize("convergence, warned", [("GAU_VERYTIGHT", True), ("GAU", False)])
+def test_a_double_hybrid_under_criteria_its_gradient_cannot_meet_is_warned_of(
+        convergence, warned, run_cli, tmp_path, caplog):
+    """A double hybrid's gradient leaves out the XC grid's response (about 4e-6 Eh/Bohr on
+    grid 3, more on coarser ones): under GAU_VERYTIGHT (RMS gradient 1e-6) water in B2PLYP-D3BJ
+    wandered at max|g| 3e-5 until --max-steps, with no word of why."""
+    molecule = tmp_path / "distorted.xyz"
+    molecule.write_text(DISTORTED_WATER)
+    result = run_cli("optimize", molecule, "--basis", "sto-3g", "--xc", "b2plyp", "--grid",
+                     "1", "--convergence", convergence, "--max-steps", "1", "--threads", "1",
+                     "-o", tmp_path / "w.h5")
+    assert result.code == 1 and "did not converge in 1 steps" in result.err
+    assert ("grid's response" in caplog.text) == warned
