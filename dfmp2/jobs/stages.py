@@ -168,8 +168,6 @@ def gather_scf_calls(ctx: RunContext) -> None:
             absorb_ledger(engine, share)
 
 
-
-
 def carry_scf_ledger(ctx: RunContext) -> None:
     """A restored SCF keeps the interrupted run's ``/scf_engine``, its builds' kernels
     included (a resumed record dropped it, and with it the SCF's NKI fallbacks)."""
